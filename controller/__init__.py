@@ -1,0 +1,1 @@
+"""gpuplane controller: a kopf operator for claims, gangs and NVLink-aware placement."""

@@ -1,0 +1,1 @@
+"""gpuplane node driver: a kubelet DRA plugin that shares and isolates GPUs."""

@@ -1,0 +1,1 @@
+"""Hardware boundary: the GpuBackend protocol and its NVML and simulator implementations."""
