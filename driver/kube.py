@@ -1,0 +1,127 @@
+"""The driver's Kubernetes API access: one client, built once, and the few calls it makes.
+
+Everything is plain dicts (resource.k8s.io/v1 through the generic custom-objects
+API), so the driver does not depend on the Python client's generated DRA models.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from typing import Any, cast
+
+import structlog
+from kubernetes import client, config
+
+log = structlog.get_logger(__name__)
+
+GROUP = "resource.k8s.io"
+VERSION = "v1"
+
+
+class NotFound(Exception):
+    pass
+
+
+def make_api_client(kubeconfig: str | None) -> client.ApiClient:
+    if kubeconfig:
+        return cast(client.ApiClient, config.new_client_from_config(config_file=kubeconfig))  # type: ignore[no-untyped-call]
+    config.load_incluster_config()  # type: ignore[no-untyped-call]
+    return client.ApiClient()
+
+
+class KubeApi:
+    """Thin wrapper over the API calls the node driver makes."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.api_client = api_client
+        self.custom = client.CustomObjectsApi(api_client)
+        self.core = client.CoreV1Api(api_client)
+
+    # --- claims --------------------------------------------------------------
+    def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        try:
+            obj = cast(
+                dict[str, Any],
+                self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaims", name),
+            )
+        except client.ApiException as exc:
+            if exc.status == 404:
+                raise NotFound(f"ResourceClaim {namespace}/{name} not found") from exc
+            raise
+        return obj
+
+    def list_claims(self) -> list[dict[str, Any]]:
+        result = cast(
+            dict[str, Any], self.custom.list_cluster_custom_object(GROUP, VERSION, "resourceclaims")
+        )
+        items: list[dict[str, Any]] = result.get("items", [])
+        return items
+
+    # --- slices --------------------------------------------------------------
+    def list_slices(self, node_name: str, driver_name: str) -> list[dict[str, Any]]:
+        result = cast(
+            dict[str, Any],
+            self.custom.list_cluster_custom_object(
+                GROUP,
+                VERSION,
+                "resourceslices",
+                field_selector=f"spec.nodeName={node_name},spec.driver={driver_name}",
+            ),
+        )
+        items: list[dict[str, Any]] = result.get("items", [])
+        # Belt and braces: never touch another node's or driver's slices.
+        return [
+            s
+            for s in items
+            if s.get("spec", {}).get("nodeName") == node_name
+            and s.get("spec", {}).get("driver") == driver_name
+        ]
+
+    def create_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        return cast(
+            dict[str, Any],
+            self.custom.create_cluster_custom_object(GROUP, VERSION, "resourceslices", dict(body)),
+        )
+
+    def replace_slice(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return cast(
+            dict[str, Any],
+            self.custom.replace_cluster_custom_object(GROUP, VERSION, "resourceslices", name, dict(body)),
+        )
+
+    def delete_slice(self, name: str) -> None:
+        try:
+            self.custom.delete_cluster_custom_object(GROUP, VERSION, "resourceslices", name)
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    # --- events --------------------------------------------------------------
+    def claim_event(self, claim: Mapping[str, Any], reason: str, message: str, warning: bool = True) -> None:
+        """Record an Event on a ResourceClaim so the user sees what happened (best effort)."""
+        meta = claim.get("metadata", {})
+        now = datetime.datetime.now(datetime.UTC)
+        body = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(
+                generate_name=f"{meta.get('name', 'claim')}.", namespace=meta.get("namespace")
+            ),
+            involved_object=client.V1ObjectReference(
+                api_version=f"{GROUP}/{VERSION}",
+                kind="ResourceClaim",
+                name=meta.get("name"),
+                namespace=meta.get("namespace"),
+                uid=meta.get("uid"),
+            ),
+            reason=reason,
+            message=message[:1024],
+            type="Warning" if warning else "Normal",
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+            source=client.V1EventSource(component="gpuplane-driver"),
+        )
+        try:
+            self.core.create_namespaced_event(meta.get("namespace", "default"), body)
+        except client.ApiException as exc:
+            log.warning("could not record event", reason=reason, status=exc.status)

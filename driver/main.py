@@ -1,0 +1,140 @@
+"""gpuplane-driver: wire configuration, hardware, API, state, slices and the kubelet sockets together."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from types import FrameType
+
+import structlog
+
+from driver import config as config_mod
+from driver import logs
+from driver.checkpoint import read_boot_id
+from driver.hw.select import make_backend
+from driver.hw.sim import SimConfig
+from driver.kube import KubeApi, make_api_client
+from driver.metrics import DriverMetrics
+from driver.mps import MpsControl
+from driver.plugin.server import PluginServer
+from driver.publisher import SlicePublisher
+from driver.state import DeviceState, StateSettings
+
+log = structlog.get_logger(__name__)
+
+
+def _sim_config(cfg: config_mod.DriverConfig) -> SimConfig | None:
+    if cfg.backend != "sim":
+        return None
+    state_dir = cfg.sim_state_dir or (cfg.plugin_dir / "sim")
+    if cfg.sim_config_file is not None:
+        overrides: dict[str, object] = {"state_dir": state_dir, "node_name": cfg.node_name}
+        if cfg.sim_profile:
+            overrides["profile"] = cfg.sim_profile
+        return SimConfig.from_file(cfg.sim_config_file, **overrides)
+    assert cfg.sim_profile is not None
+    return SimConfig(profile=cfg.sim_profile, state_dir=state_dir, node_name=cfg.node_name)
+
+
+def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
+    backend = make_backend(cfg.backend, _sim_config(cfg))
+    backend.init()
+    try:
+        # The simulator models a node, reboots included: its boot id stands in for the kernel's.
+        sim_boot = getattr(backend, "boot_id", None)
+        boot_id = sim_boot() if callable(sim_boot) else read_boot_id(cfg.boot_id_file)
+        metrics = DriverMetrics()
+        if cfg.metrics_address:
+            port = metrics.serve(cfg.metrics_address)
+            log.info("serving metrics", address=cfg.metrics_address, port=port)
+        api = KubeApi(make_api_client(cfg.kubeconfig))
+        mps = MpsControl(cfg.mps_root, cfg.mps_control_binary, boot_id_file=cfg.boot_id_file)
+        state = DeviceState(
+            StateSettings(
+                node_name=cfg.node_name,
+                driver_name=cfg.driver_name,
+                cdi_root=cfg.cdi_root,
+                checkpoint_path=cfg.checkpoint_path,
+                lock_path=cfg.lock_path,
+                boot_id=boot_id,
+                dev_root=cfg.dev_root,
+                check_host_device_nodes=cfg.backend == "nvml",
+            ),
+            backend,
+            api,
+            mps,
+            observer=metrics,
+        )
+        publisher = SlicePublisher(api, cfg.node_name, cfg.driver_name)
+
+        def on_change(inventory: object) -> None:
+            del inventory
+            wake.set()
+
+        wake = threading.Event()
+        state.on_inventory_change = on_change
+        log.info("recovering state", node=cfg.node_name, backend=cfg.backend)
+        state.recover()
+        publisher.publish(state.inventory())
+        metrics.devices_published.set(publisher.devices_published)
+        server = PluginServer(
+            cfg.driver_name,
+            state,
+            registry_dir=cfg.registry_dir,
+            plugin_dir=cfg.plugin_dir,
+            timing=metrics.rpc,
+        )
+        server.start()
+        log.info(
+            "driver ready",
+            registration_socket=str(server.registration_socket),
+            dra_socket=str(server.dra_socket),
+            devices=publisher.devices_published,
+        )
+        next_publish = time.monotonic() + cfg.republish_interval_s
+        next_cleanup = time.monotonic() + cfg.cleanup_interval_s
+        try:
+            while not stop.is_set():
+                wake.wait(timeout=1.0)
+                now = time.monotonic()
+                if wake.is_set() or now >= next_publish:
+                    wake.clear()
+                    try:
+                        publisher.publish(state.rediscover())
+                        metrics.devices_published.set(publisher.devices_published)
+                    except Exception:
+                        log.exception("publishing ResourceSlices failed; retrying on the next tick")
+                    next_publish = now + cfg.republish_interval_s
+                if now >= next_cleanup:
+                    try:
+                        state.cleanup()
+                    except Exception:
+                        log.exception("periodic cleanup failed; retrying on the next tick")
+                    next_cleanup = now + cfg.cleanup_interval_s
+        finally:
+            server.stop(grace=5.0)
+            log.info("driver stopped")
+        return 0
+    finally:
+        backend.shutdown()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cfg = config_mod.parse_args(argv)
+    logs.configure(cfg.log_level, cfg.log_format)
+    stop = threading.Event()
+
+    def _signal(signum: int, frame: FrameType | None) -> None:
+        del frame
+        log.info("signal received, stopping", signal=signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _signal)
+    signal.signal(signal.SIGINT, _signal)
+    return run(cfg, stop)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
