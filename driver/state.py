@@ -111,12 +111,15 @@ class DeviceState:
         claims: ClaimSource,
         mps: MpsControl,
         observer: Observer | None = None,
+        fault_hook: Callable[[str], None] | None = None,
     ) -> None:
         self.settings = settings
         self.backend = backend
         self.claims = claims
         self.mps = mps
         self.observer: Observer = observer or _NullObserver()
+        # Called with a step name after every durable step; crash tests kill the process there.
+        self._step: Callable[[str], None] = fault_hook or (lambda _step: None)
         self.store = CheckpointStore(settings.checkpoint_path, settings.boot_id)
         self._lock = threading.Lock()
         self._inventory: Inventory | None = None
@@ -220,9 +223,11 @@ class DeviceState:
         cp.claims[rec.uid] = rec
         if touches_hardware:
             self.store.save(cp)
+            self._step("prepare:started-recorded")
         try:
             self._execute(cp, rec, plan)
             self._write_cdi(rec)
+            self._step("prepare:cdi-written")
         except Exception as exc:
             log.warning("prepare step failed; rolling back", uid=rec.uid, error=str(exc))
             self._undo(cp, rec)
@@ -232,6 +237,7 @@ class DeviceState:
         rec.phase = "PrepareCompleted"
         rec.updated_at = time.time()
         self.store.save(cp)
+        self._step("prepare:completed-recorded")
         return _result_from(rec)
 
     def _plan(self, cp: Checkpoint, alloc: ClaimAllocation) -> _Plan:
@@ -358,6 +364,7 @@ class DeviceState:
             }
             rec.mps_daemon = True
             self.store.save(cp)
+            self._step("prepare:mps-recorded")
             self.mps.start(
                 MpsSpec(
                     claim_uid=rec.uid,
@@ -366,6 +373,7 @@ class DeviceState:
                     pinned_memory_limits=limits,
                 )
             )
+            self._step("prepare:mps-started")
 
     def _create_mig(
         self, cp: Checkpoint, rec: ClaimRecord, dev_rec: DeviceRecord, gpu: GpuEntry, slot: MigSlot
@@ -422,10 +430,13 @@ class DeviceState:
                         f"MIG profile {slot.profile.name} is not supported on {gpu.name} ({gpu.info.product_name})"
                     ) from exc
                 raise
+            self._step("prepare:gi-created")
         mig.gi_id = gi.gi_id
         self.store.save(cp)
+        self._step("prepare:gi-recorded")
         if gi.mig_uuid is None or not gi.compute_instances:
             gi = self.backend.create_compute_instance(uuid, gi.gi_id)
+            self._step("prepare:ci-created")
         mig.ci_id = gi.compute_instances[0].ci_id if gi.compute_instances else None
         mig.mig_uuid = gi.mig_uuid
         dev_rec.cdi_ids = []
@@ -507,8 +518,10 @@ class DeviceState:
     def _undo(self, cp: Checkpoint, rec: ClaimRecord) -> None:
         """Remove everything a (possibly half-done) prepare made, in reverse order. Idempotent."""
         cdi.remove_spec(self.settings.cdi_root, rec.uid)
+        self._step("undo:cdi-removed")
         if rec.mps_daemon or self.mps.alive(rec.uid):
             self.mps.stop(rec.uid)
+            self._step("undo:mps-stopped")
         if rec.sharing.strategy == "TimeSlicing":
             for d in rec.devices:
                 still_shared = any(
@@ -527,6 +540,7 @@ class DeviceState:
             self._destroy_mig(d.mig, owned_elsewhere)
         cp.claims.pop(rec.uid, None)
         self.store.save(cp)
+        self._step("undo:record-removed")
 
     def _destroy_mig(self, mig: MigRecord, owned_elsewhere: set[tuple[str, int]]) -> None:
         instances = {gi.gi_id: gi for gi in self._instances_or_empty(mig.parent_uuid)}
@@ -549,8 +563,10 @@ class DeviceState:
         for ci in gi.compute_instances:
             with _ignore_gone():
                 self.backend.destroy_compute_instance(mig.parent_uuid, gi.gi_id, ci.ci_id)
+            self._step("undo:ci-destroyed")
         with _ignore_gone():
             self.backend.destroy_gpu_instance(mig.parent_uuid, gi.gi_id)
+        self._step("undo:gi-destroyed")
         self._mig_caps.pop((mig.parent_uuid, gi.gi_id), None)
 
     def _instances_or_empty(self, uuid: str) -> Sequence[hw.GpuInstance]:
