@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The main job: build what is missing, start a local control plane with simulated GPU nodes,
+# install gpuplane from manifests/, run the example workloads and print where they landed.
+# The cluster keeps running; `scripts/demo.sh down` stops it.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+# shellcheck source=scripts/bootstrap.sh
+. "$ROOT/scripts/bootstrap.sh"
+if [ "${1:-}" = "down" ]; then
+  shift
+  exec python -m e2e down "$@"
+fi
+exec python -m e2e demo "$@"

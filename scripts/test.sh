@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The whole test suite from a fresh clone: install, lint, type-check, unit tests, then the
+# e2e suite against a real control plane (Kubernetes binaries built once and cached).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+# shellcheck source=scripts/bootstrap.sh
+. "$ROOT/scripts/bootstrap.sh"
+echo "==> ruff"
+ruff check .
+echo "==> mypy --strict"
+mypy
+echo "==> building (or reusing) Kubernetes binaries"
+python -m e2e build
+echo "==> unit tests"
+python -m pytest -q tests/unit "$@"
+echo "==> e2e tests (real etcd, kube-apiserver, kube-scheduler, kube-controller-manager)"
+python -m pytest -q --e2e tests/e2e "$@"
