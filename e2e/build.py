@@ -2,7 +2,11 @@
 
 The Go module in ``e2e/k8sbuild`` pins ``k8s.io/kubernetes`` (with every staging
 module replaced) and ``go.etcd.io/etcd/server/v3``. The cache directory is
-named after those pins, so changing a pin builds into a fresh directory.
+named after those pins plus ``RECIPE_REVISION`` (the build recipe: flags,
+version stamps), so changing a pin or the recipe builds into a fresh directory.
+The Kubernetes binaries are stamped with their release (``kubectl version``,
+``/version`` and the components' user agents report ``v1.36.3``, not
+``v0.0.0-master``), as the upstream release build does through ``-X`` flags.
 Each binary is built into a temporary name and renamed into place, so a
 half-written binary is never cached; an exclusive lock on the cache
 directory keeps two processes from building the same binaries at once.
@@ -23,6 +27,10 @@ from pathlib import Path
 MODULE_DIR = Path(__file__).resolve().parent / "k8sbuild"
 MIN_GO = (1, 26)
 HEARTBEAT_S = 30.0
+# Bump when the way binaries are built changes, so that cached binaries built the old way are rebuilt once.
+# r2: Kubernetes binaries stamped with their version (k8s.io/component-base/version).
+RECIPE_REVISION = 2
+VERSION_PACKAGE = "k8s.io/component-base/version"
 
 KUBERNETES_MODULE = "k8s.io/kubernetes"
 ETCD_MODULE = "go.etcd.io/etcd/server/v3"
@@ -95,8 +103,28 @@ class ModulePins:
 
     @property
     def version_key(self) -> str:
-        """Cache directory name, e.g. ``v1.36.3-etcd3.6.8``."""
-        return f"{self.kubernetes}-etcd{self.etcd.removeprefix('v')}"
+        """Cache directory name, e.g. ``v1.36.3-etcd3.6.8-r2``."""
+        return f"{self.kubernetes}-etcd{self.etcd.removeprefix('v')}-r{RECIPE_REVISION}"
+
+
+def ldflags(package: str, pins: ModulePins) -> str:
+    """Linker flags for ``package``: stripped, and Kubernetes commands stamped with the pinned release."""
+    flags = ["-s", "-w"]
+    if package.startswith(f"{KUBERNETES_MODULE}/"):
+        match = re.fullmatch(r"v(\d+)\.(\d+)\.\d+(?:[-+].*)?", pins.kubernetes)
+        if match is None:
+            raise BuildError(f"cannot derive a version stamp from {KUBERNETES_MODULE} {pins.kubernetes}")
+        flags += [
+            "-X",
+            f"{VERSION_PACKAGE}.gitVersion={pins.kubernetes}",
+            "-X",
+            f"{VERSION_PACKAGE}.gitMajor={match.group(1)}",
+            "-X",
+            f"{VERSION_PACKAGE}.gitMinor={match.group(2)}",
+            "-X",
+            f"{VERSION_PACKAGE}.gitTreeState=clean",
+        ]
+    return " ".join(flags)
 
 
 def read_pins(go_mod: Path) -> ModulePins:
@@ -176,13 +204,14 @@ def build_one(
     module_dir: Path,
     environ: Mapping[str, str],
     out: Printer,
+    linker_flags: str = "-s -w",
 ) -> float:
     """Build ``package`` into ``dest`` via a temporary file; return seconds taken."""
     tmp = dest.with_name(f".{name}.tmp-{os.getpid()}")
     log = dest.with_name(f".{name}.build.log")
     env = dict(environ)
     env["GOFLAGS"] = "-mod=mod"
-    cmd = [go, "build", "-trimpath", "-ldflags=-s -w", "-o", str(tmp), package]
+    cmd = [go, "build", "-trimpath", f"-ldflags={linker_flags}", "-o", str(tmp), package]
     out(f"building {name} ({package}) ...")
     started = time.monotonic()
     try:
@@ -235,7 +264,8 @@ def ensure_binaries(
     module's pins).
     """
     env = dict(os.environ if environ is None else environ)
-    key = version_key or read_pins(module_dir / "go.mod").version_key
+    pins = read_pins(module_dir / "go.mod")
+    key = version_key or pins.version_key
     bins = bin_paths(key, root or cache_root(env))
     if not bins.missing():
         return bins
@@ -254,7 +284,16 @@ def ensure_binaries(
         total = 0.0
         for index, (name, package) in enumerate(todo, start=1):
             out(f"[{index}/{len(todo)}] {name}")
-            total += build_one(go, name, package, paths[name], module_dir=module_dir, environ=env, out=out)
+            total += build_one(
+                go,
+                name,
+                package,
+                paths[name],
+                module_dir=module_dir,
+                environ=env,
+                out=out,
+                linker_flags=ldflags(package, pins),
+            )
         out(f"built {len(todo)} binaries in {_fmt(total)}")
     return bins
 

@@ -22,7 +22,7 @@ from e2e import build, controlplane, nodes, pki, procs
 
 def test_version_key_comes_from_the_pinned_go_mod() -> None:
     pins = build.read_pins(build.MODULE_DIR / "go.mod")
-    assert pins.version_key == f"{pins.kubernetes}-etcd{pins.etcd.removeprefix('v')}"
+    assert pins.version_key == f"{pins.kubernetes}-etcd{pins.etcd.removeprefix('v')}-r{build.RECIPE_REVISION}"
     assert pins.kubernetes.startswith("v1.") and pins.etcd.startswith("v3.")
 
 
@@ -31,7 +31,20 @@ def test_version_key_follows_a_changed_pin(tmp_path: Path) -> None:
     go_mod.write_text(
         "module x\n\ngo 1.26.0\n\nrequire (\n\tk8s.io/kubernetes v1.37.0\n\tgo.etcd.io/etcd/server/v3 v3.6.9\n)\n"
     )
-    assert build.read_pins(go_mod).version_key == "v1.37.0-etcd3.6.9"
+    assert build.read_pins(go_mod).version_key == f"v1.37.0-etcd3.6.9-r{build.RECIPE_REVISION}"
+
+
+def test_kubernetes_binaries_are_stamped_with_the_pinned_release_and_etcd_is_not() -> None:
+    pins = build.ModulePins(kubernetes="v1.36.3", etcd="v3.6.8", go="1.26.0")
+    flags = build.ldflags("k8s.io/kubernetes/cmd/kube-apiserver", pins).split()
+    assert flags[:2] == ["-s", "-w"]
+    stamps = {flags[i + 1] for i, flag in enumerate(flags) if flag == "-X"}
+    assert {
+        "k8s.io/component-base/version.gitVersion=v1.36.3",
+        "k8s.io/component-base/version.gitMajor=1",
+        "k8s.io/component-base/version.gitMinor=36",
+    } <= stamps
+    assert build.ldflags(build.ETCD_MODULE, pins) == "-s -w"
 
 
 @pytest.mark.parametrize(
