@@ -208,7 +208,8 @@ B200_180GB = _model(
 GB200_186GB = _model(
     "GB200-186GB",
     ("1g.23gb", "1g.23gb+me", "1g.47gb", "2g.47gb", "3g.93gb", "4g.93gb", "7g.186gb"),
-    (23808, 23808, 47616, 47616, 95232, 95232, 190464),  # unverified
+    # unverified; chosen so that every valid layout fits the GPU's 189471 MiB (two 3g, four 1g double, ...)
+    (23552, 23552, 47104, 47104, 94208, 94208, 188416),
     _BLACKWELL_SMS,
     _BLACKWELL_ENGINES,
 )
