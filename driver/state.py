@@ -393,6 +393,12 @@ class DeviceState:
             return
         mode = self.backend.mig_mode(uuid)
         if not mode.current:
+            needs_reset = ClaimError(
+                f"GPU {gpu.name} ({uuid}) needs a reset to enable MIG mode; the driver never resets a GPU. "
+                "Enable MIG out of band (nvidia-smi -i <gpu> -mig 1, then reset) and retry"
+            )
+            if gpu.info.mig_toggle_needs_reset:
+                raise needs_reset  # asking anyway would leave a pending MIG mode for the next reset
             busy = self.backend.processes(uuid)
             if busy:
                 raise ClaimError(
@@ -401,10 +407,9 @@ class DeviceState:
                 )
             mode = self.backend.set_mig_mode(uuid, True)
             if not mode.current:
-                raise ClaimError(
-                    f"GPU {gpu.name} ({uuid}) needs a reset to enable MIG mode; the driver never resets a GPU. "
-                    "Enable MIG out of band (nvidia-smi -i <gpu> -mig 1, then reset) and retry"
-                )
+                with contextlib.suppress(hw.HardwareError):
+                    self.backend.set_mig_mode(uuid, False)  # withdraw the pending request
+                raise needs_reset
         owned = _owned_instances(cp, exclude=rec.uid)
         existing = next(
             (
