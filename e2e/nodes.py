@@ -71,8 +71,10 @@ class NodeHeartbeat:
         labels: Mapping[str, str] | None = None,
         capacity: Mapping[str, str] | None = None,
         delete_on_stop: bool = False,
+        internal_ip: str = "127.0.0.1",
     ) -> None:
         self.node_name = node_name
+        self.internal_ip = internal_ip
         self.interval = interval
         self.labels = dict(labels or {})
         self.capacity = dict(DEFAULT_CAPACITY if capacity is None else capacity)
@@ -184,7 +186,7 @@ class NodeHeartbeat:
                     condition("PIDPressure", "False", "KubeletHasSufficientPID", "ok"),
                 ],
                 "addresses": [
-                    {"type": "InternalIP", "address": "127.0.0.1"},
+                    {"type": "InternalIP", "address": self.internal_ip},
                     {"type": "Hostname", "address": self.node_name},
                 ],
                 "nodeInfo": {
