@@ -1,0 +1,162 @@
+"""gpuplane: fragmentation-gradient placement over MIG slots, nodes and NVLink domains.
+
+Every candidate is scored by how much it raises the expected fragmentation of
+the workload's size mix (``fragmentation.Fragmentation``: free capacity that a
+request drawn from the mix could not use). Ties, which are common when a shape
+is rare in the mix, fall to the largest free blocks: first the number of
+power-of-two TP sizes the domain stops being able to host, then the tightest
+GPU, the larger largest-free MIG profile left on it, the node with the fewest
+empty GPUs and the domain with the fewest. So MIG instances sit where they keep
+big profiles possible (a 3g at slot 4 leaves room for a 4g; a 1g goes to a slot
+that no larger profile needs), fill partly used GPUs before opening empty ones,
+and whole GPUs and domains stay empty for TP groups.
+"""
+
+from __future__ import annotations
+
+from controller.placement import fragmentation, geometry, snapshot
+from controller.placement.policies import base
+
+# Mix used when the caller has not measured one: every shape the trace knows, equally likely.
+PRIOR_MIX = fragmentation.SizeMix.from_counts(
+    {
+        fragmentation.Shape(mig_profile="1g"): 1,
+        fragmentation.Shape(mig_profile="2g"): 1,
+        fragmentation.Shape(mig_profile="3g"): 1,
+        fragmentation.Shape(mig_profile="4g"): 1,
+        fragmentation.Shape(): 1,
+        fragmentation.Shape(gpus_per_member=2): 1,
+        fragmentation.Shape(gpus_per_member=4): 1,
+        fragmentation.Shape(gpus_per_member=8): 1,
+    }
+)
+
+_DIGITS = 9  # Δ rounding, so float noise never decides a tie
+
+
+class GpuPlane:
+    """Minimise the fragmentation gradient, then protect the largest free blocks."""
+
+    name = "gpuplane"
+
+    def __init__(self, mix: fragmentation.SizeMix | None = None) -> None:
+        self.mix = mix if mix is not None else PRIOR_MIX
+        self._frag: dict[str, fragmentation.Fragmentation] = {}
+        self._partial: dict[tuple[str, int, str], tuple[base.Key, int] | None] = {}
+        self._empty: dict[tuple[str, str, snapshot.Signature, int], tuple[base.Key, int, int | None] | None] = {}
+        self._group: dict[tuple[snapshot.Signature, int, int, int], tuple[base.Key, tuple[int, ...] | None] | None] = {}
+        self._caps: dict[tuple[snapshot.Signature, int], int] = {}
+
+    def measure(self, slots: geometry.Slots) -> fragmentation.Fragmentation:
+        """The memoised fragmentation measure for a geometry."""
+        got = self._frag.get(slots.geometry.name)
+        if got is None:
+            got = fragmentation.Fragmentation(self.mix, slots)
+            self._frag[slots.geometry.name] = got
+        return got
+
+    def _capabilities(self, sig: snapshot.Signature, node_gpus: int) -> int:
+        """How many TP sizes 2, 4, 8, ... (up to the domain size) the domain can host."""
+        key = (sig, node_gpus)
+        got = self._caps.get(key)
+        if got is None:
+            got, k, size = 0, 2, len(sig) * node_gpus
+            while k <= size:
+                got += fragmentation.tp_capable(sig, node_gpus, k)
+                k *= 2
+            self._caps[key] = got
+        return got
+
+    def _best_start(
+        self, slots: geometry.Slots, frag: fragmentation.Fragmentation, state: int, profile: str
+    ) -> tuple[float, int, int, int, int] | None:
+        """(Δ gpu term, free compute after, -largest free block after, -free placements after, start)."""
+        best: tuple[float, int, int, int, int] | None = None
+        h0 = frag.gpu_term(state)
+        for s in slots.starts(state, profile):
+            after = slots.add(state, profile, s)
+            lf = slots.largest_free(after)
+            cand = (
+                round(frag.gpu_term(after) - h0, _DIGITS),
+                slots.free_compute(after),
+                -(lf.compute * 16 + lf.memory) if lf is not None else 0,
+                -slots.placements(after),
+                s,
+            )
+            if best is None or cand < best:
+                best = cand
+        return best
+
+    def mig_partial(self, slots: geometry.Slots, state: int, profile: str) -> tuple[base.Key, int] | None:
+        # Taking slices of a partly used GPU never changes a domain's empty counts.
+        key = (slots.geometry.name, state, profile)
+        if key in self._partial:
+            return self._partial[key]
+        frag = self.measure(slots)
+        b = self._best_start(slots, frag, state, profile)
+        got = None if b is None else ((b[0], 0.0, float(b[1]), float(b[2]), float(b[3]), 0.0, 0.0), b[4])
+        self._partial[key] = got
+        return got
+
+    def mig_empty(
+        self, slots: geometry.Slots, profile: str, sig: snapshot.Signature, node_gpus: int
+    ) -> tuple[base.Key, int, int | None] | None:
+        key = (slots.geometry.name, profile, sig, node_gpus)
+        if key in self._empty:
+            return self._empty[key]
+        frag = self.measure(slots)
+        b = self._best_start(slots, frag, geometry.EMPTY, profile)
+        got: tuple[base.Key, int, int | None] | None = None
+        if b is not None and sig and sig[-1] > 0:
+            d0 = frag.domain_term(sig)
+            cap0 = self._capabilities(sig, node_gpus)
+            for c in sorted(set(sig)):
+                if c <= 0:
+                    continue
+                after = base.take(sig, c, 1)
+                k: base.Key = (
+                    round(b[0] + frag.domain_term(after) - d0, _DIGITS),
+                    float(cap0 - self._capabilities(after, node_gpus)),
+                    float(b[1]),
+                    float(b[2]),
+                    float(b[3]),
+                    float(c),
+                    float(sum(sig)),
+                )
+                if got is None or k < got[0]:
+                    got = (k, b[4], c)
+        self._empty[key] = got
+        return got
+
+    def group(
+        self, slots: geometry.Slots, sig: snapshot.Signature, gpus_per_member: int, members: int, node_gpus: int
+    ) -> tuple[base.Key, tuple[int, ...] | None] | None:
+        key = (sig, gpus_per_member, members, node_gpus)
+        if key in self._group:
+            return self._group[key]
+        got: tuple[base.Key, tuple[int, ...] | None] | None = None
+        if base.group_fits(sig, gpus_per_member, members):
+            frag = self.measure(slots)
+            cur = sig
+            chosen: list[int] = []
+            for _ in range(members):
+                best: tuple[float, float, int] | None = None
+                d0 = frag.domain_term(cur)
+                cap0 = self._capabilities(cur, node_gpus)
+                for c in sorted(set(cur)):
+                    if c < gpus_per_member:
+                        continue
+                    after = base.take(cur, c, gpus_per_member)
+                    delta = frag.domain_term(after) - d0
+                    cand = (round(delta, _DIGITS), float(cap0 - self._capabilities(after, node_gpus)), c)
+                    if best is None or cand < best:
+                        best = cand
+                assert best is not None  # group_fits guarantees a node per member
+                chosen.append(best[2])
+                cur = base.take(cur, best[2], gpus_per_member)
+            total = round(frag.domain_term(cur) - frag.domain_term(sig), _DIGITS)
+            caploss = float(self._capabilities(sig, node_gpus) - self._capabilities(cur, node_gpus))
+            left = float(sum(c - gpus_per_member for c in chosen))
+            got = ((total, caploss, left, float(sum(cur))), tuple(chosen))
+        self._group[key] = got
+        return got

@@ -1,0 +1,86 @@
+"""Concrete placement choices: the NVLink rule, gpuplane's slot and domain choices, baselines."""
+
+from __future__ import annotations
+
+from controller.placement import model, place, policies, snapshot
+
+
+def req(rid: str, **kw: object) -> model.Request:
+    return model.Request(id=rid, **kw)  # type: ignore[arg-type]
+
+
+def test_gpuplane_puts_3g_at_slot_4_and_1g_at_slot_6() -> None:
+    snap = snapshot.uniform_cluster(1, 1, 2)
+    pol = policies.make("gpuplane")
+    d = place.place(req("a", mig_profile="3g"), snap, pol)
+    assert d.members[0].mig[0].start == 4
+    d1 = place.place(req("b", mig_profile="1g"), snap, pol)
+    assert d1.members[0].mig[0].start == 6
+
+
+def test_best_fit_uses_lowest_start_and_fills_partial_gpus() -> None:
+    snap = snapshot.uniform_cluster(1, 1, 2)
+    pol = policies.make("best-fit")
+    d = place.place(req("a", mig_profile="3g"), snap, pol)
+    assert d.members[0].mig[0].start == 0
+    snap = snap.with_allocation(d)
+    d2 = place.place(req("b", mig_profile="3g"), snap, pol)
+    assert d2.members[0].mig[0].gpu == d.members[0].mig[0].gpu
+
+
+def test_gpuplane_fills_a_4g_hole_with_3g() -> None:
+    snap = snapshot.uniform_cluster(1, 1, 2)
+    pol = policies.make("gpuplane")
+    d = place.place(req("a", mig_profile="4g"), snap, pol)
+    snap = snap.with_allocation(d)
+    d2 = place.place(req("b", mig_profile="3g"), snap, pol)
+    assert d2.members[0].mig[0].gpu == d.members[0].mig[0].gpu
+    assert d2.members[0].mig[0].start == 4
+
+
+def test_tp8_gang_on_nvl72_stays_in_one_domain() -> None:
+    snap = snapshot.uniform_cluster(3, 18, 4)
+    for name in policies.NAMES:
+        d = place.place(req("g", gpus_per_member=4, members=2, tp_size=8), snap, policies.make(name))
+        assert d.placed and len(d.domains) == 1
+
+
+def test_data_parallel_gang_may_span_domains_but_each_tp_group_does_not() -> None:
+    snap = snapshot.uniform_cluster(2, 1, 8)  # two HGX nodes
+    d = place.place(req("dp", gpus_per_member=8, members=2, tp_size=8), snap, policies.make("gpuplane"))
+    assert d.placed and len(d.domains) == 2
+    d2 = place.place(req("tp16", gpus_per_member=8, members=2, tp_size=16), snap, policies.make("gpuplane"))
+    assert not d2.placed and "TP size 16 exceeds the largest NVLink domain (8 GPUs)" in d2.reason
+
+
+def test_gpuplane_keeps_tp8_capable_domain() -> None:
+    """Two NVL72-like domains: A has exactly 2 empty nodes (TP8-capable), B has 3.
+
+    A whole-node member must break a node somewhere: gpuplane takes it from B,
+    keeping both TP8-capable; best-fit takes the fuller domain A.
+    """
+    snap = snapshot.uniform_cluster(2, 4, 4)
+    fill = [req(f"f{i}", gpus_per_member=4) for i in range(3)]
+    pol = policies.make("first-fit")
+    for r in fill[:2]:
+        snap = snap.with_allocation(place.place(r, snap, pol))
+    # domain d0 now has 2 empty nodes, d1 has 4; use one node of d1 -> 3
+    d1_node = place.place(req("x", gpus_per_member=4), snapshot.Snapshot.build(snap.domains[1:]), pol)
+    snap = snap.with_allocation(d1_node)
+    r = req("y", gpus_per_member=4)
+    gp = place.place(r, snap, policies.make("gpuplane"))
+    bf = place.place(r, snap, policies.make("best-fit"))
+    assert gp.domains == ("d1",)
+    assert bf.domains == ("d0",)
+
+
+def test_refusal_when_full_has_reason() -> None:
+    snap = snapshot.uniform_cluster(1, 1, 1)
+    pol = policies.make("gpuplane")
+    snap = snap.with_allocation(place.place(req("a"), snap, pol))
+    d = place.place(req("b"), snap, pol)
+    assert not d.placed and "no NVLink domain has room" in d.reason
+    d = place.place(req("c", mig_profile="1g"), snap, pol)
+    assert not d.placed and "no GPU has a free 1g placement" in d.reason
+    d = place.place(req("d", mig_profile="5g"), snap, pol)
+    assert not d.placed and "unknown MIG profile" in d.reason
