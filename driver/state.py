@@ -456,6 +456,19 @@ class DeviceState:
             self._caps = caps
         return caps
 
+    def _read_caps(self, d: DeviceRecord) -> tuple[int | None, int | None]:
+        """Caps minors of a MIG instance an earlier driver process made (this one has not cached them)."""
+        assert d.mig is not None
+        gi = next((g for g in self._instances_or_empty(d.mig.parent_uuid) if g.gi_id == d.mig.gi_id), None)
+        if gi is None or gi.mig_uuid != d.mig.mig_uuid:
+            raise ClaimError(
+                f"MIG instance {d.mig.gi_id} of device {d.device} on GPU {d.mig.parent_uuid} is gone "
+                "(GPU reset?); delete the pod so the claim is allocated and prepared again"
+            )
+        caps = (gi.gi_caps_minor, gi.ci_caps_minor)
+        self._mig_caps[(d.mig.parent_uuid, gi.gi_id)] = caps
+        return caps
+
     def _write_cdi(self, rec: ClaimRecord) -> None:
         dev = self.settings.dev_root
         edits: list[cdi.DeviceEdits] = []
@@ -463,7 +476,7 @@ class DeviceState:
             nodes = [str(dev / f"nvidia{d.gpu_minor}")]
             env = [f"GPUPLANE_DEVICE_{d.device.upper().replace('-', '_')}_UUID={_runtime_uuid(d)}"]
             if d.mig is not None and d.mig.gi_id is not None:
-                gi_cap, ci_cap = self._mig_caps.get((d.mig.parent_uuid, d.mig.gi_id), (None, None))
+                gi_cap, ci_cap = self._mig_caps.get((d.mig.parent_uuid, d.mig.gi_id)) or self._read_caps(d)
                 nodes.extend(
                     str(dev / "nvidia-caps" / f"nvidia-cap{m}") for m in (gi_cap, ci_cap) if m is not None
                 )
