@@ -351,6 +351,8 @@ class DeviceState:
         for dev_rec, (_, gpu, slot) in zip(rec.devices, plan.devices, strict=True):
             if slot is not None and dev_rec.mig is not None:
                 self._create_mig(cp, rec, dev_rec, gpu, slot)
+            elif slot is None:
+                self._leave_mig_mode(gpu)
         if rec.sharing.strategy == "TimeSlicing" and rec.sharing.timeslice_interval:
             for dev_rec in rec.devices:
                 self.backend.set_timeslice(dev_rec.gpu_uuid, rec.sharing.timeslice_interval)
@@ -374,6 +376,22 @@ class DeviceState:
                 )
             )
             self._step("prepare:mps-started")
+
+    def _leave_mig_mode(self, gpu: GpuEntry) -> None:
+        """A whole GPU runs no CUDA work in MIG mode: turn off what earlier MIG claims left on."""
+        uuid = gpu.info.uuid
+        if not gpu.info.mig_capable or not self.backend.mig_mode(uuid).current:
+            return
+        if self.backend.gpu_instances(uuid):
+            raise ClaimError(
+                f"device {gpu.name} cannot be used whole: MIG instances exist on the GPU; "
+                "delete the pod so the claim is allocated again"
+            )
+        if gpu.info.mig_toggle_needs_reset or self.backend.set_mig_mode(uuid, False).current:
+            raise ClaimError(
+                f"GPU {gpu.name} ({uuid}) is in MIG mode and needs a reset to leave it; the driver never resets "
+                "a GPU. Disable MIG out of band (nvidia-smi -i <gpu> -mig 0, then reset) and retry"
+            )
 
     def _create_mig(
         self, cp: Checkpoint, rec: ClaimRecord, dev_rec: DeviceRecord, gpu: GpuEntry, slot: MigSlot
