@@ -47,6 +47,14 @@ class MpsConfig(_Strict):
     defaultPinnedDeviceMemoryLimit: str | None = None
     perDevicePinnedMemoryLimit: dict[str, str] = Field(default_factory=dict)
 
+    @field_validator("defaultActiveThreadPercentage", mode="before")
+    @classmethod
+    def _check_percentage(cls, value: Any) -> Any:
+        # Before the ge/le constraints, which would name only the bound that was crossed.
+        if isinstance(value, int | float) and not isinstance(value, bool) and not 1 <= value <= 100:
+            raise ValueError("must be in 1..100 (percent of the device's SMs)")
+        return value
+
     @field_validator("defaultPinnedDeviceMemoryLimit")
     @classmethod
     def _check_default_limit(cls, value: str | None) -> str | None:
