@@ -37,6 +37,11 @@ class DriverConfig(BaseModel):
     health_poll_interval_s: float = 1.0
     taint_clear_after_s: float = 60.0
     benign_xids: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
+    telemetry_interval_s: float = 10.0
+    noisy_bandwidth_threshold: float = 0.5  # a claim's share of the GPU's memory bandwidth
+    noisy_release_threshold: float = 0.4  # the alert clears below this (hysteresis)
+    noisy_sustain_s: float = 30.0
+    cost_flush_interval_s: float = 300.0
     log_level: str = "INFO"
     log_format: Literal["auto", "json", "console"] = "auto"
     extra: dict[str, str] = Field(default_factory=dict)
@@ -48,6 +53,10 @@ class DriverConfig(BaseModel):
     @property
     def lock_path(self) -> Path:
         return self.plugin_dir / "pu.lock"
+
+    @property
+    def cost_ledger_path(self) -> Path:
+        return self.plugin_dir / "cost-ledger.jsonl"
 
     @property
     def mps_root(self) -> Path:
@@ -82,6 +91,16 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
     p.add_argument("--republish-interval", type=float, default=float(_env("REPUBLISH_INTERVAL", "30") or 30))
     p.add_argument("--cleanup-interval", type=float, default=float(_env("CLEANUP_INTERVAL", "60") or 60))
     p.add_argument("--taint-clear-after", type=float, default=float(_env("TAINT_CLEAR_AFTER", "60") or 60))
+    p.add_argument("--health-poll-interval", type=float, default=float(_env("HEALTH_POLL_INTERVAL", "1") or 1))
+    p.add_argument(
+        "--benign-xids",
+        default=_env("BENIGN_XIDS", "13,31,43,45,68,109"),
+        help="comma-separated Xids that never taint a device (application errors)",
+    )
+    p.add_argument("--telemetry-interval", type=float, default=float(_env("TELEMETRY_INTERVAL", "10") or 10))
+    p.add_argument("--noisy-threshold", type=float, default=float(_env("NOISY_THRESHOLD", "0.5") or 0.5))
+    p.add_argument("--noisy-release", type=float, default=float(_env("NOISY_RELEASE", "0.4") or 0.4))
+    p.add_argument("--noisy-sustain", type=float, default=float(_env("NOISY_SUSTAIN", "30") or 30))
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
     p.add_argument("--log-format", choices=["auto", "json", "console"], default=_env("LOG_FORMAT", "auto"))
     args = p.parse_args(argv)
@@ -106,6 +125,12 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
         republish_interval_s=args.republish_interval,
         cleanup_interval_s=args.cleanup_interval,
         taint_clear_after_s=args.taint_clear_after,
+        health_poll_interval_s=args.health_poll_interval,
+        benign_xids=tuple(int(x) for x in str(args.benign_xids or "").split(",") if x.strip()),
+        telemetry_interval_s=args.telemetry_interval,
+        noisy_bandwidth_threshold=args.noisy_threshold,
+        noisy_release_threshold=args.noisy_release,
+        noisy_sustain_s=args.noisy_sustain,
         log_level=args.log_level,
         log_format=args.log_format,
     )

@@ -11,13 +11,15 @@ from types import FrameType
 import structlog
 
 from driver import config as config_mod
-from driver import logs
+from driver import cost, health, logs, noisy, telemetry
 from driver.checkpoint import read_boot_id
+from driver.health_watcher import HealthMetrics, HealthWatcher
 from driver.hw.select import make_backend
 from driver.hw.sim import SimConfig
 from driver.kube import KubeApi, make_api_client
 from driver.metrics import DriverMetrics
 from driver.mps import MpsControl
+from driver.plugin.health_board import HealthBoard
 from driver.plugin.server import PluginServer
 from driver.publisher import SlicePublisher
 from driver.state import DeviceState, StateSettings
@@ -67,16 +69,28 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
             mps,
             observer=metrics,
         )
-        publisher = SlicePublisher(api, cfg.node_name, cfg.driver_name)
+        wake = threading.Event()
+        board = HealthBoard()
+        watcher = HealthWatcher(
+            backend,
+            health.HealthSettings(clear_after_s=cfg.taint_clear_after_s, benign_xids=frozenset(cfg.benign_xids)),
+            board,
+            state.inventory,
+            cfg.node_name,
+            on_change=wake.set,
+            poll_interval_s=cfg.health_poll_interval_s,
+            metrics=HealthMetrics(metrics.registry),
+        )
+        publisher = SlicePublisher(api, cfg.node_name, cfg.driver_name, taints=watcher.taints)
 
         def on_change(inventory: object) -> None:
             del inventory
             wake.set()
 
-        wake = threading.Event()
         state.on_inventory_change = on_change
         log.info("recovering state", node=cfg.node_name, backend=cfg.backend)
         state.recover()
+        watcher.start()
         publisher.publish(state.inventory())
         metrics.devices_published.set(publisher.devices_published)
         server = PluginServer(
@@ -84,9 +98,36 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
             state,
             registry_dir=cfg.registry_dir,
             plugin_dir=cfg.plugin_dir,
+            health_source=board,
             timing=metrics.rpc,
         )
         server.start()
+        telemetry_metrics = telemetry.TelemetryMetrics(metrics.registry)
+        sampler = telemetry.TelemetrySampler(
+            backend,
+            telemetry.TelemetrySettings(
+                interval_s=cfg.telemetry_interval_s,
+                hostname=cfg.node_name,
+                noisy=noisy.NoisySettings(
+                    threshold=cfg.noisy_bandwidth_threshold,
+                    release=cfg.noisy_release_threshold,
+                    sustain_s=cfg.noisy_sustain_s,
+                ),
+            ),
+            telemetry_metrics,
+            inventory=state.inventory,
+            checkpoint=state.snapshot,
+            tiers=telemetry.TierResolver(api),
+            daemon_pids=lambda: {d.pid: d.claim_uid for d in mps.list_daemons() if d.pid is not None},
+            events=api,
+            accountant=cost.CostAccountant(
+                cfg.cost_ledger_path,
+                cfg.node_name,
+                flush_interval_s=cfg.cost_flush_interval_s,
+                sink=telemetry_metrics,
+            ),
+        )
+        sampler.start()
         log.info(
             "driver ready",
             registration_socket=str(server.registration_socket),
@@ -106,6 +147,10 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
                         metrics.devices_published.set(publisher.devices_published)
                     except Exception:
                         log.exception("publishing ResourceSlices failed; retrying on the next tick")
+                        try:  # still get taints out (a GPU that fell off the bus breaks rediscovery)
+                            publisher.publish(state.inventory())
+                        except Exception:
+                            log.exception("publishing the last known inventory failed too")
                     next_publish = now + cfg.republish_interval_s
                 if now >= next_cleanup:
                     try:
@@ -114,6 +159,8 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
                         log.exception("periodic cleanup failed; retrying on the next tick")
                     next_cleanup = now + cfg.cleanup_interval_s
         finally:
+            sampler.stop()
+            watcher.stop()
             server.stop(grace=5.0)
             log.info("driver stopped")
         return 0
