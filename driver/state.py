@@ -555,7 +555,8 @@ class DeviceState:
         """Remove everything a (possibly half-done) prepare made, in reverse order. Idempotent."""
         cdi.remove_spec(self.settings.cdi_root, rec.uid)
         self._step("undo:cdi-removed")
-        if rec.mps_daemon or self.mps.alive(rec.uid):
+        # alive() scans /proc: only a claim that asked for MPS can have a daemon (recorded before it starts).
+        if rec.mps_daemon or (rec.sharing.strategy == "MPS" and self.mps.alive(rec.uid)):
             self.mps.stop(rec.uid)
             self._step("undo:mps-stopped")
         if rec.sharing.strategy == "TimeSlicing":
