@@ -93,13 +93,19 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
         watcher.start()
         publisher.publish(state.inventory())
         metrics.devices_published.set(publisher.devices_published)
+        metrics.checkpoint_changed(state.snapshot())
+
+        def timing(op: str, seconds: float, n_errors: int) -> None:
+            metrics.rpc(op, seconds, n_errors)
+            metrics.checkpoint_changed(state.snapshot())
+
         server = PluginServer(
             cfg.driver_name,
             state,
             registry_dir=cfg.registry_dir,
             plugin_dir=cfg.plugin_dir,
             health_source=board,
-            timing=metrics.rpc,
+            timing=timing,
         )
         server.start()
         telemetry_metrics = telemetry.TelemetryMetrics(metrics.registry)

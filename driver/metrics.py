@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from driver.checkpoint import Checkpoint
+
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -57,6 +59,12 @@ class DriverMetrics:
     def hardware_changed(self, mig_instances: int, mps_daemons: int) -> None:
         self.mig_instances.set(mig_instances)
         self.mps_daemons.set(mps_daemons)
+
+    def checkpoint_changed(self, checkpoint: Checkpoint) -> None:
+        """Devices held by completed claims, from the checkpoint (after recovery and every RPC)."""
+        self.devices_allocated.set(
+            sum(len(c.devices) for c in checkpoint.claims.values() if c.phase == "PrepareCompleted")
+        )
 
     # gRPC timing hook
     def rpc(self, op: str, seconds: float, n_errors: int) -> None:
