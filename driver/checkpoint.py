@@ -51,6 +51,8 @@ class MigRecord(_Tolerant):
     gi_id: int | None = None
     ci_id: int | None = None
     mig_uuid: str | None = None
+    gi_caps_minor: int | None = None  # /dev/nvidia-caps/nvidia-cap<N> of the GPU instance
+    ci_caps_minor: int | None = None  # ... and of its compute instance
     created_by_driver: bool = True  # False: an administrator's instance we only used
 
 

@@ -463,19 +463,11 @@ class DeviceState:
         mig.ci_id = gi.compute_instances[0].ci_id if gi.compute_instances else None
         mig.mig_uuid = gi.mig_uuid
         dev_rec.cdi_ids = []
-        self._mig_caps[(uuid, gi.gi_id)] = (gi.gi_caps_minor, gi.ci_caps_minor)
+        mig.gi_caps_minor, mig.ci_caps_minor = gi.gi_caps_minor, gi.ci_caps_minor
         self.store.save(cp)
 
-    @property
-    def _mig_caps(self) -> dict[tuple[str, int], tuple[int | None, int | None]]:
-        caps: dict[tuple[str, int], tuple[int | None, int | None]] | None = getattr(self, "_caps", None)
-        if caps is None:
-            caps = {}
-            self._caps = caps
-        return caps
-
     def _read_caps(self, d: DeviceRecord) -> tuple[int | None, int | None]:
-        """Caps minors of a MIG instance an earlier driver process made (this one has not cached them)."""
+        """Caps minors of a MIG instance recorded before they were kept in the checkpoint."""
         assert d.mig is not None
         gi = next((g for g in self._instances_or_empty(d.mig.parent_uuid) if g.gi_id == d.mig.gi_id), None)
         if gi is None or gi.mig_uuid != d.mig.mig_uuid:
@@ -483,9 +475,8 @@ class DeviceState:
                 f"MIG instance {d.mig.gi_id} of device {d.device} on GPU {d.mig.parent_uuid} is gone "
                 "(GPU reset?); delete the pod so the claim is allocated and prepared again"
             )
-        caps = (gi.gi_caps_minor, gi.ci_caps_minor)
-        self._mig_caps[(d.mig.parent_uuid, gi.gi_id)] = caps
-        return caps
+        d.mig.gi_caps_minor, d.mig.ci_caps_minor = gi.gi_caps_minor, gi.ci_caps_minor
+        return gi.gi_caps_minor, gi.ci_caps_minor
 
     def _write_cdi(self, rec: ClaimRecord) -> None:
         dev = self.settings.dev_root
@@ -494,7 +485,8 @@ class DeviceState:
             nodes = [str(dev / f"nvidia{d.gpu_minor}")]
             env = [f"GPUPLANE_DEVICE_{d.device.upper().replace('-', '_')}_UUID={_runtime_uuid(d)}"]
             if d.mig is not None and d.mig.gi_id is not None:
-                gi_cap, ci_cap = self._mig_caps.get((d.mig.parent_uuid, d.mig.gi_id)) or self._read_caps(d)
+                known = d.mig.gi_caps_minor is not None or d.mig.ci_caps_minor is not None
+                gi_cap, ci_cap = (d.mig.gi_caps_minor, d.mig.ci_caps_minor) if known else self._read_caps(d)
                 nodes.extend(
                     str(dev / "nvidia-caps" / f"nvidia-cap{m}") for m in (gi_cap, ci_cap) if m is not None
                 )
@@ -604,7 +596,6 @@ class DeviceState:
         with _ignore_gone():
             self.backend.destroy_gpu_instance(mig.parent_uuid, gi.gi_id)
         self._step("undo:gi-destroyed")
-        self._mig_caps.pop((mig.parent_uuid, gi.gi_id), None)
 
     def _instances_or_empty(self, uuid: str) -> Sequence[hw.GpuInstance]:
         try:
