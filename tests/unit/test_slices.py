@@ -1,0 +1,491 @@
+"""ResourceSlices for every simulator profile: API limits (checked twice), attributes, NVLink domains, stable names.
+
+Every pool is built the production way (simulator -> ``discover`` -> ``build_pool`` -> ``render_slices``)
+and checked by ``validate_pool`` *and* by an independent re-statement of the 1.36 validation rules
+written here, so a bug shared by the builder and its own checker still fails a test.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from driver.api import names
+from driver.hw import mig_tables
+from driver.hw.sim import SimConfig, Simulator
+from driver.inventory import Inventory, discover
+from driver.slices import DeviceTaint, SliceLimitError, build_pool, render_slices, validate_pool
+from tests.driverkit import short_tmpdir
+
+CLUSTER = "6f1c2d3e-4b5a-4978-8a9b-0c1d2e3f4a5b"
+ALL_MIG_ON = {i: True for i in range(8)}
+
+# --- the rules, restated independently of driver/slices.py (resource.k8s.io/v1, Kubernetes 1.36) ------------
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_SUBDOMAIN_PART = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$")
+
+
+def _dns_label(name: str) -> bool:
+    return len(name) <= 63 and DNS_LABEL.match(name) is not None
+
+
+def _dns_subdomain(name: str) -> bool:
+    return len(name) <= 253 and all(DNS_SUBDOMAIN_PART.match(p) and len(p) <= 63 for p in name.split("."))
+
+
+def _qualified_name_ok(key: str) -> bool:
+    domain, sep, ident = key.rpartition("/")
+    if sep and (not domain or len(domain) > 63 or not _dns_subdomain(domain)):
+        return False
+    return len(ident) <= 32 and C_IDENTIFIER.match(ident) is not None
+
+
+def api_violations(slices: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Every rule the brief lists, stated from the API docs rather than from driver/slices.py."""
+    out: list[str] = []
+    generations = {s["spec"]["pool"]["generation"] for s in slices}
+    if len(generations) != 1:
+        out.append(f"pool generations differ: {generations}")
+    counts = {s["spec"]["pool"]["resourceSliceCount"] for s in slices}
+    if counts != {len(slices)}:
+        out.append(f"resourceSliceCount {counts} != {len(slices)} slices")
+    pools = {s["spec"]["pool"]["name"] for s in slices}
+    if len(pools) != 1:
+        out.append(f"several pools {pools}")
+    all_devices: list[str] = []
+    sets: dict[str, dict[str, int]] = {}
+    for s in slices:
+        spec = s["spec"]
+        name = s["metadata"]["name"]
+        devices = spec.get("devices") or []
+        shared = spec.get("sharedCounters") or []
+        if bool(devices) == bool(shared):
+            out.append(f"{name}: must carry devices XOR sharedCounters")
+        if len(shared) > 8:
+            out.append(f"{name}: {len(shared)} counter sets > 8")
+        for cs in shared:
+            if not _dns_label(cs["name"]):
+                out.append(f"{name}: counter set name {cs['name']!r}")
+            if not 0 < len(cs["counters"]) <= 32:
+                out.append(f"{name}: counter set {cs['name']} has {len(cs['counters'])} counters")
+            out.extend(f"{name}: counter {c!r}" for c in cs["counters"] if not _dns_label(c))
+            if cs["name"] in sets:
+                out.append(f"counter set {cs['name']} twice")
+            sets[cs["name"]] = {k: int(v["value"]) for k, v in cs["counters"].items()}
+        advanced = any(d.get("consumesCounters") or d.get("taints") for d in devices)
+        if len(devices) > (64 if advanced else 128):
+            out.append(f"{name}: {len(devices)} devices (advanced={advanced})")
+        for d in devices:
+            dn = d["name"]
+            all_devices.append(dn)
+            if not _dns_label(dn):
+                out.append(f"device name {dn!r} is not a DNS label")
+            attrs, caps = d.get("attributes", {}), d.get("capacity", {})
+            if len(attrs) + len(caps) > 32:
+                out.append(f"{dn}: {len(attrs) + len(caps)} attributes+capacities")
+            out.extend(f"{dn}: name {k!r}" for k in [*attrs, *caps] if not _qualified_name_ok(k))
+            for k, v in attrs.items():
+                if len(v) != 1 or next(iter(v)) not in ("int", "bool", "string", "version"):
+                    out.append(f"{dn}: attribute {k} = {v}")
+                    continue
+                kind, value = next(iter(v.items()))
+                if kind in ("string", "version") and len(value) > 64:
+                    out.append(f"{dn}: attribute {k} longer than 64")
+                if kind == "version" and not SEMVER.match(value):
+                    out.append(f"{dn}: attribute {k} = {value!r} is not semver")
+            consumes = d.get("consumesCounters") or []
+            if len(consumes) > 2:
+                out.append(f"{dn}: {len(consumes)} consumesCounters")
+            for c in consumes:
+                if len(c["counters"]) > 32:
+                    out.append(f"{dn}: consumes {len(c['counters'])} counters")
+    if len(all_devices) != len(set(all_devices)):
+        out.append("duplicate device names in the pool")
+    for s in slices:
+        for d in s["spec"].get("devices") or []:
+            for c in d.get("consumesCounters") or []:
+                known = sets.get(c["counterSet"])
+                if known is None or not set(c["counters"]) <= set(known):
+                    out.append(f"{d['name']}: consumes undefined counters of {c['counterSet']}")
+    return out
+
+
+# --- building pools ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Case:
+    id: str
+    profile: str
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    gpus: int = 8
+    mig: bool = True  # MIG devices (and counter sets) published
+    whole: bool = True  # whole-GPU devices published
+    mig_per_gpu: int = 25  # 7 + 7 + 4 + 3 + 2 + 1 + 1 placements
+
+
+CASES = (
+    Case("hgx-h100", "hgx-h100"),
+    Case("hgx-h200", "hgx-h200"),
+    Case("h100-nvl-pcie", "h100-nvl-pcie", gpus=4),
+    Case("gb200-nvl72", "gb200-nvl72", {"cluster_uuid": CLUSTER, "clique_id": 7}, gpus=4),
+    Case("a100-40gb-mig-off", "a100-40gb", mig=False),  # enabling MIG needs a reset: offered whole only
+    Case("a100-40gb-mig-on", "a100-40gb", {"initial_mig_mode": ALL_MIG_ON}, whole=False),
+    Case("pcie-l4", "pcie-l4", gpus=4, mig=False),
+)
+
+
+@contextmanager
+def simulated(profile: str, node: str = "node-a", **overrides: Any) -> Iterator[Simulator]:
+    root = short_tmpdir("sl")
+    sim = Simulator(SimConfig(profile=profile, state_dir=root, node_name=node, durable=False, **overrides))
+    sim.init()
+    try:
+        yield sim
+    finally:
+        sim.shutdown()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def pool_of(sim: Simulator, node: str = "node-a", generation: int = 3, **kw: Any) -> list[dict[str, Any]]:
+    return render_slices(build_pool(discover(node, sim), **kw), generation)
+
+
+def devices_of(slices: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {d["name"]: d for s in slices for d in s["spec"].get("devices") or []}
+
+
+def attr(device: Mapping[str, Any], key: str) -> Any:
+    (value,) = device["attributes"][key].values()
+    return value
+
+
+@pytest.fixture(params=CASES, ids=lambda c: c.id)
+def case(request: pytest.FixtureRequest) -> Case:
+    c: Case = request.param
+    return c
+
+
+# --- every profile ----------------------------------------------------------------------------------------
+def test_every_profile_is_within_api_limits(case: Case) -> None:
+    with simulated(case.profile, **case.overrides) as sim:
+        slices = pool_of(sim, generation=5)
+    validate_pool(slices)
+    assert api_violations(slices) == []
+    assert {s["spec"]["pool"]["generation"] for s in slices} == {5}
+    assert all(s["spec"]["nodeName"] == "node-a" and s["spec"]["driver"] == names.DRIVER_NAME for s in slices)
+    assert all(_dns_subdomain(s["metadata"]["name"]) for s in slices)
+    assert len({s["metadata"]["name"] for s in slices}) == len(slices)
+
+    devices = devices_of(slices)
+    counter_slices = [s for s in slices if s["spec"].get("sharedCounters")]
+    whole = sorted(n for n, d in devices.items() if attr(d, names.ATTR_TYPE) == "gpu")
+    mig = [n for n, d in devices.items() if attr(d, names.ATTR_TYPE) == "mig"]
+    assert whole == (sorted(f"gpu-{i}" for i in range(case.gpus)) if case.whole else [])
+    assert len(mig) == (case.gpus * case.mig_per_gpu if case.mig else 0)
+    assert len(counter_slices) == (case.gpus if case.mig else 0)
+    # A GPU's devices never straddle two slices (a slice is the unit the scheduler sees updated together).
+    for i in range(case.gpus):
+        holders = {
+            s["metadata"]["name"]
+            for s in slices
+            for d in s["spec"].get("devices") or []
+            if d["name"] == f"gpu-{i}" or d["name"].startswith(f"gpu-{i}-")
+        }
+        assert len(holders) == 1, f"gpu-{i} spread over {holders}"
+
+
+def test_required_attributes_and_capacities(case: Case) -> None:
+    with simulated(case.profile, **case.overrides) as sim:
+        infos = {g.minor: g for g in sim.gpus()}
+        slices = pool_of(sim)
+    for name, d in devices_of(slices).items():
+        attrs, caps = d["attributes"], d["capacity"]
+        is_mig = attr(d, names.ATTR_TYPE) == "mig"
+        minor = attr(d, names.ATTR_PARENT_MINOR) if is_mig else attr(d, names.ATTR_MINOR)
+        info = infos[minor]
+        for key in (names.ATTR_PRODUCT_NAME, names.ATTR_ARCHITECTURE, names.ATTR_NVLINK_DOMAIN, names.ATTR_PCI_BUS_ID):
+            assert "string" in attrs[key], f"{name}: {key}"
+        for key in (names.ATTR_CUDA_CC, names.ATTR_DRIVER_VERSION):
+            assert SEMVER.match(attrs[key]["version"]), f"{name}: {key}"
+        assert attrs[names.ATTR_PRODUCT_NAME]["string"] == info.product_name
+        assert attrs[names.ATTR_PCI_BUS_ID]["string"] == info.pci_bus_id
+        assert attrs[names.ATTR_DRIVER_VERSION]["version"] == "570.124.6"
+        assert attrs[names.ATTR_CUDA_CC]["version"] == info.cuda_compute_capability + ".0"
+        assert set(caps) >= {names.CAP_MEMORY, names.CAP_MULTIPROCESSORS}
+        if is_mig:
+            # A dynamic MIG device has no uuid until prepare creates it; its parent's uuid is published.
+            assert attrs[names.ATTR_PARENT_UUID]["string"] == info.uuid
+            assert names.ATTR_UUID not in attrs
+            profile = attrs[names.ATTR_MIG_PROFILE]["string"]
+            assert (
+                name == f"gpu-{minor}-mig-{profile.replace('.', '-').replace('+', '-')}-"
+                f"{attrs[names.ATTR_MIG_PLACEMENT]['int']}"
+            )
+            assert int(caps[names.CAP_MEMORY]["value"]) < info.memory_bytes
+        else:
+            assert attrs[names.ATTR_UUID]["string"] == info.uuid
+            assert int(caps[names.CAP_MEMORY]["value"]) == info.memory_bytes
+            assert int(caps[names.CAP_MULTIPROCESSORS]["value"]) == info.multiprocessors
+            assert d["allowMultipleAllocations"] is True
+            assert caps[names.CAP_SHARE_PERCENT] == {"value": "100"}  # no requestPolicy: no share = all of it
+            assert caps[names.CAP_MEMORY]["requestPolicy"] == {"default": "0"}
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.mig], ids=lambda c: c.id)
+def test_counter_sets_match_the_mig_geometry(case: Case) -> None:
+    with simulated(case.profile, **case.overrides) as sim:
+        inv = discover("node-a", sim)
+        slices = render_slices(build_pool(inv), 1)
+    sets = {cs["name"]: cs["counters"] for s in slices for cs in s["spec"].get("sharedCounters") or []}
+    for gpu in inv.gpus:
+        counters = sets[f"{gpu.name}-counters"]
+        assert {f"memory-slice-{i}" for i in range(8)} <= set(counters)
+        assert counters["compute-slices"] == {"value": "7"}
+        assert counters["memory"] == {"value": str(gpu.info.memory_bytes)}
+    for name, d in devices_of(slices).items():
+        (use,) = d["consumesCounters"]
+        if attr(d, names.ATTR_TYPE) == "gpu":
+            assert use["counters"] == sets[use["counterSet"]], "the whole GPU consumes every counter"
+            continue
+        start = attr(d, names.ATTR_MIG_PLACEMENT)
+        profile = next(p for p in inv.gpus[0].profiles if p.name == attr(d, names.ATTR_MIG_PROFILE))
+        slots = {k for k in use["counters"] if k.startswith("memory-slice-")}
+        assert slots == {f"memory-slice-{i}" for i in range(start, start + profile.memory_slices)}, name
+        assert use["counters"]["compute-slices"] == {"value": str(profile.compute_slices)}
+
+
+# --- NVLink domains ---------------------------------------------------------------------------------------
+def _domains(slices: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """Device name -> nvlinkDomain for every device."""
+    return {n: attr(d, names.ATTR_NVLINK_DOMAIN) for n, d in devices_of(slices).items()}
+
+
+@pytest.mark.parametrize("profile", ["hgx-h100", "hgx-h200"])
+def test_hgx_is_one_domain_per_node(profile: str) -> None:
+    with simulated(profile, "node-a") as a, simulated(profile, "node-b") as b:
+        dom_a, dom_b = _domains(pool_of(a, "node-a")), _domains(pool_of(b, "node-b"))
+    assert len(set(dom_a.values())) == 1 and len(set(dom_b.values())) == 1
+    assert set(dom_a.values()) != set(dom_b.values()), "NVSwitch domains end at the node"
+
+
+def test_h100_nvl_pcie_pairs() -> None:
+    with simulated("h100-nvl-pcie") as sim:
+        dom = _domains(pool_of(sim))
+    assert dom["gpu-0"] == dom["gpu-1"] == dom["gpu-0-mig-7g-94gb-0"]
+    assert dom["gpu-2"] == dom["gpu-3"]
+    assert dom["gpu-0"] != dom["gpu-2"]
+    assert len(set(dom.values())) == 2
+
+
+def test_gb200_domain_is_the_fabric_clique_shared_across_nodes() -> None:
+    rack = {"cluster_uuid": CLUSTER, "clique_id": 7}
+    with (
+        simulated("gb200-nvl72", "rack1-n01", **rack) as a,
+        simulated("gb200-nvl72", "rack1-n02", **rack) as b,
+        simulated("gb200-nvl72", "rack1-n03", cluster_uuid=CLUSTER, clique_id=8) as c,
+    ):
+        dom_a = _domains(pool_of(a, "rack1-n01"))
+        dom_b = _domains(pool_of(b, "rack1-n02"))
+        dom_c = _domains(pool_of(c, "rack1-n03"))
+    assert set(dom_a.values()) == set(dom_b.values()) == {f"{CLUSTER}.7"}
+    assert set(dom_c.values()) == {f"{CLUSTER}.8"}
+
+
+def test_l4_is_one_domain_per_gpu() -> None:
+    with simulated("pcie-l4") as sim:
+        dom = _domains(pool_of(sim))
+    assert len(dom) == 4 and len(set(dom.values())) == 4
+
+
+# --- stable names -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("profile", ["hgx-h100", "pcie-l4"])
+def test_names_stay_stable_when_a_gpu_falls_off_the_bus(profile: str) -> None:
+    with simulated(profile) as full, simulated(profile, absent_minors=(1,)) as degraded:
+        before = devices_of(pool_of(full))
+        after = devices_of(pool_of(degraded))
+        assert [g.minor for g in degraded.gpus()][:3] == [0, 2, 3]
+        assert [g.index for g in degraded.gpus()][:3] == [0, 1, 2], "NVML indexes shift"
+    lost = {n for n in before if n == "gpu-1" or n.startswith("gpu-1-")}
+    assert lost and set(after) == set(before) - lost
+    for name in after:
+        assert after[name]["attributes"] == before[name]["attributes"], name
+    validate_pool(pool_of_devices_only(after))
+
+
+def pool_of_devices_only(devices: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A one-slice pool of plain devices (counters stripped), for validate_pool on a device subset."""
+    stripped = [{k: v for k, v in d.items() if k != "consumesCounters"} for d in devices.values()][:64]
+    spec = {"driver": names.DRIVER_NAME, "nodeName": "n", "devices": stripped}
+    return [
+        {"metadata": {"name": "n-0"}, "spec": {**spec, "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1}}}
+    ]
+
+
+def test_no_gpus_left_still_publishes_an_empty_pool() -> None:
+    with simulated("pcie-l4", absent_minors=(0, 1, 2, 3)) as sim:
+        slices = pool_of(sim)
+    assert [s["spec"].get("devices") for s in slices] == [[]]
+    validate_pool(slices)
+
+
+# --- administrator MIG instances --------------------------------------------------------------------------
+def test_admin_mig_instance_is_a_fixed_device() -> None:
+    with simulated("hgx-h100", initial_mig_mode={0: True}) as sim:
+        uuid = sim.uuid_of_minor(0)
+        gi = sim.create_gpu_instance(uuid, mig_tables.GI_PROFILE_3_SLICE, 4)
+        gi = sim.create_compute_instance(uuid, gi.gi_id)
+        # An incomplete admin GI (no compute instance) blocks its slots and is not offered.
+        sim.create_gpu_instance(uuid, mig_tables.GI_PROFILE_1_SLICE, 0)
+        inv = discover("node-a", sim)
+        slices = render_slices(build_pool(inv), 1)
+    validate_pool(slices)
+    assert api_violations(slices) == []
+    devices = devices_of(slices)
+    gpu0 = {n: d for n, d in devices.items() if n.startswith("gpu-0")}
+    assert "gpu-0" not in gpu0, "a GPU with admin instances is not offered whole"
+    static = {n for n, d in gpu0.items() if attr(d, names.ATTR_MIG_STATIC)}
+    assert static == {"gpu-0-mig-3g-40gb-4"}
+    fixed = gpu0["gpu-0-mig-3g-40gb-4"]
+    assert attr(fixed, names.ATTR_UUID) == gi.mig_uuid
+    (use,) = fixed["consumesCounters"]
+    assert {k for k in use["counters"] if k.startswith("memory-slice-")} == {f"memory-slice-{i}" for i in range(4, 8)}
+    # Dynamic placements: exactly those clear of slots 0 (incomplete GI) and 4-7 (admin 3g).
+    model = mig_tables.H100_80GB
+    expected = {
+        f"gpu-0-mig-{p.name.replace('.', '-').replace('+', '-')}-{s}"
+        for p in model.profiles
+        for s in p.placements
+        if not mig_tables.placements_conflict(s, p.memory_slices, 4, 4)
+        and not mig_tables.placements_conflict(s, p.memory_slices, 0, 1)
+    }
+    assert expected == {
+        "gpu-0-mig-1g-10gb-1",
+        "gpu-0-mig-1g-10gb-2",
+        "gpu-0-mig-1g-10gb-3",
+        "gpu-0-mig-1g-10gb-me-1",
+        "gpu-0-mig-1g-10gb-me-2",
+        "gpu-0-mig-1g-10gb-me-3",
+        "gpu-0-mig-1g-20gb-2",
+        "gpu-0-mig-2g-20gb-2",
+    }
+    assert set(gpu0) - static == expected
+    assert not any(attr(d, names.ATTR_MIG_STATIC) for n, d in devices.items() if n.startswith("gpu-1-mig"))
+    assert "gpu-1" in devices and "gpu-1-mig-7g-80gb-0" in devices
+
+
+def test_driver_owned_instance_is_not_an_admin_one() -> None:
+    with simulated("hgx-h100", initial_mig_mode={0: True}) as sim:
+        uuid = sim.uuid_of_minor(0)
+        gi = sim.create_compute_instance(uuid, sim.create_gpu_instance(uuid, mig_tables.GI_PROFILE_3_SLICE, 4).gi_id)
+        owned: Inventory = discover("node-a", sim, [(uuid, gi.gi_id)])
+    gpu0 = owned.gpus[0]
+    assert gpu0.offer_whole and all(s.static_instance is None for s in gpu0.mig_slots)
+    assert len(gpu0.mig_slots) == 25
+
+
+# --- taints and the checker itself ------------------------------------------------------------------------
+def test_taints_keep_slices_within_limits() -> None:
+    with simulated("pcie-l4") as sim:
+        inv = discover("node-a", sim)
+    taint = DeviceTaint("gpu.gpuplane.dev/xid", "79", "NoExecute")
+    slices = render_slices(build_pool(inv, taints={"gpu-2": [taint]}), 1)
+    validate_pool(slices)
+    assert api_violations(slices) == []
+    assert devices_of(slices)["gpu-2"]["taints"] == [
+        {"key": "gpu.gpuplane.dev/xid", "value": "79", "effect": "NoExecute"}
+    ]
+
+
+def _mutations() -> list[tuple[str, Any]]:
+    def too_many_devices(s: list[dict[str, Any]]) -> None:
+        dev_slice = next(x for x in s if x["spec"].get("devices"))
+        base = dev_slice["spec"]["devices"][1]
+        dev_slice["spec"]["devices"] += [{**base, "name": f"extra-{i}"} for i in range(64)]
+
+    def both(s: list[dict[str, Any]]) -> None:
+        s[-1]["spec"]["sharedCounters"] = [{"name": "x", "counters": {"a": {"value": "1"}}}]
+
+    def many_attrs(s: list[dict[str, Any]]) -> None:
+        d = s[-1]["spec"]["devices"][0]
+        d["attributes"].update({f"extra{i}": {"int": i} for i in range(20)})
+
+    def long_value(s: list[dict[str, Any]]) -> None:
+        s[-1]["spec"]["devices"][0]["attributes"]["productName"] = {"string": "x" * 65}
+
+    def bad_attr_name(s: list[dict[str, Any]]) -> None:
+        s[-1]["spec"]["devices"][0]["attributes"]["has-dash"] = {"bool": True}
+
+    def bad_device_name(s: list[dict[str, Any]]) -> None:
+        s[-1]["spec"]["devices"][0]["name"] = "GPU_0"
+
+    def three_consumptions(s: list[dict[str, Any]]) -> None:
+        d = s[-1]["spec"]["devices"][1]
+        d["consumesCounters"] = d["consumesCounters"] * 3
+
+    def wrong_count(s: list[dict[str, Any]]) -> None:
+        s[0]["spec"]["pool"]["resourceSliceCount"] = 99
+
+    def nine_sets(s: list[dict[str, Any]]) -> None:
+        cs = s[0]["spec"]["sharedCounters"][0]
+        s[0]["spec"]["sharedCounters"] = [{**cs, "name": f"set-{i}"} for i in range(9)]
+
+    def many_counters(s: list[dict[str, Any]]) -> None:
+        cs = s[0]["spec"]["sharedCounters"][0]
+        cs["counters"].update({f"c-{i}": {"value": "1"} for i in range(20)})
+
+    def undefined_counter(s: list[dict[str, Any]]) -> None:
+        s[-1]["spec"]["devices"][1]["consumesCounters"][0]["counters"]["nope"] = {"value": "1"}
+
+    return [
+        (f.__name__, f)
+        for f in (
+            too_many_devices,
+            both,
+            many_attrs,
+            long_value,
+            bad_attr_name,
+            bad_device_name,
+            three_consumptions,
+            wrong_count,
+            nine_sets,
+            many_counters,
+            undefined_counter,
+        )
+    ]
+
+
+@pytest.mark.parametrize(("label", "mutate"), _mutations(), ids=[m[0] for m in _mutations()])
+def test_both_checkers_catch_each_violation(label: str, mutate: Any) -> None:
+    with simulated("hgx-h100") as sim:
+        slices = pool_of(sim)
+    assert api_violations(slices) == []
+    mutate(slices)
+    assert api_violations(slices), f"independent checker missed {label}"
+    with pytest.raises(SliceLimitError):
+        validate_pool(slices)
+
+
+# --- docs/slices.md and scripts/print_slices.py -----------------------------------------------------------
+def test_docs_table_is_what_the_script_prints() -> None:
+    repo = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("print_slices", repo / "scripts" / "print_slices.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    table = script.summary_table()
+    assert table in (repo / "docs" / "slices.md").read_text(), "regenerate: python scripts/print_slices.py --summary"
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines()[2:]}
+    assert rows["hgx-h100"].startswith("| hgx-h100 | 8 | 8 | 200 | 208 | 8 | 4 | 12 |")
+    assert rows["pcie-l4"].startswith("| pcie-l4 | 4 | 4 | 0 | 4 | 0 | 1 | 1 |")
+    example = script.example(script.pool("hgx-h100"), ["gpu-0", "gpu-0-mig-3g-40gb-4"])
+    assert [list(s["spec"].get("sharedCounters") or s["spec"]["devices"]) != [] for s in example] == [True, True]
+    assert [d["name"] for d in example[1]["spec"]["devices"]] == ["gpu-0", "gpu-0-mig-3g-40gb-4"]
