@@ -1,14 +1,19 @@
-"""``python -m e2e``: build the control-plane binaries, bring a cluster up, take it down.
+"""``python -m e2e``: build the control-plane binaries, bring a cluster up, take it down, run the demo.
 
     python -m e2e build
-    python -m e2e up [--state-dir DIR] [--nodes hgx-h100:2,gb200-nvl72:4]
+    python -m e2e up [--state-dir DIR] [--nodes hgx-h100:2,gb200-nvl72:2,a100-40gb:1]
     python -m e2e down [--state-dir DIR]
     python -m e2e status [--state-dir DIR]
+    python -m e2e demo [--state-dir DIR] [--nodes SPEC]
 
 ``up`` leaves the components running after it exits (each in its own
-session, tracked by pidfiles in the state directory) and prints
-``KUBECONFIG=<path>`` as its last line. The state directory defaults to
-``$GPUPLANE_STATE`` or ``~/.local/state/gpuplane/e2e``.
+session, tracked by pidfiles in the state directory): the control plane and
+the simulated GPU nodes of ``--nodes`` (default ``e2e.simnodes.DEFAULT_NODE_SPEC``;
+``--nodes ''`` for none), each a ``gpuplane-driver`` plus a kubelet stand-in.
+It prints ``KUBECONFIG=<path>`` as its last line. ``demo`` (``scripts/demo.sh``)
+brings the same cluster up (or reuses it), installs gpuplane, applies every
+scenario in ``manifests/examples`` and prints where each pod landed. The
+state directory defaults to ``$GPUPLANE_STATE`` or ``~/.local/state/gpuplane/e2e``.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -23,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
-from e2e import build, controlplane, nodes, procs
+from e2e import build, controlplane, demo, nodes, procs, simnodes
 
 Printer = Callable[[str], None]
 
@@ -39,31 +45,45 @@ def _say(message: str) -> None:
 
 
 def start_nodes(state_dir: Path, kubeconfig: Path, groups: Sequence[nodes.NodeGroup], out: Printer) -> None:
-    """The ``nodes`` step of ``up``: simulated GPU nodes (not implemented yet; the spec is recorded)."""
-    if groups:
-        described = ", ".join(f"{g.count}x {g.profile}" for g in groups)
-        out(f"nodes: requested {described}; node simulation is not implemented yet (spec kept in cluster.json)")
+    """The ``nodes`` step of ``up``: start simulated GPU nodes and leave them running."""
+    if not groups:
+        out("nodes: none requested")
+        return
+    described = ", ".join(f"{g.count}x {g.profile}" for g in groups)
+    out(f"nodes: starting {described} (a gpuplane-driver and a kubelet stand-in each)")
+    sim = simnodes.SimNodes(state_dir, kubeconfig, out=out)
+    started = sim.start(groups)
+    sim.detach()
+    out(f"nodes ready: {', '.join(n.name for n in started)}")
 
 
-def cmd_build(args: argparse.Namespace, out: Printer) -> int:
-    """Build (or find cached) binaries."""
-    bins = build.ensure_binaries(out=out)
-    out(f"binaries ready in {bins.directory}")
-    return 0
+def _clear_node_state(state_dir: Path) -> None:
+    for node in simnodes.load_nodes(state_dir):
+        shutil.rmtree(node.socket_dir, ignore_errors=True)
+    for path in (state_dir / "nodes", state_dir / "s", simnodes.socket_root(state_dir)):
+        shutil.rmtree(path, ignore_errors=True)
+    simnodes.nodes_file(state_dir).unlink(missing_ok=True)
 
 
-def cmd_up(args: argparse.Namespace, out: Printer) -> int:
-    """Start the control plane (and, later, nodes) and leave it running."""
-    state_dir: Path = args.state_dir.resolve()
-    groups = nodes.parse_node_spec(args.nodes or "")
-    alive = controlplane.running(state_dir)
-    if alive and set(alive) == set(controlplane.COMPONENTS):
-        out(f"control plane in {state_dir} is already running (`python -m e2e down` to stop it)")
-        out(f"KUBECONFIG={state_dir / 'kubeconfig'}")
-        return 0
-    if alive:
-        out(f"stopping the remains of a previous control plane in {state_dir}: {', '.join(sorted(alive))}")
+def bring_up(state_dir: Path, groups: Sequence[nodes.NodeGroup], out: Printer) -> Path:
+    """Start (or reuse) the control plane and nodes of ``state_dir``; return the admin kubeconfig."""
+    alive = {name: r for name, r in controlplane.running(state_dir).items() if name in controlplane.COMPONENTS}
+    kubeconfig = state_dir / "kubeconfig"
+    if set(alive) == set(controlplane.COMPONENTS):
+        sim = simnodes.SimNodes(state_dir, kubeconfig, out=out)
+        if sim.all_running() or (not groups and not sim.nodes):
+            out(f"control plane and {len(sim.nodes)} node(s) in {state_dir} already running (reusing them)")
+            return kubeconfig
+        out(f"control plane in {state_dir} is running; (re)starting its nodes")
+        simnodes.stop_nodes(state_dir, out=out)
+        _clear_node_state(state_dir)
+        start_nodes(state_dir, kubeconfig, groups, out)
+        return kubeconfig
+    if controlplane.running(state_dir) or simnodes.load_nodes(state_dir):
+        out(f"stopping the remains of a previous cluster in {state_dir}")
+        simnodes.stop_nodes(state_dir, out=out)
         controlplane.stop_state_dir(state_dir, out=out)
+    _clear_node_state(state_dir)
     started = time.monotonic()
     out("step 1/3: binaries")
     bins = build.ensure_binaries(out=out)
@@ -83,18 +103,41 @@ def cmd_up(args: argparse.Namespace, out: Printer) -> int:
         out("step 3/3: nodes")
         start_nodes(state_dir, kubeconfig, groups, out)
     except BaseException:
+        simnodes.stop_nodes(state_dir, out=out)
         plane.stop()
         raise
     plane.detach()
     out(f"cluster up in {time.monotonic() - started:.1f}s; stop it with `python -m e2e down --state-dir {state_dir}`")
+    return kubeconfig
+
+
+def cmd_build(args: argparse.Namespace, out: Printer) -> int:
+    """Build (or find cached) binaries."""
+    bins = build.ensure_binaries(out=out)
+    out(f"binaries ready in {bins.directory}")
+    return 0
+
+
+def cmd_up(args: argparse.Namespace, out: Printer) -> int:
+    """Start the control plane and the simulated nodes and leave them running."""
+    state_dir: Path = args.state_dir.resolve()
+    kubeconfig = bring_up(state_dir, nodes.parse_node_spec(args.nodes or ""), out)
     out(f"KUBECONFIG={kubeconfig}")
     return 0
+
+
+def cmd_demo(args: argparse.Namespace, out: Printer) -> int:
+    """The main job: cluster up (or reused), gpuplane installed, every example applied, a table of results."""
+    state_dir: Path = args.state_dir.resolve()
+    kubeconfig = bring_up(state_dir, nodes.parse_node_spec(args.nodes or ""), out)
+    return demo.run(state_dir, kubeconfig, out=out, timeout=args.timeout, install_mode=args.install)
 
 
 def cmd_down(args: argparse.Namespace, out: Printer) -> int:
     """Stop everything recorded in the state directory."""
     state_dir: Path = args.state_dir.resolve()
-    stopped = controlplane.stop_state_dir(state_dir, out=out)
+    stopped = simnodes.stop_nodes(state_dir, out=out)
+    stopped += controlplane.stop_state_dir(state_dir, out=out)
     out(f"stopped {', '.join(stopped)}" if stopped else f"nothing running in {state_dir}")
     return 0
 
@@ -107,7 +150,17 @@ def cmd_status(args: argparse.Namespace, out: Printer) -> int:
         record = records.get(name)
         state = "running" if record and procs.is_alive(record) else "stopped"
         out(f"{name:25} {state}" + (f" (pid {record.pid}, log {record.log})" if record else ""))
-    all_up = set(controlplane.running(state_dir)) == set(controlplane.COMPONENTS)
+    nodes_up = True
+    for node in simnodes.load_nodes(state_dir):
+        for name in (node.driver_process, node.kubelet_process):
+            record = records.get(name)
+            alive = record is not None and procs.is_alive(record)
+            nodes_up = nodes_up and alive
+            out(
+                f"{name:25} {'running' if alive else 'stopped'}"
+                + (f" (pid {record.pid}, log {record.log})" if record else "")
+            )
+    all_up = set(controlplane.COMPONENTS) <= set(controlplane.running(state_dir)) and nodes_up
     if all_up:
         out(f"KUBECONFIG={state_dir / 'kubeconfig'}")
     return 0 if all_up else 1
@@ -119,10 +172,23 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", required=True)
     sub.add_parser("build", help="build the control-plane binaries into the cache").set_defaults(func=cmd_build)
     state_help = "state directory (default: $GPUPLANE_STATE or ~/.local/state/gpuplane/e2e)"
-    up = sub.add_parser("up", help="start a control plane and leave it running")
+    nodes_help = f"simulated GPU nodes, PROFILE[:COUNT],... ('' for none; default {simnodes.DEFAULT_NODE_SPEC})"
+    up = sub.add_parser("up", help="start a control plane with simulated GPU nodes and leave it running")
     up.add_argument("--state-dir", type=Path, default=default_state_dir(environ), help=state_help)
-    up.add_argument("--nodes", default="", help="simulated nodes, e.g. hgx-h100:2,gb200-nvl72:4")
+    up.add_argument("--nodes", default=simnodes.DEFAULT_NODE_SPEC, help=nodes_help)
     up.set_defaults(func=cmd_up)
+    run_demo = sub.add_parser("demo", help="cluster up, gpuplane installed, every example applied, results shown")
+    run_demo.add_argument("--state-dir", type=Path, default=default_state_dir(environ), help=state_help)
+    run_demo.add_argument("--nodes", default=simnodes.DEFAULT_NODE_SPEC, help=nodes_help)
+    run_demo.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the example pods")
+    run_demo.add_argument(
+        "--install",
+        choices=demo.INSTALL_MODES,
+        default=demo.DEFAULT_INSTALL_MODE,
+        help="classes: apply manifests/deviceclasses (the harness runs the drivers itself); "
+        "kustomize: kubectl apply -k manifests/ (everything, once its workloads can run here)",
+    )
+    run_demo.set_defaults(func=cmd_demo)
     for name, func, text in (
         ("down", cmd_down, "stop the control plane"),
         ("status", cmd_status, "show which components run"),

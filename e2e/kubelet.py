@@ -246,6 +246,7 @@ class KubeletStandIn:
         self._pods: dict[str, _PodSlot] = {}
         self._claim_users: dict[str, set[str]] = {}  # claim uid -> uids of pods on this node using it
         self._prepared: dict[str, list[_Claim]] = {}  # pod uid -> claims (maybe) prepared for it
+        self._event_counts: dict[str, int] = {}
         self._stop = threading.Event()
         self.plugins = PluginRegistry(settings.registry_dir, self._wake_all)
         self.heartbeat = nodes.NodeHeartbeat(
@@ -372,9 +373,7 @@ class KubeletStandIn:
             slot = self._pods.get(uid)
             if slot is None:
                 slot = _PodSlot(pod=pod, wake=threading.Event())
-                slot.thread = threading.Thread(
-                    target=self._drive, args=(uid,), name=f"pod-{pod.name}", daemon=True
-                )
+                slot.thread = threading.Thread(target=self._drive, args=(uid,), name=f"pod-{pod.name}", daemon=True)
                 self._pods[uid] = slot
                 slot.thread.start()
             else:
@@ -573,9 +572,7 @@ class KubeletStandIn:
                     pod.name,
                     pod.namespace,
                     grace_period_seconds=0,
-                    body=client.V1DeleteOptions(
-                        grace_period_seconds=0, preconditions=client.V1Preconditions(uid=uid)
-                    ),
+                    body=client.V1DeleteOptions(grace_period_seconds=0, preconditions=client.V1Preconditions(uid=uid)),
                 )
             except ApiException as err:
                 if err.status not in (404, 409):  # gone already, or a different pod by now
@@ -612,17 +609,21 @@ class KubeletStandIn:
             delay = min(delay * 2, self.settings.workers_backoff_max)
 
     def _event(self, pod: PodView, reason: str, message: str) -> None:
-        """A Warning Event on the pod; repeats of one message bump its count, like kubelet's recorder."""
+        """A Warning Event on the pod; repeats of one message bump its count, like kubelet's recorder.
+
+        Nodes may create and patch events but not read them, so the counts are remembered here.
+        """
         namespace = pod.namespace
         digest = hashlib.sha256(f"{reason}/{message}".encode()).hexdigest()[:10]
         name = f"{pod.name}.{digest}"
         now = _now()
+        with self._lock:
+            count = self._event_counts.get(name, 0) + 1
+            self._event_counts[name] = count
         try:
-            existing = self.core.read_namespaced_event(name, namespace)
-            self.core.patch_namespaced_event(
-                name, namespace, {"count": (existing.count or 1) + 1, "lastTimestamp": _stamp(now)}
-            )
-            return
+            if count > 1:
+                self.core.patch_namespaced_event(name, namespace, {"count": count, "lastTimestamp": _stamp(now)})
+                return
         except ApiException as err:
             if err.status != 404:
                 _log.warning("could not update event %s: %s", name, err.reason)
@@ -637,7 +638,7 @@ class KubeletStandIn:
             type="Warning",
             first_timestamp=now,
             last_timestamp=now,
-            count=1,
+            count=count,
             source=client.V1EventSource(component="kubelet", host=self.settings.node_name),
             reporting_component="kubelet",
             reporting_instance=self.settings.node_name,

@@ -1,0 +1,550 @@
+"""Simulated GPU nodes: a real ``gpuplane-driver`` (simulator backend) and a kubelet stand-in per node.
+
+``SimNodes(state_dir, kubeconfig).start(groups)`` plans one node per count of
+each ``NodeGroup`` (names ``<profile>-<i>``), gives each its own directories,
+and starts per node
+
+* ``driver-<node>``: ``gpuplane-driver --backend sim`` with its own registry,
+  plugin, CDI and simulator state directories, the repository's MPS stand-in
+  (``tests/fakes/nvidia-cuda-mps-control``) and a metrics port;
+* ``kubelet-<node>``: ``python -m e2e.kubelet`` with a node client certificate
+  (``system:node:<name>``), which registers the driver, keeps the Node Ready and
+  runs the pods bound to it;
+
+both through ``e2e.procs`` (pidfiles in ``state_dir/pids``, logs in
+``state_dir/logs``), so ``python -m e2e down`` stops them with the control
+plane. ``start`` returns once every Node is Ready, every driver is registered
+with its stand-in and every node's ResourceSlice pool is complete.
+
+The nodes of all ``gb200-nvl72`` groups form racks of up to 18 nodes; the
+nodes of one rack share a fabric cluster UUID and clique id (passed to the
+simulator in a ``--sim-config`` file), so their GPUs share one NVLink domain.
+
+Layout: ``state_dir/nodes/<node>/`` holds the CDI root (``cdi``), simulator
+state (``sim``), simulator config (``sim.yaml``) and the stand-in's kubeconfig
+and status file. The unix sockets (registration dir ``r``, plugin dir ``p``
+with the MPS pipes below it) live under ``state_dir/s/<index>/``, or under
+``/tmp/gpuplane-<hash>/`` when the state directory's path is too long for
+AF_UNIX's 107 bytes. The plan is kept in ``state_dir/nodes.json``.
+
+The driver's API credentials come from a ``DriverCredentials`` function; the
+default, ``admin_credentials``, hands it the admin kubeconfig. To run it as its
+own ServiceAccount, pass a function that creates the account and its RBAC and
+writes a token kubeconfig for the node (see ``token_kubeconfig``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import yaml
+from kubernetes import client, config
+
+from driver.api import names
+from driver.hw import sim_profiles
+from driver.mps import MpsControl
+from e2e import controlplane, nodes, pki, procs
+
+Printer = Callable[[str], None]
+
+DEFAULT_NODE_SPEC = "hgx-h100:2,gb200-nvl72:2,a100-40gb:1"
+"""The demo's mix: two 8-GPU H100 boxes (MIG + MPS + NVLink), two GB200 trays of one NVL72 rack, one A100 node."""
+
+GB200_PROFILE = "gb200-nvl72"
+GB200_RACK_NODES = 18  # compute trays of 4 GPUs in one NVL72 rack
+MAX_SOCKET_PATH = 107
+# The longest socket path under a node's socket dir: p/mps/<claim uid>/pipe/control.
+_LONGEST_SOCKET_SUFFIX = len("/p/mps/") + 36 + len("/pipe/control")
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MPS_STANDIN = REPO_ROOT / "tests" / "fakes" / "nvidia-cuda-mps-control"
+PROFILE_LABEL = "gpuplane.dev/sim-profile"
+READY_TIMEOUT_S = 180.0
+PROGRESS_EVERY_S = 15.0
+
+
+@dataclasses.dataclass(frozen=True)
+class SimNode:
+    """One simulated node: its name, hardware, directories and ports."""
+
+    name: str
+    profile: str
+    index: int
+    node_dir: Path
+    socket_dir: Path
+    host_ip: str
+    metrics_port: int
+    sim_config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def registry_dir(self) -> Path:
+        """Where the driver puts its registration socket (kubelet's plugins_registry)."""
+        return self.socket_dir / "r"
+
+    @property
+    def plugin_dir(self) -> Path:
+        """The driver's plugin dir: DRA socket, checkpoint, lock, MPS pipes."""
+        return self.socket_dir / "p"
+
+    @property
+    def checkpoint(self) -> Path:
+        """The driver's checkpoint file."""
+        return self.plugin_dir / "checkpoint.json"
+
+    @property
+    def mps_root(self) -> Path:
+        """Per-claim MPS daemon directories."""
+        return self.plugin_dir / "mps"
+
+    @property
+    def cdi_root(self) -> Path:
+        """The node's CDI spec directory (its /var/run/cdi)."""
+        return self.node_dir / "cdi"
+
+    @property
+    def sim_state_dir(self) -> Path:
+        """The simulator's state (GPUs, MIG instances)."""
+        return self.node_dir / "sim"
+
+    @property
+    def sim_config_file(self) -> Path:
+        """The ``--sim-config`` file."""
+        return self.node_dir / "sim.yaml"
+
+    @property
+    def kubelet_kubeconfig(self) -> Path:
+        """The stand-in's credentials (system:node:<name>)."""
+        return self.node_dir / "kubelet.kubeconfig"
+
+    @property
+    def kubelet_status(self) -> Path:
+        """The stand-in's status file."""
+        return self.node_dir / "kubelet.json"
+
+    @property
+    def driver_process(self) -> str:
+        """Process (pidfile) name of the driver."""
+        return f"driver-{self.name}"
+
+    @property
+    def kubelet_process(self) -> str:
+        """Process (pidfile) name of the kubelet stand-in."""
+        return f"kubelet-{self.name}"
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """Labels the stand-in gives the Node."""
+        return {PROFILE_LABEL: self.profile}
+
+    def sim_cli(self, *args: str) -> list[str]:
+        """argv for ``python -m driver.hw.sim_cli`` on this node's simulator."""
+        return [sys.executable, "-m", "driver.hw.sim_cli", "--state-dir", str(self.sim_state_dir), *args]
+
+    def to_json(self) -> dict[str, Any]:
+        """For ``nodes.json``."""
+        return {
+            "name": self.name,
+            "profile": self.profile,
+            "index": self.index,
+            "node_dir": str(self.node_dir),
+            "socket_dir": str(self.socket_dir),
+            "host_ip": self.host_ip,
+            "metrics_port": self.metrics_port,
+            "sim_config": dict(self.sim_config),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SimNode:
+        """From ``nodes.json``."""
+        return cls(
+            name=str(data["name"]),
+            profile=str(data["profile"]),
+            index=int(data["index"]),
+            node_dir=Path(data["node_dir"]),
+            socket_dir=Path(data["socket_dir"]),
+            host_ip=str(data["host_ip"]),
+            metrics_port=int(data["metrics_port"]),
+            sim_config=dict(data.get("sim_config") or {}),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterAccess:
+    """What node processes need to reach the control plane."""
+
+    admin_kubeconfig: Path
+    server: str
+    ca_cert: Path
+    pki_dir: Path
+
+    @classmethod
+    def from_state_dir(cls, state_dir: Path, kubeconfig: Path) -> ClusterAccess:
+        """Read the server from the admin kubeconfig; the CA lives in ``state_dir/pki``."""
+        data = yaml.safe_load(kubeconfig.read_text())
+        server = str(data["clusters"][0]["cluster"]["server"])
+        pki_dir = state_dir / "pki"
+        return cls(admin_kubeconfig=kubeconfig, server=server, ca_cert=pki_dir / "ca.crt", pki_dir=pki_dir)
+
+
+DriverCredentials = Callable[[SimNode, ClusterAccess], Path]
+"""Returns the kubeconfig a node's driver runs with."""
+
+
+def admin_credentials(node: SimNode, access: ClusterAccess) -> Path:
+    """The admin kubeconfig (for now: the driver's RBAC is not part of the manifests yet)."""
+    del node
+    return access.admin_kubeconfig
+
+
+def token_kubeconfig(path: Path, access: ClusterAccess, token: str, user: str) -> Path:
+    """A kubeconfig with a bearer token (e.g. a ServiceAccount's), for a future ``DriverCredentials``."""
+    data = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "gpuplane-e2e",
+                "cluster": {"server": access.server, "certificate-authority": str(access.ca_cert)},
+            }
+        ],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": "gpuplane-e2e", "context": {"cluster": "gpuplane-e2e", "user": user}}],
+        "current-context": "gpuplane-e2e",
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    path.chmod(0o600)
+    return path
+
+
+def socket_root(state_dir: Path) -> Path:
+    """``state_dir/s``, or a short directory in /tmp when socket paths under it would be too long."""
+    preferred = state_dir / "s"
+    # Node index up to 3 digits: "/123".
+    if len(str(preferred)) + 4 + _LONGEST_SOCKET_SUFFIX <= MAX_SOCKET_PATH:
+        return preferred
+    digest = hashlib.sha256(str(state_dir).encode()).hexdigest()[:10]
+    return Path("/tmp") / f"gpuplane-{digest}"
+
+
+def plan_nodes(
+    state_dir: Path, groups: Sequence[nodes.NodeGroup], *, existing: Sequence[SimNode] = ()
+) -> list[SimNode]:
+    """Names, directories, addresses, ports and simulator configs for ``groups`` (after ``existing`` nodes)."""
+    for group in groups:
+        sim_profiles.node_profile(group.profile)  # ValueError names the known profiles
+    sockets = socket_root(state_dir)
+    rack_ids: dict[int, str] = {}
+    planned: list[SimNode] = []
+    ports: set[int] = set()
+    index = max((n.index + 1 for n in existing), default=0)
+    taken = {n.name for n in existing}
+    per_profile: dict[str, int] = {}
+    gb200_seen = sum(1 for n in existing if n.profile == GB200_PROFILE)
+    for group in groups:
+        for _ in range(group.count):
+            number = per_profile.get(group.profile, 0)
+            while f"{group.profile}-{number}" in taken:
+                number += 1
+            per_profile[group.profile] = number + 1
+            name = f"{group.profile}-{number}"
+            sim_config: dict[str, Any] = {}
+            if group.profile == GB200_PROFILE:
+                rack = gb200_seen // GB200_RACK_NODES
+                gb200_seen += 1
+                cluster_uuid = rack_ids.setdefault(
+                    rack, str(uuid.uuid5(uuid.NAMESPACE_URL, f"gpuplane-e2e:{state_dir}:rack-{rack}"))
+                )
+                sim_config = {"cluster_uuid": cluster_uuid, "clique_id": 1}
+            if index > 250:
+                raise ValueError("at most 250 simulated nodes (one loopback address each)")
+            planned.append(
+                SimNode(
+                    name=name,
+                    profile=group.profile,
+                    index=index,
+                    node_dir=state_dir / "nodes" / name,
+                    socket_dir=sockets / str(index),
+                    host_ip=f"127.0.0.{index + 2}",
+                    metrics_port=controlplane.free_port(ports),
+                    sim_config=sim_config,
+                )
+            )
+            index += 1
+    return planned
+
+
+def nodes_file(state_dir: Path) -> Path:
+    """Where the node plan is kept."""
+    return state_dir / "nodes.json"
+
+
+def load_nodes(state_dir: Path) -> list[SimNode]:
+    """The nodes recorded for ``state_dir`` (empty if none)."""
+    path = nodes_file(state_dir)
+    if not path.is_file():
+        return []
+    return [SimNode.from_json(item) for item in json.loads(path.read_text())]
+
+
+def save_nodes(state_dir: Path, planned: Iterable[SimNode]) -> None:
+    """Record the node plan."""
+    path = nodes_file(state_dir)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps([n.to_json() for n in planned], indent=2) + "\n")
+    tmp.replace(path)
+
+
+def _driver_command() -> list[str]:
+    script = Path(sys.executable).with_name("gpuplane-driver")
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "driver.main"]
+
+
+def driver_argv(node: SimNode, kubeconfig: Path) -> list[str]:
+    """The driver's command line for ``node``."""
+    argv = [
+        *_driver_command(),
+        f"--node-name={node.name}",
+        f"--kubeconfig={kubeconfig}",
+        "--backend=sim",
+        f"--sim-profile={node.profile}",
+        f"--sim-state-dir={node.sim_state_dir}",
+        f"--registry-dir={node.registry_dir}",
+        f"--plugin-dir={node.plugin_dir}",
+        f"--cdi-root={node.cdi_root}",
+        f"--mps-control-binary={MPS_STANDIN}",
+        f"--metrics-address=127.0.0.1:{node.metrics_port}",
+        "--log-format=json",
+    ]
+    if node.sim_config:
+        argv.append(f"--sim-config={node.sim_config_file}")
+    return argv
+
+
+def kubelet_argv(node: SimNode) -> list[str]:
+    """The kubelet stand-in's command line for ``node``."""
+    argv = [
+        sys.executable,
+        "-m",
+        "e2e.kubelet",
+        f"--node-name={node.name}",
+        f"--kubeconfig={node.kubelet_kubeconfig}",
+        f"--registry-dir={node.registry_dir}",
+        f"--cdi-root={node.cdi_root}",
+        f"--host-ip={node.host_ip}",
+        f"--status-file={node.kubelet_status}",
+    ]
+    argv += [f"--label={key}={value}" for key, value in sorted(node.labels.items())]
+    return argv
+
+
+def _prepare_dirs(node: SimNode, access: ClusterAccess) -> None:
+    for directory in (node.node_dir, node.registry_dir, node.plugin_dir, node.cdi_root, node.sim_state_dir):
+        directory.mkdir(parents=True, exist_ok=True)
+    node.kubelet_status.unlink(missing_ok=True)
+    if node.sim_config:
+        node.sim_config_file.write_text(yaml.safe_dump(dict(node.sim_config), sort_keys=True))
+    cert = pki.mint_node_cert(access.pki_dir, node.name)
+    pki.write_kubeconfig(node.kubelet_kubeconfig, access.server, access.ca_cert, cert, f"system:node:{node.name}")
+
+
+def stop_mps_daemons(node: SimNode) -> list[str]:
+    """Stop the node's MPS control daemons (they run in their own sessions and outlive the driver)."""
+    if not node.mps_root.is_dir():
+        return []
+    return MpsControl(node.mps_root, str(MPS_STANDIN)).cleanup_orphans(keep=set())
+
+
+def stop_nodes(state_dir: Path, out: Printer = print) -> list[str]:
+    """Stop every node process recorded in ``state_dir`` and the MPS daemons their drivers left."""
+    pid_dir = state_dir / "pids"
+    records = procs.read_records(pid_dir)
+    stopped = []
+    planned = load_nodes(state_dir)
+    names_ = [n.kubelet_process for n in planned] + [n.driver_process for n in planned]
+    names_ += [name for name in records if name.startswith(("kubelet-", "driver-")) and name not in names_]
+    for name in names_:
+        record = records.get(name)
+        if record is None:
+            continue
+        if procs.is_alive(record):
+            out(f"stopping {name} (pid {record.pid})")
+            procs.stop(record)
+            stopped.append(name)
+        procs.pidfile(pid_dir, name).unlink(missing_ok=True)
+    for node in planned:
+        gone = stop_mps_daemons(node)
+        if gone:
+            out(f"stopped {len(gone)} MPS daemon(s) of {node.name}")
+    return stopped
+
+
+class SimNodes:
+    """Start, watch and stop the simulated nodes of one cluster."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        kubeconfig: Path,
+        *,
+        driver_credentials: DriverCredentials = admin_credentials,
+        die_with_parent: bool = False,
+        ready_timeout: float = READY_TIMEOUT_S,
+        out: Printer = print,
+    ) -> None:
+        self.state_dir = Path(state_dir).resolve()
+        self.access = ClusterAccess.from_state_dir(self.state_dir, Path(kubeconfig))
+        self.driver_credentials = driver_credentials
+        self.die_with_parent = die_with_parent
+        self.ready_timeout = ready_timeout
+        self._out = out
+        self.nodes: list[SimNode] = load_nodes(self.state_dir)
+        self._children: dict[str, tuple[Any, procs.ProcessRecord]] = {}
+
+    @property
+    def log_dir(self) -> Path:
+        """Component logs (shared with the control plane)."""
+        return self.state_dir / "logs"
+
+    def log(self, process: str) -> Path:
+        """The log of a node process (``driver-<node>`` / ``kubelet-<node>``)."""
+        return self.log_dir / f"{process}.log"
+
+    def node(self, name: str) -> SimNode:
+        """The node called ``name``."""
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(name)
+
+    def running(self) -> list[str]:
+        """Node process names that run now."""
+        records = procs.read_records(self.state_dir / "pids")
+        wanted = [p for n in self.nodes for p in (n.driver_process, n.kubelet_process)]
+        return [p for p in wanted if p in records and procs.is_alive(records[p])]
+
+    def all_running(self) -> bool:
+        """Whether every planned node's two processes run."""
+        return bool(self.nodes) and len(self.running()) == 2 * len(self.nodes)
+
+    def start(self, groups: Sequence[nodes.NodeGroup]) -> list[SimNode]:
+        """Start the nodes of ``groups`` (added to any already recorded) and wait until they are usable."""
+        if not groups:
+            return []
+        started = time.monotonic()
+        renumbered = plan_nodes(self.state_dir, groups, existing=self.nodes)
+        self.nodes.extend(renumbered)
+        save_nodes(self.state_dir, self.nodes)
+        try:
+            for node in renumbered:
+                self._out(f"node {node.name}: {node.profile}, sockets in {node.socket_dir}, address {node.host_ip}")
+                _prepare_dirs(node, self.access)
+                self._spawn(node.driver_process, driver_argv(node, self.driver_credentials(node, self.access)))
+                self._spawn(node.kubelet_process, kubelet_argv(node))
+            self._wait_ready(renumbered, started)
+        except BaseException:
+            self.stop()
+            raise
+        return renumbered
+
+    def detach(self) -> None:
+        """Let the processes outlive this object (``python -m e2e up``)."""
+        self._children.clear()
+
+    def stop(self) -> None:
+        """Stop every node process (this object's and any recorded) and their MPS daemons."""
+        for name, (proc, record) in list(self._children.items()):
+            procs.stop(record, proc)
+            procs.pidfile(self.state_dir / "pids", name).unlink(missing_ok=True)
+            del self._children[name]
+        stop_nodes(self.state_dir, out=self._out)
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        proc, record = procs.spawn(
+            name,
+            argv,
+            log=self.log(name),
+            pid_dir=self.state_dir / "pids",
+            cwd=REPO_ROOT,
+            die_with_parent=self.die_with_parent,
+        )
+        self._children[name] = (proc, record)
+
+    def _check_alive(self, pending: Iterable[SimNode]) -> None:
+        records = procs.read_records(self.state_dir / "pids")
+        for node in pending:
+            for name in (node.driver_process, node.kubelet_process):
+                record = records.get(name)
+                if record is None or not procs.is_alive(record):
+                    raise procs.ComponentError(name, "exited during start-up", self.log(name))
+
+    def _wait_ready(self, pending_nodes: Sequence[SimNode], started: float) -> None:
+        load: Callable[..., client.ApiClient] = config.new_client_from_config
+        api = load(config_file=str(self.access.admin_kubeconfig), persist_config=False)
+        custom = client.CustomObjectsApi(api)
+        pending = {n.name: n for n in pending_nodes}
+        problems: dict[str, str] = {}
+        last_note = time.monotonic()
+        try:
+            while pending:
+                self._check_alive(pending.values())
+                for name, node in list(pending.items()):
+                    problem = _node_problem(node, custom)
+                    if problem is None:
+                        del pending[name]
+                        self._out(f"[{time.monotonic() - started:5.1f}s] node {name} ready")
+                    else:
+                        problems[name] = problem
+                if not pending:
+                    break
+                now = time.monotonic()
+                if now - started > self.ready_timeout:
+                    detail = "; ".join(f"{n}: {problems.get(n, '?')}" for n in sorted(pending))
+                    first = next(iter(sorted(pending)))
+                    raise procs.ComponentError(
+                        f"driver-{first}",
+                        f"nodes not ready after {self.ready_timeout:.0f}s ({detail})",
+                        self.log(f"driver-{first}"),
+                    )
+                if now - last_note > PROGRESS_EVERY_S:
+                    last_note = now
+                    self._out(
+                        f"[{now - started:5.1f}s]   waiting for {len(pending)} node(s): "
+                        + ", ".join(f"{n} ({problems.get(n, '?')})" for n in sorted(pending))
+                    )
+                time.sleep(0.5)
+        finally:
+            close: Callable[[], None] = api.close
+            close()
+
+
+def _node_problem(node: SimNode, custom: client.CustomObjectsApi) -> str | None:
+    """Why ``node`` is not usable yet, or None when it is."""
+    try:
+        status = json.loads(node.kubelet_status.read_text())
+    except (OSError, ValueError):
+        return "kubelet stand-in not ready"
+    if names.DRIVER_NAME not in status.get("plugins", []):
+        return "driver not registered with the kubelet stand-in"
+    listed = cast(
+        dict[str, Any],
+        custom.list_cluster_custom_object(
+            "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={node.name}"
+        ),
+    )
+    pool = [s for s in listed.get("items", []) if s["spec"]["pool"]["name"] == node.name]
+    if not pool:
+        return "no ResourceSlices yet"
+    generation = max(int(s["spec"]["pool"]["generation"]) for s in pool)
+    current = [s for s in pool if int(s["spec"]["pool"]["generation"]) == generation]
+    expected = int(current[0]["spec"]["pool"]["resourceSliceCount"])
+    if len(current) < expected:
+        return f"{len(current)}/{expected} ResourceSlices"
+    return None
