@@ -1,0 +1,49 @@
+"""Prometheus metrics of the controller: placement decisions, gang wait time, queue depth.
+
+One :class:`ControllerMetrics` per process on its own registry (so tests can
+make as many as they like), created in main() and kept in the operator memo.
+"""
+
+from __future__ import annotations
+
+import prometheus_client as prom
+
+
+class ControllerMetrics:
+    """The controller's metrics on a private registry."""
+
+    def __init__(self) -> None:
+        self.registry = prom.CollectorRegistry()
+        self.decisions = prom.Counter(
+            "gpuplane_gang_decisions_total",
+            "Gang decisions by outcome (place, wait, unschedulable, preempt, timeout, release).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.wait_seconds = prom.Histogram(
+            "gpuplane_gang_wait_seconds",
+            "Seconds from a gang being ready (all members present) to its placement.",
+            buckets=(1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
+            registry=self.registry,
+        )
+        self.queue_depth = prom.Gauge(
+            "gpuplane_gang_queue_depth", "Gangs waiting for a placement.", registry=self.registry
+        )
+        self.pass_seconds = prom.Histogram(
+            "gpuplane_queue_pass_seconds",
+            "Duration of one queue pass (snapshot build and placement of every waiting gang).",
+            registry=self.registry,
+        )
+        self.status_writes = prom.Counter(
+            "gpuplane_gang_status_writes_total", "Status patches written to GpuGang objects.", registry=self.registry
+        )
+        self.claim_findings = prom.Counter(
+            "gpuplane_claim_findings_total",
+            "ResourceClaim findings reported (invalid config, unallocated, missing domain constraint).",
+            ["finding"],
+            registry=self.registry,
+        )
+
+    def serve(self, port: int, address: str = "0.0.0.0") -> None:
+        """Start the HTTP exposition server in a daemon thread."""
+        prom.start_http_server(port, addr=address, registry=self.registry)
