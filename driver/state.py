@@ -110,6 +110,7 @@ class DeviceState:
         backend: hw.GpuBackend,
         claims: ClaimSource,
         mps: MpsControl,
+        *,
         observer: Observer | None = None,
         fault_hook: Callable[[str], None] | None = None,
     ) -> None:
@@ -285,7 +286,7 @@ class DeviceState:
             sharing.timeslice_interval = intervals.pop()
         if strategy == "MPS":
             self._plan_mps(alloc, effective, sharing)
-        self._check_co_tenants(cp, alloc, devices, strategy)
+        self._check_co_tenants(cp, alloc, devices, sharing)
         return _Plan(alloc=alloc, devices=devices, sharing=sharing)
 
     def _plan_mps(
@@ -328,9 +329,10 @@ class DeviceState:
         cp: Checkpoint,
         alloc: ClaimAllocation,
         devices: Sequence[tuple[AllocatedDevice, GpuEntry, MigSlot | None]],
-        strategy: str,
+        sharing: SharingRecord,
     ) -> None:
-        """Refuse to mix an exclusive holder with sharers on one physical GPU."""
+        """Refuse to mix an exclusive holder with sharers on one physical GPU, or time-slice intervals."""
+        strategy = sharing.strategy
         for dev, gpu, slot in devices:
             if slot is not None:
                 continue
@@ -345,6 +347,12 @@ class DeviceState:
                         f"device {dev.device} is already held by claim {other.namespace}/{other.name} "
                         f"with sharing strategy {theirs}; a {strategy} claim cannot share it "
                         "(only MPS with MPS, or time-slicing with time-slicing, may share a GPU)"
+                    )
+                if strategy == "TimeSlicing" and other.sharing.timeslice_interval != sharing.timeslice_interval:
+                    raise ClaimError(
+                        f"device {dev.device} is time-sliced with interval {other.sharing.timeslice_interval} "
+                        f"by claim {other.namespace}/{other.name}; this claim asks for "
+                        f"{sharing.timeslice_interval}. One GPU has one interval: use the same one"
                     )
 
     def _execute(self, cp: Checkpoint, rec: ClaimRecord, plan: _Plan) -> None:
@@ -464,7 +472,8 @@ class DeviceState:
         mig.mig_uuid = gi.mig_uuid
         dev_rec.cdi_ids = []
         mig.gi_caps_minor, mig.ci_caps_minor = gi.gi_caps_minor, gi.ci_caps_minor
-        self.store.save(cp)
+        # No save here: the ids above reach disk with the next record (next device or PrepareCompleted);
+        # a crash before that rolls back by gi_id, which is on disk since prepare:gi-recorded.
 
     def _read_caps(self, d: DeviceRecord) -> tuple[int | None, int | None]:
         """Caps minors of a MIG instance recorded before they were kept in the checkpoint."""
