@@ -1,0 +1,334 @@
+"""Least privilege, proven with the identities the manifests define, against the real API server.
+
+The driver authenticates with a TokenRequest token bound to a pod on its node
+(as the kubelet-projected token of a DaemonSet pod is), so the API server sees
+``system:serviceaccount:gpuplane-system:gpuplane-driver`` with the node's name
+in its extra. The controller authenticates with its own service account.
+
+- ``test_*_access_matrix``: SubjectAccessReviews over every verb and resource
+  the components touch (and some they must not), compared with the intended matrix.
+- ``test_driver_*``: real writes under the driver's token: its own node's
+  ResourceSlices succeed; another node's are refused on create, update, delete,
+  and moving a slice between nodes; a token without a node writes nothing.
+- ``test_controller_cannot_read_secrets``: real reads under the controller's token.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from e2e import cluster, identity, install, nodes
+
+pytestmark = pytest.mark.e2e
+
+DRIVER = "gpu.gpuplane.dev"
+POLICY = "gpuplane-driver-own-node-slices"
+
+# (verb, group, resource, subresource) -> allowed, per identity.
+DRIVER_MATRIX: dict[tuple[str, str, str, str], bool] = {
+    ("list", "resource.k8s.io", "resourceslices", ""): True,
+    ("watch", "resource.k8s.io", "resourceslices", ""): True,
+    ("create", "resource.k8s.io", "resourceslices", ""): True,  # own node only: the admission policy
+    ("update", "resource.k8s.io", "resourceslices", ""): True,  # own node only: the admission policy
+    ("delete", "resource.k8s.io", "resourceslices", ""): True,  # own node only: the admission policy
+    ("deletecollection", "resource.k8s.io", "resourceslices", ""): False,
+    ("get", "resource.k8s.io", "resourceclaims", ""): True,
+    ("list", "resource.k8s.io", "resourceclaims", ""): True,
+    ("create", "resource.k8s.io", "resourceclaims", ""): False,
+    ("update", "resource.k8s.io", "resourceclaims", "status"): False,
+    ("create", "", "events", ""): True,
+    ("get", "", "pods", ""): False,
+    ("create", "", "pods", ""): False,
+    ("patch", "", "nodes", ""): False,
+    ("get", "", "secrets", ""): False,
+    ("list", "", "secrets", ""): False,
+    ("create", "resource.k8s.io", "deviceclasses", ""): False,
+    ("patch", "gpuplane.dev", "gpugangs", ""): False,
+}
+CONTROLLER_MATRIX: dict[tuple[str, str, str, str], bool] = {
+    ("watch", "gpuplane.dev", "gpugangs", ""): True,
+    ("patch", "gpuplane.dev", "gpugangs", ""): True,
+    ("patch", "gpuplane.dev", "gpugangs", "status"): True,
+    ("delete", "gpuplane.dev", "gpugangs", ""): False,
+    ("create", "resource.k8s.io", "resourceclaims", ""): True,
+    ("patch", "resource.k8s.io", "resourceclaims", ""): True,
+    ("delete", "resource.k8s.io", "resourceclaims", ""): True,
+    ("update", "resource.k8s.io", "resourceclaims", "status"): False,
+    ("watch", "resource.k8s.io", "resourceslices", ""): True,
+    ("create", "resource.k8s.io", "resourceslices", ""): False,
+    ("delete", "resource.k8s.io", "resourceslices", ""): False,
+    ("watch", "resource.k8s.io", "deviceclasses", ""): True,
+    ("patch", "", "pods", ""): True,
+    ("delete", "", "pods", ""): True,
+    ("patch", "", "pods", "status"): True,
+    ("create", "", "pods", ""): False,
+    ("patch", "", "nodes", ""): True,
+    ("delete", "", "nodes", ""): False,
+    ("create", "", "events", ""): True,
+    ("list", "apiextensions.k8s.io", "customresourcedefinitions", ""): True,
+    ("create", "apiextensions.k8s.io", "customresourcedefinitions", ""): False,
+    ("create", "kopf.dev", "clusterkopfpeerings", ""): True,
+    ("patch", "kopf.dev", "clusterkopfpeerings", ""): True,
+    ("get", "", "secrets", ""): False,
+    ("list", "", "secrets", ""): False,
+    ("watch", "", "secrets", ""): False,
+    ("get", "", "configmaps", ""): False,
+    ("create", "coordination.k8s.io", "leases", ""): False,
+}
+
+
+@pytest.fixture(scope="module")
+def installed(control_plane: cluster.Cluster) -> cluster.Cluster:
+    install.apply(control_plane)
+    install.wait_established(control_plane, install.crd_names(install.render(control_plane)))
+    return control_plane
+
+
+@pytest.fixture(scope="module")
+def two_nodes(installed: cluster.Cluster) -> Iterator[tuple[str, str]]:
+    suffix = uuid.uuid4().hex[:5]
+    names = (f"rbac-a-{suffix}", f"rbac-b-{suffix}")
+    beats = [nodes.NodeHeartbeat(n, installed.api, delete_on_stop=True) for n in names]
+    for beat in beats:
+        beat.start()
+    try:
+        yield names
+    finally:
+        for beat in beats:
+            beat.stop()
+
+
+@pytest.fixture(scope="module")
+def driver_a(
+    installed: cluster.Cluster, two_nodes: tuple[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> identity.Identity:
+    return identity.driver_identity(installed, two_nodes[0], tmp_path_factory.mktemp("identities"))
+
+
+@pytest.fixture(scope="module")
+def controller(installed: cluster.Cluster, tmp_path_factory: pytest.TempPathFactory) -> identity.Identity:
+    return identity.controller_identity(installed, tmp_path_factory.mktemp("identities"))
+
+
+def access(api: client.ApiClient, user: str, key: tuple[str, str, str, str]) -> bool:
+    verb, group, resource, sub = key
+    namespace = (
+        ""
+        if resource in {"nodes", "resourceslices", "deviceclasses", "customresourcedefinitions", "clusterkopfpeerings"}
+        else "default"
+    )
+    review = client.V1SubjectAccessReview(
+        spec=client.V1SubjectAccessReviewSpec(
+            user=user,
+            groups=["system:serviceaccounts", "system:serviceaccounts:gpuplane-system", "system:authenticated"],
+            resource_attributes=client.V1ResourceAttributes(
+                verb=verb, group=group, resource=resource, subresource=sub or None, namespace=namespace or None
+            ),
+        )
+    )
+    answer = client.AuthorizationV1Api(api).create_subject_access_review(review)
+    return bool(answer.status and answer.status.allowed)
+
+
+def matrix(api: client.ApiClient, user: str, want: dict[tuple[str, str, str, str], bool]) -> str:
+    rows = []
+    for key, expected in want.items():
+        got = access(api, user, key)
+        verb, group, resource, sub = key
+        name = f"{resource}/{sub}" if sub else resource
+        rows.append(
+            f"{'ALLOW' if got else 'deny ':5} {verb:16} {group or 'core':28} {name}"
+            + ("" if got == expected else "   <-- UNEXPECTED")
+        )
+    return "\n".join(rows)
+
+
+def test_driver_access_matrix(installed: cluster.Cluster) -> None:
+    table = matrix(installed.api, identity.username(identity.NAMESPACE, identity.DRIVER_SA), DRIVER_MATRIX)
+    print("\n" + table)
+    assert "UNEXPECTED" not in table, table
+
+
+def test_controller_access_matrix(installed: cluster.Cluster) -> None:
+    table = matrix(installed.api, identity.username(identity.NAMESPACE, identity.CONTROLLER_SA), CONTROLLER_MATRIX)
+    print("\n" + table)
+    assert "UNEXPECTED" not in table, table
+
+
+def test_driver_token_carries_its_node(driver_a: identity.Identity) -> None:
+    api = driver_a.api_client()
+    try:
+        me = identity.whoami(api)
+    finally:
+        api.close()
+    assert me["username"] == "system:serviceaccount:gpuplane-system:gpuplane-driver"
+    assert me["extra"][identity.NODE_NAME_EXTRA] == [driver_a.node_name]
+
+
+def slice_body(name: str, node: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0"}],
+        },
+    }
+
+
+def refused(call: Any, *args: Any, statuses: tuple[int, ...] = (403,)) -> ApiException:
+    with pytest.raises(ApiException) as err:
+        call(*args)
+    assert err.value.status in statuses, err.value.body
+    return err.value
+
+
+def test_driver_writes_only_its_own_nodes_slices(
+    installed: cluster.Cluster, two_nodes: tuple[str, str], driver_a: identity.Identity
+) -> None:
+    node_a, node_b = two_nodes
+    admin = client.CustomObjectsApi(installed.api)
+    driver_api = driver_a.api_client()
+    mine = client.CustomObjectsApi(driver_api)
+    g, v, r = "resource.k8s.io", "v1", "resourceslices"
+    own, other = f"{node_a}-slice", f"{node_b}-slice"
+    try:
+        # Own node: create, update, list, delete all work.
+        created = mine.create_cluster_custom_object(g, v, r, slice_body(own, node_a))
+        created["spec"]["pool"]["generation"] = 2
+        updated = mine.replace_cluster_custom_object(g, v, r, own, created)
+        listed = mine.list_cluster_custom_object(g, v, r, field_selector=f"spec.nodeName={node_a}")
+        assert [s["metadata"]["name"] for s in listed["items"]] == [own]
+
+        # Another node: create refused by the admission policy.
+        err = refused(mine.create_cluster_custom_object, g, v, r, slice_body(other, node_b))
+        assert POLICY in str(err.body) and f"node '{node_b}'" in str(err.body)
+
+        # Another node's existing slice (written by the admin): update and delete refused.
+        theirs = admin.create_cluster_custom_object(g, v, r, slice_body(other, node_b))
+        theirs["spec"]["pool"]["generation"] = 2
+        refused(mine.replace_cluster_custom_object, g, v, r, other, theirs)
+        refused(mine.patch_cluster_custom_object, g, v, r, other, {"metadata": {"labels": {"x": "y"}}})
+        refused(mine.delete_cluster_custom_object, g, v, r, other)
+        # Adopting it (rewriting its nodeName to one's own), or giving one's own away: spec.nodeName
+        # is immutable in 1.36 (422), and the policy's old-object check would refuse it (403) if not.
+        theirs["spec"]["nodeName"] = node_a
+        theirs["spec"]["pool"]["name"] = node_a
+        refused(mine.replace_cluster_custom_object, g, v, r, other, theirs, statuses=(403, 422))
+        updated["spec"]["nodeName"] = node_b
+        refused(mine.replace_cluster_custom_object, g, v, r, own, updated, statuses=(403, 422))
+        # Deletecollection is not granted at all.
+        refused(mine.delete_collection_cluster_custom_object, g, v, r)
+
+        mine.delete_cluster_custom_object(g, v, r, own)
+        assert admin.get_cluster_custom_object(g, v, r, other)["spec"]["nodeName"] == node_b
+    finally:
+        driver_api.close()
+        for name in (own, other):
+            try:
+                admin.delete_cluster_custom_object(g, v, r, name)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+
+
+def test_driver_token_without_a_node_writes_no_slices(
+    installed: cluster.Cluster, two_nodes: tuple[str, str], tmp_path: Path
+) -> None:
+    token = identity.request_token(installed.api, identity.NAMESPACE, identity.DRIVER_SA)
+    path = identity.write_token_kubeconfig(
+        tmp_path / "unbound.kubeconfig", installed.kubeconfig, token, "gpuplane-driver-unbound"
+    )
+    api = identity.new_client(path)
+    try:
+        assert identity.NODE_NAME_EXTRA not in identity.whoami(api)["extra"]
+        err = refused(
+            client.CustomObjectsApi(api).create_cluster_custom_object,
+            "resource.k8s.io",
+            "v1",
+            "resourceslices",
+            slice_body(f"{two_nodes[0]}-unbound", two_nodes[0]),
+        )
+        assert "carries no node name" in str(err.body)
+    finally:
+        api.close()
+
+
+def test_driver_reads_claims_and_nothing_else(installed: cluster.Cluster, driver_a: identity.Identity) -> None:
+    admin = client.CustomObjectsApi(installed.api)
+    name = f"rbac-claim-{uuid.uuid4().hex[:5]}"
+    admin.create_namespaced_custom_object(
+        "resource.k8s.io",
+        "v1",
+        "default",
+        "resourceclaims",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.gpuplane.dev"}}]}},
+        },
+    )
+    api = driver_a.api_client()
+    custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    try:
+        got = custom.get_namespaced_custom_object("resource.k8s.io", "v1", "default", "resourceclaims", name)
+        assert got["metadata"]["name"] == name
+        assert any(
+            c["metadata"]["name"] == name
+            for c in custom.list_cluster_custom_object("resource.k8s.io", "v1", "resourceclaims")["items"]
+        )
+        refused(
+            custom.patch_namespaced_custom_object,
+            "resource.k8s.io",
+            "v1",
+            "default",
+            "resourceclaims",
+            name,
+            {"metadata": {"labels": {"x": "y"}}},
+        )
+        refused(core.list_namespaced_pod, "default")
+        refused(
+            core.create_namespaced_pod,
+            "default",
+            client.V1Pod(
+                metadata=client.V1ObjectMeta(name="x"),
+                spec=client.V1PodSpec(containers=[client.V1Container(name="x", image="x")]),
+            ),
+        )
+        refused(core.list_namespaced_secret, "gpuplane-system")
+    finally:
+        api.close()
+        admin.delete_namespaced_custom_object("resource.k8s.io", "v1", "default", "resourceclaims", name)
+
+
+def test_controller_cannot_read_secrets(installed: cluster.Cluster, controller: identity.Identity) -> None:
+    core = client.CoreV1Api(installed.api)
+    secret = f"rbac-secret-{uuid.uuid4().hex[:5]}"
+    core.create_namespaced_secret(
+        "gpuplane-system", client.V1Secret(metadata=client.V1ObjectMeta(name=secret), string_data={"k": "v"})
+    )
+    api = controller.api_client()
+    mine = client.CoreV1Api(api)
+    try:
+        refused(mine.read_namespaced_secret, secret, "gpuplane-system")
+        refused(mine.list_namespaced_secret, "gpuplane-system")
+        refused(mine.list_secret_for_all_namespaces)
+        # What its reconcilers do use works under the same token.
+        client.CustomObjectsApi(api).list_cluster_custom_object("resource.k8s.io", "v1", "resourceslices")
+        client.CustomObjectsApi(api).list_cluster_custom_object("gpuplane.dev", "v1alpha1", "gpugangs")
+        mine.list_node()
+        mine.list_pod_for_all_namespaces()
+    finally:
+        api.close()
+        core.delete_namespaced_secret(secret, "gpuplane-system")
