@@ -107,17 +107,18 @@ class Node:
         return json.loads(done.stdout)
 
     def devices(self) -> dict[str, dict[str, Any]]:
-        listed = self.custom.list_cluster_custom_object(
-            GROUP, VERSION, "resourceslices", field_selector=f"spec.nodeName={self.sim.name}"
-        )
-        items = listed["items"]
-        newest = max(s["spec"]["pool"]["generation"] for s in items)
-        return {
-            d["name"]: d
-            for s in items
-            if s["spec"]["pool"]["generation"] == newest
-            for d in s["spec"].get("devices") or []
-        }
+        """Devices of the newest complete pool generation (the publisher rewrites slices one by one)."""
+        deadline = time.monotonic() + 10
+        while True:
+            listed = self.custom.list_cluster_custom_object(
+                GROUP, VERSION, "resourceslices", field_selector=f"spec.nodeName={self.sim.name}"
+            )
+            items = listed["items"]
+            newest = max(s["spec"]["pool"]["generation"] for s in items)
+            current = [s for s in items if s["spec"]["pool"]["generation"] == newest]
+            if len(current) == current[0]["spec"]["pool"]["resourceSliceCount"] or time.monotonic() > deadline:
+                return {d["name"]: d for s in current for d in s["spec"].get("devices") or []}
+            time.sleep(0.1)
 
     def taints(self, device: str) -> list[dict[str, Any]]:
         return list(self.devices()[device].get("taints") or [])
@@ -219,6 +220,19 @@ def test_fatal_xid_taints_scheduler_avoids_then_clears_and_allocates_again(node:
     assert eventually(lambda: node.allocated("pinned"), 90, "allocation of 'pinned' after recovery") == ["gpu-0"]
     eventually(lambda: node.running("pinned"), 60, "'pinned' running")
     print(f"[e2e] cleared signal -> taint removed after {cleared_after:.1f}s; 'pinned' allocated gpu-0 and Running")
+
+
+def test_gpu_fallen_off_the_bus_is_tainted_and_recovers_after_reset(node: Node) -> None:
+    u5 = node.uuid(5)
+    node.sim_cli("inject-xid", "--uuid", u5, "--xid", "79")  # the simulator marks the GPU lost
+    want = {"key": "gpu.gpuplane.dev/unhealthy", "value": "fallen-off-bus", "effect": "NoSchedule"}
+    eventually(lambda: any(_same(t, want) for t in node.taints("gpu-5")), 30, "unhealthy taint on gpu-5")
+    time.sleep(5)  # silence alone never clears it: the probe keeps seeing GPU_IS_LOST
+    assert any(_same(t, want) for t in node.taints("gpu-5"))
+    node.sim_cli("reset-gpu", "--uuid", u5)  # the GPU answers again: recovery evidence
+    t0 = time.monotonic()
+    eventually(lambda: not node.taints("gpu-5"), 30, "unhealthy taint cleared after the reset")
+    print(f"\n[e2e] Xid 79 on gpu-5: tainted while lost; cleared {time.monotonic() - t0:.1f}s after the GPU reset")
 
 
 def test_mig_device_of_a_tainted_gpu_is_not_allocated(node: Node) -> None:
