@@ -315,3 +315,22 @@ def test_timeslicing_on_a_mig_device_is_refused(drv: DriverUnderTest) -> None:
     parent = drv.sim.uuid_of_minor(0)
     assert drv.sim.mig_mode(parent).current is False, "a refused claim does not switch MIG on"
     assert drv.cdi_files() == []
+
+
+def test_timeslice_intervals_must_agree_on_one_gpu() -> None:
+    """Two time-slicing claims on one GPU with different intervals: the second is refused, the first keeps its."""
+    from tests.driverkit import driver_env, make_claim, ref
+
+    cfg = {"apiVersion": "gpu.gpuplane.dev/v1alpha1", "kind": "GpuConfig"}
+    with driver_env("hgx-h100", "node-a") as drv:
+        short = {**cfg, "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Short"}}}
+        long_ = {**cfg, "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}}}
+        a = make_claim("a", drv.node, [{"device": "gpu-0", "shareID": "1"}], claim_config=[short])
+        b = make_claim("b", drv.node, [{"device": "gpu-0", "shareID": "2"}], claim_config=[long_])
+        c = make_claim("c", drv.node, [{"device": "gpu-0", "shareID": "3"}], claim_config=[short])
+        drv.claims.add(a, b, c)
+        assert drv.state.prepare([ref(a)])[a["metadata"]["uid"]].error == ""
+        err = drv.state.prepare([ref(b)])[b["metadata"]["uid"]].error
+        assert "interval Short" in err and "Long" in err
+        assert drv.sim.timeslice(drv.sim.uuid_of_minor(0)) == "Short"
+        assert drv.state.prepare([ref(c)])[c["metadata"]["uid"]].error == ""
