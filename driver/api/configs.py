@@ -58,9 +58,8 @@ class MpsConfig(_Strict):
     @field_validator("defaultPinnedDeviceMemoryLimit")
     @classmethod
     def _check_default_limit(cls, value: str | None) -> str | None:
-        if value is not None:
-            if quantity.parse_quantity(value) <= 0:
-                raise ValueError("must be greater than zero")
+        if value is not None and quantity.parse_quantity(value) <= 0:
+            raise ValueError("must be greater than zero")
         return value
 
     @field_validator("perDevicePinnedMemoryLimit")
