@@ -31,7 +31,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -42,6 +42,7 @@ from driver.hw.sim import SimConfig, Simulator
 from driver.kube import KubeApi, make_api_client
 from driver.mps import MpsControl, MpsDaemon, MpsSpec
 from driver.plugin.server import PluginServer
+from driver.plugin.types import ClaimRef, PrepareResult, UnprepareResult
 from driver.state import ClaimSource, DeviceState, StateSettings
 from tests.driverkit import STANDIN_MPS, FakeClaims
 
@@ -92,6 +93,16 @@ class FaultHook:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class _Noop:
+    """A preparer that does nothing: what is left of a call is the gRPC transport."""
+
+    def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
+        return {c.uid: PrepareResult() for c in claims}
+
+    def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, UnprepareResult]:
+        return {c.uid: UnprepareResult() for c in claims}
+
+
 def rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -108,7 +119,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--op-latency", type=float, default=0.0, help="simulated NVML latency per MIG op")
     parser.add_argument("--kubeconfig", default=None, help="read claims from this API server")
     parser.add_argument("--log-level", default="warning")
+    parser.add_argument(
+        "--noop-plugin", action="store_true", help="also serve a plugin that does nothing (gRPC transport cost)"
+    )
+    parser.add_argument(
+        "--full-imports", action="store_true", help="also load what gpuplane-driver loads (for memory figures)"
+    )
     args = parser.parse_args(argv)
+    if args.full_imports:
+        import driver.main  # noqa: F401
     root: Path = args.root.absolute()
     logs.configure(args.log_level, "json")
 
@@ -142,6 +161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     server.start()
     hook.armed = True
+    noop = PluginServer(names.DRIVER_NAME, _Noop(), registry_dir=root / "reg-noop", plugin_dir=root / "plug-noop")
+    if args.noop_plugin:
+        noop.start()
 
     stop = threading.Event()
 
@@ -170,6 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "recover": stats,
         "registration_socket": str(server.registration_socket),
         "boot_id": sim.boot_id(),
+        "noop_registration_socket": str(noop.registration_socket) if args.noop_plugin else None,
     }
     sys.stdout.write(json.dumps(ready) + "\n")
     sys.stdout.flush()
@@ -178,6 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             pass
     finally:
         server.stop(grace=2.0)
+        if args.noop_plugin:
+            noop.stop(grace=0)
         sim.shutdown()
     return 0
 

@@ -109,7 +109,8 @@ class FakeClaims:
             obj = self._claims.get((namespace, name))
         if obj is None:
             raise NotFound(f"ResourceClaim {namespace}/{name} not found")
-        return json.loads(json.dumps(obj))  # a fresh copy, as a GET would be
+        copy: dict[str, Any] = json.loads(json.dumps(obj))  # a fresh copy, as a GET would be
+        return copy
 
     def list_claims(self) -> list[dict[str, Any]]:
         with self._lock:
