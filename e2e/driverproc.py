@@ -199,3 +199,70 @@ def metric_value(text: str, name: str, labels: dict[str, str] | None = None) -> 
         if all(got.get(k) == v for k, v in want.items()):
             total += float(value)
     return total
+
+
+def allocate_claim(
+    api: client.ApiClient,
+    node_name: str,
+    name: str,
+    exactly: dict[str, Any],
+    *,
+    namespace: str = "default",
+    timeout: float = 60.0,
+) -> dict[str, Any]:
+    """Create ResourceClaim ``name`` (one request "gpu") and a pod on ``node_name`` using it; wait for allocation.
+
+    The real kube-scheduler allocates the claim from the node's ResourceSlices and
+    binds the pod; no kubelet runs it, so tests prepare the claim themselves.
+    """
+    custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+    }
+    custom.create_namespaced_custom_object("resource.k8s.io", "v1", namespace, "resourceclaims", claim)
+    pod: Any = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node_name},
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+            "containers": [
+                {"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": [{"name": "gpu"}]}}
+            ],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+    core.create_namespaced_pod(namespace, pod)
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cast(
+            dict[str, Any],
+            custom.get_namespaced_custom_object("resource.k8s.io", "v1", namespace, "resourceclaims", name),
+        )
+        if got.get("status", {}).get("allocation"):
+            return got
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"claim {namespace}/{name} not allocated after {timeout:.0f}s: {got.get('status')}")
+        time.sleep(0.2)
+
+
+def release_claim(api: client.ApiClient, name: str, namespace: str = "default") -> None:
+    """Delete the pod and the claim ``allocate_claim`` made (missing ones are fine)."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        client.CoreV1Api(api).delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+    try:
+        client.CustomObjectsApi(api).delete_namespaced_custom_object(
+            "resource.k8s.io", "v1", namespace, "resourceclaims", name
+        )
+    except ApiException as exc:
+        if exc.status != 404:
+            raise

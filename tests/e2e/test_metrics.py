@@ -1,0 +1,117 @@
+"""The driver's /metrics, scraped in e2e while real claims are prepared and unprepared.
+
+A real driver process (simulated 8-GPU HGX H100 node) runs under its own
+service-account identity (a pod-bound token, so the admission policy applies)
+and publishes its ResourceSlices; the real scheduler allocates three claims
+(a whole GPU, a MIG 1g.10gb device, an MPS share); the test prepares them over
+the kubelet gRPC protocol, as kubelet would, and checks that the named metrics
+move: prepare latency histogram counts per kind, the RPC latency histogram,
+MIG instances, MPS daemons, devices published and prepared, errors by reason.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from driver.plugin.types import ClaimRef
+from e2e import cluster, driverproc, identity, install, nodes
+from e2e.driverproc import metric_value
+
+pytestmark = pytest.mark.e2e
+
+MIG_SELECTOR = 'device.attributes["gpu.gpuplane.dev"].migProfile == "1g.10gb"'
+
+
+@dataclass
+class Node:
+    name: str
+    driver: driverproc.DriverProcess
+
+
+@pytest.fixture(scope="module")
+def node(control_plane: cluster.Cluster) -> Iterator[Node]:
+    install.apply(control_plane)
+    install.wait_established(control_plane, install.crd_names(install.render(control_plane)))
+    name = f"metrics-{uuid.uuid4().hex[:5]}"
+    # A short root: MPS pipe paths under it must fit AF_UNIX's 107 bytes.
+    root = Path(tempfile.mkdtemp(prefix="gpm-"))
+    with nodes.NodeHeartbeat(name, control_plane.api, delete_on_stop=True) as beat:
+        beat.wait_schedulable()
+        who = identity.driver_identity(control_plane, name, root)
+        driver = driverproc.DriverProcess(name, who.kubeconfig, root)
+        driver.start()
+        try:
+            driver.wait_published(control_plane.api)
+            yield Node(name, driver)
+        finally:
+            driver.stop()
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def test_metrics_move_when_claims_are_prepared(control_plane: cluster.Cluster, node: Node) -> None:
+    before = node.driver.scrape()
+    published = metric_value(before, "gpuplane_driver_devices_published")
+    assert published > 8, "8 GPUs plus their MIG placements"
+    assert metric_value(before, "gpuplane_driver_devices_prepared") == 0
+
+    suffix = uuid.uuid4().hex[:5]
+    requests = {
+        f"m-gpu-{suffix}": {"deviceClassName": "gpu.gpuplane.dev"},
+        f"m-mig-{suffix}": {
+            "deviceClassName": "mig.gpuplane.dev",
+            "selectors": [{"cel": {"expression": MIG_SELECTOR}}],
+        },
+        f"m-mps-{suffix}": {
+            "deviceClassName": "mps-silver.gpu.gpuplane.dev",
+            "capacity": {"requests": {"sharePercent": "40"}},
+        },
+    }
+    refs = []
+    try:
+        for name, exactly in requests.items():
+            claim = driverproc.allocate_claim(control_plane.api, node.name, name, exactly)
+            meta = claim["metadata"]
+            refs.append(ClaimRef(meta["namespace"], meta["uid"], meta["name"]))
+        with node.driver.connect() as kubelet:
+            results = kubelet.prepare(refs)
+            assert all(not r.error for r in results.values()), results
+            during = node.driver.scrape()
+            for kind in ("gpu", "mig", "mps"):
+                grew = metric_value(during, "gpuplane_driver_prepare_duration_seconds_count", {"kind": kind}) - (
+                    metric_value(before, "gpuplane_driver_prepare_duration_seconds_count", {"kind": kind})
+                )
+                assert grew == 1, f"prepare histogram for {kind}"
+            assert metric_value(during, "gpuplane_driver_rpc_duration_seconds_count", {"op": "prepare"}) >= 1
+            assert metric_value(during, "gpuplane_driver_mig_instances") == 1
+            assert metric_value(during, "gpuplane_driver_mps_daemons") == 1
+            assert metric_value(during, "gpuplane_driver_devices_prepared") == 3
+
+            # A claim that does not exist: its error is counted by reason.
+            missing = ClaimRef("default", str(uuid.uuid4()), f"missing-{suffix}")
+            assert kubelet.prepare([missing])[missing.uid].error
+            errors = node.driver.scrape()
+            assert metric_value(errors, "gpuplane_driver_errors_total", {"op": "prepare"}) >= 1
+
+            unprepared = kubelet.unprepare(refs)
+            assert all(not r.error for r in unprepared.values()), unprepared
+        after = node.driver.scrape()
+        assert metric_value(after, "gpuplane_driver_rpc_duration_seconds_count", {"op": "unprepare"}) >= 1
+        assert metric_value(after, "gpuplane_driver_mig_instances") == 0
+        assert metric_value(after, "gpuplane_driver_mps_daemons") == 0
+        assert metric_value(after, "gpuplane_driver_devices_prepared") == 0
+        print(
+            "\n"
+            + "\n".join(
+                line for line in during.splitlines() if line.startswith("gpuplane_driver_") and "_bucket" not in line
+            )
+        )
+    finally:
+        for name in requests:
+            driverproc.release_claim(control_plane.api, name)
