@@ -178,7 +178,7 @@ def decide(
                 "Released",
                 "MembersGone",
                 "every member pod finished or was deleted; claims released",
-                {"placement": None},
+                {"placement": None, "domain": None},
                 steps=gone,
             )
         applied = gangs.apply_steps(ref, spec, decision, members, claims_here, driver_profile=spec.migProfile)
@@ -203,7 +203,7 @@ def decide(
         )
 
     if not members.complete(spec.members) or not all(p.gated for p in members.by_index.values()):
-        if prev_phase == "Preempted" and present < spec.members:
+        if prev_phase in ("Preempted", "Released") and present < spec.members:
             return finish("Preempted", prev.get("reason", "Preempted"), prev.get("message", ""))
         ungated = [p.name for p in members.by_index.values() if not p.gated]
         msg = (

@@ -40,35 +40,35 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
         settings.watching.server_timeout = 300
 
     # --- indexes (the read side: caches of API state) ----------------------------------------------
-    @kopf.index(names.GROUP, names.VERSION, names.GANG_PLURAL, registry=reg)
+    @kopf.index(names.GROUP, names.VERSION, names.GANG_PLURAL, id="gang_idx", registry=reg)
     def gang_idx(body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any) -> dict[str, Any]:
         memo.touched()
         return {f"{namespace}/{name}": _plain(body, "spec", "status")}
 
-    @kopf.index("pods", labels={names.LABEL_GANG: kopf.PRESENT}, registry=reg)
+    @kopf.index("pods", labels={names.LABEL_GANG: kopf.PRESENT}, id="member_pod_idx", registry=reg)
     def member_pod_idx(body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any) -> dict[str, Any]:
         memo.touched()
         return {f"{namespace}/{name}": _plain(body, "spec", "status")}
 
-    @kopf.index("pods", registry=reg)
+    @kopf.index("pods", id="claim_consumer_idx", registry=reg)
     def claim_consumer_idx(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[str, str] | None:
         refs = [r.get("resourceClaimName") for r in (body.get("spec") or {}).get("resourceClaims") or []]
         out = {f"{namespace}/{r}": name for r in refs if r}
         return out or None
 
-    @kopf.index(*RESOURCE, "resourceclaims", registry=reg)
+    @kopf.index(*RESOURCE, "resourceclaims", id="claim_idx", registry=reg)
     def claim_idx(body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any) -> dict[str, Any]:
         memo.touched()
         return {f"{namespace}/{name}": _plain(body, "spec", "status")}
 
-    @kopf.index(*RESOURCE, "resourceslices", registry=reg)
+    @kopf.index(*RESOURCE, "resourceslices", id="slice_idx", registry=reg)
     def slice_idx(body: kopf.Body, name: str, memo: runtime.Runtime, **_: Any) -> dict[str, Any] | None:
         if (body.get("spec") or {}).get("driver") != dn.DRIVER_NAME:
             return None
         memo.touched()
         return {name: _plain(body, "spec")}
 
-    @kopf.index("nodes", registry=reg)
+    @kopf.index("nodes", id="node_idx", registry=reg)
     def node_idx(body: kopf.Body, name: str, memo: runtime.Runtime, **_: Any) -> dict[str, Any]:
         memo.touched()
         spec = body.get("spec") or {}
@@ -78,7 +78,7 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
         )
         return {name: {"schedulable": ready and not spec.get("unschedulable"), "metadata": _plain(body)["metadata"]}}
 
-    @kopf.index(*RESOURCE, "deviceclasses", registry=reg)
+    @kopf.index(*RESOURCE, "deviceclasses", id="class_idx", registry=reg)
     def class_idx(body: kopf.Body, name: str, memo: runtime.Runtime, **_: Any) -> dict[str, Any]:
         memo.touched()
         return {name: _plain(body, "spec")}

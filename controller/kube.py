@@ -145,7 +145,12 @@ class KubeWriter:
                 source=client.V1EventSource(component=self.component),
                 reporting_component=self.component,
             )
-            self.core.create_namespaced_event(namespace, body)
+            try:
+                self.core.create_namespaced_event(namespace, body)
+            except ApiException as exc:
+                if exc.status != 409:  # a concurrent record of the same Event: count it instead
+                    raise
+                self.core.patch_namespaced_event(name, namespace, {"lastTimestamp": _ts(now)}, _content_type=MERGE)
         except ApiException as exc:
             log.warning("could not record event", reason=reason, object=ref.name, status=exc.status)
 
