@@ -1,4 +1,4 @@
-"""Fixtures for end-to-end tests: one real control plane per test session.
+"""Fixtures for end-to-end tests: one real control plane per test session, simulated GPU nodes on it.
 
 ``control_plane`` builds the binaries if they are not cached (run
 ``python -m e2e build`` beforehand: a cold build takes far longer than a test
@@ -7,17 +7,37 @@ kube-scheduler in a temporary state directory, yields an ``e2e.cluster.Cluster``
 (``kubeconfig``, ``kubectl(*args)``, ``api``), and stops every process at the end.
 SIGTERM to pytest becomes KeyboardInterrupt so teardown still runs, and the
 components die with the pytest process if it is killed outright.
+
+``gpu_cluster`` adds simulated GPU nodes to that control plane (``GPU_NODES``:
+each a real ``gpuplane-driver`` and a kubelet stand-in, see ``e2e.simnodes``)
+and the DeviceClasses from ``manifests/deviceclasses``; it yields a
+``GpuCluster`` and, at the end, stops the nodes and asserts that none of their
+processes (drivers, stand-ins, MPS daemons) is left.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 import signal
-from collections.abc import Iterator
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import FrameType
+from typing import Any, TypeVar, cast
 
 import pytest
 
-from e2e import build, cluster, controlplane
+from driver import checkpoint
+from e2e import build, cluster, controlplane, nodes, simnodes
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO_ROOT / "manifests" / "examples"
+GPU_NODES = "hgx-h100:2,gb200-nvl72:2"
+GROUP, VERSION = "resource.k8s.io", "v1"
+T = TypeVar("T")
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -40,3 +60,129 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.
     finally:
         plane.stop()
         signal.signal(signal.SIGTERM, previous)
+
+
+def eventually(probe: Callable[[], T | None], timeout: float = 60.0, what: str = "condition", step: float = 0.5) -> T:
+    """Poll ``probe`` until it returns something truthy; fail the test after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(step)
+
+
+def node_processes(markers: list[str]) -> list[str]:
+    """Processes of this user whose command line or environment mentions one of ``markers``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            environ = (entry / "environ").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and any(m in cmdline or m in environ for m in markers):
+            found.append(f"{entry.name}: {cmdline[:200]}")
+    return found
+
+
+@dataclasses.dataclass
+class GpuCluster:
+    """The control plane plus simulated GPU nodes, with helpers the scenario tests share."""
+
+    cluster: cluster.Cluster
+    sim: simnodes.SimNodes
+
+    @property
+    def nodes(self) -> list[simnodes.SimNode]:
+        """The simulated nodes."""
+        return self.sim.nodes
+
+    def node(self, name: str) -> simnodes.SimNode:
+        """The node called ``name``."""
+        return self.sim.node(name)
+
+    def kubectl_json(self, *args: str) -> dict[str, Any]:
+        """``kubectl ... -o json``."""
+        return cast(dict[str, Any], json.loads(self.cluster.kubectl(*args, "-o", "json")))
+
+    def apply_example(self, name: str) -> None:
+        """``kubectl apply -f manifests/examples/<name>/`` exactly as the README says."""
+        self.cluster.kubectl("apply", "-f", str(EXAMPLES / name))
+
+    def delete_example(self, name: str) -> None:
+        """``kubectl delete -f manifests/examples/<name>/`` and wait until everything is gone."""
+        self.cluster.kubectl(
+            "delete", "-f", str(EXAMPLES / name), "--ignore-not-found", "--wait=true", "--timeout=120s", timeout=150
+        )
+
+    def pods(self, namespace: str) -> list[dict[str, Any]]:
+        """Pods of a namespace."""
+        return list(self.kubectl_json("get", "pods", "-n", namespace).get("items", []))
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any]:
+        """One pod."""
+        return self.kubectl_json("get", "pod", "-n", namespace, name)
+
+    def running_pods(self, namespace: str, count: int, timeout: float = 90.0) -> list[dict[str, Any]]:
+        """Wait until ``count`` pods of the namespace run; return them."""
+
+        def probe() -> list[dict[str, Any]] | None:
+            pods = [p for p in self.pods(namespace) if (p.get("status") or {}).get("phase") == "Running"]
+            return pods if len(pods) >= count else None
+
+        return eventually(probe, timeout, f"{count} running pods in {namespace}")
+
+    def claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """One ResourceClaim."""
+        return self.kubectl_json("get", "resourceclaim", "-n", namespace, name)
+
+    def slice_devices(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """(pool, device) -> the published device."""
+        out = {}
+        for item in self.kubectl_json("get", "resourceslices").get("items", []):
+            for device in item["spec"].get("devices") or []:
+                out[(item["spec"]["pool"]["name"], device["name"])] = device
+        return out
+
+    def checkpoint(self, node: simnodes.SimNode) -> checkpoint.Checkpoint:
+        """The node driver's checkpoint (decoded and integrity-checked)."""
+        if not node.checkpoint.exists():
+            return checkpoint.Checkpoint()
+        return checkpoint.decode(node.checkpoint.read_bytes())
+
+    def sim_state(self, node: simnodes.SimNode) -> dict[str, Any]:
+        """``python -m driver.hw.sim_cli --state-dir <node sim> show``."""
+        done = subprocess.run(node.sim_cli("show"), capture_output=True, text=True, check=True, timeout=60)
+        return cast(dict[str, Any], json.loads(done.stdout))
+
+    def assert_nodes_clean(self) -> None:
+        """No claim prepared, no CDI spec, no MIG instance left on any node."""
+        for node in self.nodes:
+            assert self.checkpoint(node).claims == {}, f"{node.name}: claims still prepared"
+            assert list(node.cdi_root.glob("*.json")) == [], f"{node.name}: CDI specs left"
+            gis = {u: g["gis"] for u, g in self.sim_state(node)["gpus"].items() if g["gis"]}
+            assert gis == {}, f"{node.name}: MIG instances left: {gis}"
+
+
+@pytest.fixture(scope="session")
+def gpu_cluster(control_plane: cluster.Cluster) -> Iterator[GpuCluster]:
+    assert control_plane.state_dir is not None
+    state_dir = control_plane.state_dir
+    sim = simnodes.SimNodes(state_dir, control_plane.kubeconfig, die_with_parent=True, out=lambda _: None)
+    markers = [str(simnodes.socket_root(state_dir.resolve())) + "/", str(state_dir.resolve() / "nodes") + "/"]
+    try:
+        sim.start(nodes.parse_node_spec(GPU_NODES))
+        control_plane.kubectl("apply", "-f", str(REPO_ROOT / "manifests" / "deviceclasses"))
+        yield GpuCluster(cluster=control_plane, sim=sim)
+    finally:
+        sim.stop()
+    try:
+        eventually(lambda: not node_processes(markers), 15, "node processes to exit")
+    except AssertionError:
+        pytest.fail(f"processes left behind: {node_processes(markers)}")
