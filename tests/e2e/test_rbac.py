@@ -15,6 +15,9 @@ in its extra. The controller authenticates with its own service account.
 
 from __future__ import annotations
 
+import sys
+import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -332,3 +335,47 @@ def test_controller_cannot_read_secrets(installed: cluster.Cluster, controller: 
     finally:
         api.close()
         core.delete_namespaced_secret(secret, "gpuplane-system")
+
+
+def test_controller_runs_under_its_own_identity(installed: cluster.Cluster, controller: identity.Identity) -> None:
+    """The real controller process (kopf, with peering) under its service-account token: no 403 anywhere."""
+    from e2e import procs
+    from e2e.controlplane import free_port
+    from e2e.driverproc import REPO
+
+    taken: set[int] = set()
+    metrics_port, health_port = free_port(taken), free_port(taken)
+    log = controller.kubeconfig.parent / "controller.log"
+    argv = [
+        sys.executable,
+        "-m",
+        "controller.main",
+        f"--kubeconfig={controller.kubeconfig}",
+        "--identity=e2e-rbac-controller",
+        f"--metrics-port={metrics_port}",
+        f"--liveness=http://127.0.0.1:{health_port}/healthz",
+        "--log-format=json",
+    ]
+    proc, record = procs.spawn("controller", argv, log=log, pid_dir=log.parent / "pids", cwd=REPO, die_with_parent=True)
+    try:
+        deadline = time.monotonic() + 60
+        peers: dict[str, Any] = {}
+        while time.monotonic() < deadline and not peers:
+            assert proc.poll() is None, procs.describe_log(log)
+            try:
+                peering = client.CustomObjectsApi(installed.api).get_cluster_custom_object(
+                    "kopf.dev", "v1", "clusterkopfpeerings", "gpuplane-controller"
+                )
+                peers = peering.get("status") or {}
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+            time.sleep(0.5)
+        assert any("e2e-rbac-controller" in key for key in peers), f"no peering heartbeat: {peers}"
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as resp:
+            assert "gpuplane_gang_queue_depth" in resp.read().decode()
+        time.sleep(3)  # let the watches start; a missing permission shows as 403 in the log
+        text = log.read_text()
+        assert "403" not in text and "Forbidden" not in text, procs.describe_log(log, 60)
+    finally:
+        procs.stop(record, proc)
