@@ -84,3 +84,29 @@ def test_refusal_when_full_has_reason() -> None:
     assert not d.placed and "no GPU has a free 1g placement" in d.reason
     d = place.place(req("d", mig_profile="5g"), snap, pol)
     assert not d.placed and "unknown MIG profile" in d.reason
+
+
+def test_mig_gang_all_or_nothing() -> None:
+    snap = snapshot.uniform_cluster(1, 1, 1)
+    pol = policies.make("gpuplane")
+    d = place.place(req("g", mig_profile="4g", members=2), snap, pol)
+    assert not d.placed and d.members == () and "member 2 of 2" in d.reason
+    d = place.place(req("h", mig_profile="3g", members=2), snap, pol)
+    assert d.placed and {m.mig[0].start for m in d.members} == {0, 4}
+
+
+def test_snapshot_is_immutable_and_request_validated() -> None:
+    import pytest
+
+    snap = snapshot.uniform_cluster(1, 1, 1)
+    with pytest.raises(AttributeError):
+        snap.max_node_gpus = 3  # type: ignore[misc]
+    with pytest.raises(ValueError):
+        model.Request(id="bad", gpus_per_member=4, tp_size=3)
+    with pytest.raises(ValueError):
+        model.Request(id="bad", mig_profile="1g", gpus_per_member=2)
+    d = place.place(req("a"), snap, policies.make("best-fit"))
+    snap2 = snap.with_allocation(d)
+    with pytest.raises(ValueError):
+        snap2.with_allocation(d)  # double allocation is rejected
+    assert snap.gpu("d0-n0-g0").empty and snap2.gpu("d0-n0-g0").whole
