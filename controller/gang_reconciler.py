@@ -172,7 +172,7 @@ def decide(
     decision = gangs.decision_from_status(key, prev.get("placement"), domains) if holding else None
 
     if decision is not None:
-        if present == 0 and prev_phase in ("Scheduled", "Running", "Placed"):
+        if present == 0:
             gone = tuple(gangs.Step("delete-claim", c, why="every member pod is gone") for c in sorted(claims_here))
             return finish(
                 "Released",
