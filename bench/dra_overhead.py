@@ -1,0 +1,309 @@
+"""DRA overhead: apply-to-Running for pods with GPU claims next to the same pods without claims.
+
+    python bench/dra_overhead.py [--pods 100] [--nodes 8] [--claims mig|mps] [--rounds 1] [--write docs/benchmarks.md]
+
+Starts its own loopback control plane and ``--nodes`` simulated ``hgx-h100``
+nodes (each a real ``gpuplane-driver`` and a kubelet stand-in, see
+``e2e.simnodes``), then, per round, applies ``--pods`` pods without claims
+with one ``kubectl apply``, waits until all run and deletes them, then does
+the same with ``--pods`` pods that each get a GPU claim from a
+ResourceClaimTemplate. Per pod, latency = time from the start of the
+``kubectl apply`` until a watch sees the pod Running. The claim path adds the
+resourceclaim controller (claim per pod), the scheduler's DRA allocator, the
+stand-in's claim checks and ``NodePrepareResources`` (MIG instance creation or
+an MPS daemon start in the driver, CDI spec write + checkpoint).
+
+8 HGX nodes have 64 GPUs, so 100 exclusive whole GPUs do not fit at once:
+``--claims mig`` (the default) gives every pod a ``1g.10gb`` MIG device (448
+placements; the driver creates a real simulated MIG instance per claim);
+``--claims mps`` gives every pod a 50 % share of a GPU through the
+``mps-bronze`` class (two claims per GPU, one MPS control daemon per claim).
+
+Prints p50/p99/max per kind and the ratios; ``--write FILE`` appends a
+section to FILE (another tool writes there too: it is only ever appended to).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from e2e import build, cluster, controlplane, nodes, simnodes  # noqa: E402
+
+NAMESPACE = "dra-overhead"
+PAUSE = "registry.k8s.io/pause:3.10"
+
+
+def claim_template(kind: str) -> dict[str, Any]:
+    """The ResourceClaimTemplate every claim pod uses."""
+    if kind == "mig":
+        exactly: dict[str, Any] = {
+            "deviceClassName": "mig.gpuplane.dev",
+            "selectors": [{"cel": {"expression": 'device.attributes["gpu.gpuplane.dev"].migProfile == "1g.10gb"'}}],
+        }
+    else:
+        exactly = {"deviceClassName": "mps-bronze.gpu.gpuplane.dev", "capacity": {"requests": {"sharePercent": "50"}}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "gpu", "namespace": NAMESPACE},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
+    }
+
+
+def pod(name: str, round_label: str, with_claim: bool) -> dict[str, Any]:
+    """One benchmark pod."""
+    container: dict[str, Any] = {"name": "c", "image": PAUSE}
+    spec: dict[str, Any] = {"containers": [container], "terminationGracePeriodSeconds": 0}
+    if with_claim:
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "gpu"}]
+        container["resources"] = {"claims": [{"name": "gpu"}]}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"bench-round": round_label}},
+        "spec": spec,
+    }
+
+
+def _lines(response: Any) -> Iterator[str]:
+    buffer = b""
+    for chunk in response.stream(amt=65536, decode_content=False):
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            if line.strip():
+                yield line.decode()
+
+
+class RunningWatch:
+    """Records when each pod of a round is first seen Running (monotonic clock)."""
+
+    def __init__(self, api: client.ApiClient, round_label: str) -> None:
+        self.core = client.CoreV1Api(api)
+        self.selector = f"bench-round={round_label}"
+        self.running: dict[str, float] = {}
+        self.gone: set[str] = set()
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        """Start watching; returns once the watch is established."""
+        self._thread.start()
+        self._ready.wait(10)
+
+    def stop(self) -> None:
+        """Stop watching."""
+        self._stop.set()
+
+    def _run(self) -> None:
+        try:
+            self._follow()
+        except Exception as err:  # the control plane going away at the end of the run, or a broken round
+            if not self._stop.is_set():
+                print(f"pod watch failed: {err}", file=sys.stderr, flush=True)
+
+    def _follow(self) -> None:
+        listed: Any = self.core.list_namespaced_pod(NAMESPACE, label_selector=self.selector, _preload_content=False)
+        version = json.loads(listed.data)["metadata"]["resourceVersion"]
+        while not self._stop.is_set():
+            response: Any = self.core.list_namespaced_pod(
+                NAMESPACE,
+                label_selector=self.selector,
+                watch=True,
+                resource_version=version,
+                timeout_seconds=30,
+                _preload_content=False,
+            )
+            self._ready.set()
+            for line in _lines(response):
+                event = json.loads(line)
+                obj = event["object"]
+                version = obj["metadata"].get("resourceVersion", version)
+                name = obj["metadata"].get("name")
+                if event["type"] == "DELETED":
+                    self.gone.add(name)
+                elif (obj.get("status") or {}).get("phase") == "Running" and name not in self.running:
+                    self.running[name] = time.monotonic()
+                if self._stop.is_set():
+                    break
+            response.release_conn()
+
+
+def wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll until ``predicate``; raise after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.1)
+
+
+def run_round(handle: cluster.Cluster, label: str, count: int, with_claim: bool, timeout: float) -> list[float]:
+    """Apply ``count`` pods in one kubectl apply; return each pod's apply-to-Running latency (s)."""
+    names = [f"{label}-{i:03d}" for i in range(count)]
+    text = "\n---\n".join(json.dumps(pod(n, label, with_claim)) for n in names)
+    watcher = RunningWatch(handle.api, label)
+    watcher.start()
+    started = time.monotonic()
+    handle.kubectl("apply", "-f", "-", input_text=text, timeout=timeout)
+    try:
+        wait(lambda: len(watcher.running) == count, timeout, f"{count} pods of {label} Running")
+    finally:
+        handle.kubectl("delete", "pods", "-n", NAMESPACE, "-l", f"bench-round={label}", "--wait=false")
+    latencies = [watcher.running[n] - started for n in names]
+    wait(lambda: watcher.gone >= set(names), timeout, f"pods of {label} deleted")
+    watcher.stop()
+    if with_claim:  # the generated claims go once their pods are gone
+        wait(
+            lambda: not json.loads(handle.kubectl("get", "resourceclaims", "-n", NAMESPACE, "-o", "json"))["items"],
+            timeout,
+            "claims deleted",
+        )
+    return latencies
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(values)
+    index = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
+    return ordered[index]
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    """p50, p99, max, mean."""
+    return {
+        "p50": percentile(values, 50),
+        "p99": percentile(values, 99),
+        "max": max(values),
+        "mean": statistics.fmean(values),
+    }
+
+
+def markdown(args: argparse.Namespace, plain: dict[str, float], dra: dict[str, float], rounds: int) -> str:
+    """The section appended to the benchmarks file."""
+    cpu = "unknown CPU"
+    with contextlib.suppress(OSError, StopIteration):
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
+    claim = (
+        "one `1g.10gb` MIG device per pod (ResourceClaimTemplate, class `mig.gpuplane.dev`)"
+        if args.claims == "mig"
+        else "a 50 % MPS share per pod (class `mps-bronze.gpu.gpuplane.dev`, `sharePercent: 50`)"
+    )
+    ratio = {k: dra[k] / plain[k] for k in ("p50", "p99", "max")}
+    verdict = "meets" if ratio["p50"] <= 1.5 and ratio["p99"] <= 1.5 else "misses"
+    return f"""
+## DRA overhead: apply-to-Running, {args.pods} pods with and without GPU claims ({datetime.date.today()})
+
+`python bench/dra_overhead.py --pods {args.pods} --nodes {args.nodes} --claims {args.claims} --rounds {rounds}`
+on {os.cpu_count()} CPUs ({cpu}), Python {platform.python_version()}: a loopback control plane
+(etcd, kube-apiserver, kube-scheduler, kube-controller-manager v1.36.3) and {args.nodes} simulated
+`hgx-h100` nodes, each a real `gpuplane-driver` (simulator backend) plus the e2e kubelet stand-in,
+all on this machine. Per round: {args.pods} pods without claims in one `kubectl apply`, all Running,
+deleted; then {args.pods} pods with {claim}. Latency per pod = start of `kubectl apply` until a watch
+sees it Running; {rounds} round(s), all pods pooled.
+
+| pods | p50 (s) | p99 (s) | max (s) | mean (s) |
+|---|---|---|---|---|
+| without claims | {plain["p50"]:.2f} | {plain["p99"]:.2f} | {plain["max"]:.2f} | {plain["mean"]:.2f} |
+| with a GPU claim | {dra["p50"]:.2f} | {dra["p99"]:.2f} | {dra["max"]:.2f} | {dra["mean"]:.2f} |
+| ratio (DRA overhead) | {ratio["p50"]:.2f}x | {ratio["p99"]:.2f}x | {ratio["max"]:.2f}x | |
+
+Target ≤ 1.5x: {verdict} it. The claim path adds a ResourceClaim per pod (resourceclaim
+controller), the scheduler's DRA allocator over {args.nodes}x208 published devices with MIG
+counters, the stand-in's claim checks and `NodePrepareResources` (the driver creates the MIG
+instance in the simulator or starts an MPS daemon, writes the CDI spec and its checkpoint).
+Everything shares the same CPUs, so the absolute numbers say more about this machine than
+about a cluster; the ratio is the figure to watch.
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
+    p.add_argument("--pods", type=int, default=100)
+    p.add_argument("--nodes", type=int, default=8)
+    p.add_argument("--claims", choices=["mig", "mps"], default="mig")
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--state-dir", type=Path, help="default: a temporary directory, removed afterwards")
+    p.add_argument("--write", type=Path, help="append the result as a Markdown section to this file")
+    args = p.parse_args(argv)
+    say: Callable[[str], None] = lambda text: print(text, flush=True)  # noqa: E731
+    bins = build.ensure_binaries(out=say)
+    with tempfile.TemporaryDirectory(prefix="dra-bench-") as tmp:
+        state_dir = (args.state_dir or Path(tmp)).resolve()
+        plane = controlplane.ControlPlane(state_dir, bins, die_with_parent=True, out=lambda _: None)
+        say("starting the control plane ...")
+        kubeconfig = plane.start()
+        sim = simnodes.SimNodes(state_dir, kubeconfig, die_with_parent=True, out=lambda _: None)
+        handle = cluster.Cluster.connect(kubeconfig, bins, state_dir=state_dir)
+        try:
+            say(f"starting {args.nodes} simulated hgx-h100 nodes ...")
+            sim.start([nodes.NodeGroup("hgx-h100", args.nodes)])
+            handle.kubectl("apply", "-f", str(REPO_ROOT / "manifests" / "deviceclasses"))
+            handle.kubectl("create", "namespace", NAMESPACE)
+            handle.apply(claim_template(args.claims))
+            wait(
+                lambda: bool(
+                    json.loads(handle.kubectl("get", "serviceaccount", "default", "-n", NAMESPACE, "-o", "json"))
+                ),
+                60,
+                "default service account",
+            )
+            say("warm-up round (10 + 10 pods) ...")
+            run_round(handle, "warm-plain", 10, False, args.timeout)
+            run_round(handle, "warm-dra", 10, True, args.timeout)
+            plain: list[float] = []
+            dra: list[float] = []
+            for r in range(args.rounds):
+                say(f"round {r + 1}/{args.rounds}: {args.pods} pods without claims ...")
+                plain += run_round(handle, f"plain-{r}", args.pods, False, args.timeout)
+                say(f"  p50 {percentile(plain[-args.pods :], 50):.2f}s, max {max(plain[-args.pods :]):.2f}s")
+                say(f"round {r + 1}/{args.rounds}: {args.pods} pods with a {args.claims} claim ...")
+                dra += run_round(handle, f"dra-{r}", args.pods, True, args.timeout)
+                say(f"  p50 {percentile(dra[-args.pods :], 50):.2f}s, max {max(dra[-args.pods :]):.2f}s")
+        finally:
+            handle.close()
+            sim.stop()
+            plane.stop()
+    s_plain, s_dra = summary(plain), summary(dra)
+    say(f"{'':16} {'p50':>7} {'p99':>7} {'max':>7} {'mean':>7}")
+    for label, s in (("without claims", s_plain), ("with a claim", s_dra)):
+        say(f"{label:16} {s['p50']:7.2f} {s['p99']:7.2f} {s['max']:7.2f} {s['mean']:7.2f}")
+    say(
+        f"{'ratio':16} {s_dra['p50'] / s_plain['p50']:6.2f}x {s_dra['p99'] / s_plain['p99']:6.2f}x "
+        f"{s_dra['max'] / s_plain['max']:6.2f}x"
+    )
+    if args.write:
+        with args.write.open("a") as f:
+            f.write(markdown(args, s_plain, s_dra, args.rounds))
+        say(f"appended the result to {args.write}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
