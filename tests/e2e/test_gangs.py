@@ -99,10 +99,7 @@ def gpu_cluster(control_plane: cluster.Cluster) -> Iterator[tuple[cluster.Cluste
         sims.start([nodes.NodeGroup("hgx-h100", 2), nodes.NodeGroup("gb200-nvl72", 4)])
         control_plane.kubectl("apply", "-f", str(REPO / "manifests" / "deviceclasses"), "-f", str(REPO / "crds"))
         control_plane.kubectl("wait", "--for=condition=established", "crd/gpugangs.gpuplane.dev", "--timeout=60s")
-        controllers.append(Controller(control_plane, "ctl-a", 200))
-        time.sleep(3)  # let the leader register in the peering object first
-        controllers.append(Controller(control_plane, "ctl-b", 100))
-        time.sleep(3)
+        controllers.append(Controller(control_plane, "ctl-a", 200))  # the standby starts in the HA test
         yield control_plane, controllers
     finally:
         for c in controllers:
@@ -278,7 +275,10 @@ def test_leader_killed_standby_takes_over_without_losing_decisions(
     gpu_cluster: tuple[cluster.Cluster, list[Controller]], ns: str
 ) -> None:
     handle, controllers = gpu_cluster
-    leader, standby = controllers
+    leader = controllers[0]
+    standby = Controller(handle, "ctl-b", 100)
+    controllers.append(standby)
+    time.sleep(5)
     assert leader.active() and not standby.active()
     before = {g: gang(handle, ns, g)["status"].get("placement", {}).get("id") for g in ("urgent",)}
     leader.kill()
