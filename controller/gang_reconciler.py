@@ -204,7 +204,8 @@ def decide(
 
     if not members.complete(spec.members) or not all(p.gated for p in members.by_index.values()):
         if prev_phase in ("Preempted", "Released") and present < spec.members:
-            return finish("Preempted", prev.get("reason", "Preempted"), prev.get("message", ""))
+            # Stay in whichever of the two it is until its pods come back (then it queues again).
+            return finish(prev_phase, str(prev.get("reason") or prev_phase), str(prev.get("message") or ""))
         ungated = [p.name for p in members.by_index.values() if not p.gated]
         msg = (
             f"{present} of {spec.members} member pods present"

@@ -626,3 +626,32 @@ def test_victim_choice_is_deterministic_and_minimal(cluster_slices: list[dict[st
     )
     plan, _ = run_pass(w)
     assert plan.actions["team-a/hi"].victims == ("team-b/v1", "team-b/v3")
+
+
+# --- released vs preempted --------------------------------------------------------------------------
+
+
+def test_released_gang_stays_released_on_the_next_reconciles(cluster_slices: list[dict[str, Any]]) -> None:
+    # e2e regression: a gang whose pods were all deleted went Running -> Released -> "Preempted" one
+    # reconcile later, with no preemption anywhere (every gang had priority 0).
+    body, _pods, claim_objs = holding("fill", "team-a", 0, ["nvl-0", "nvl-1"], T0)
+    body["status"]["phase"] = "Running"
+    out = decide(make_world(cluster_slices, [body], [], claim_objs), "team-a/fill")
+    assert out.status["phase"] == "Released" and out.victims == ()
+    assert [s.kind for s in out.steps] == ["delete-claim", "delete-claim"]
+    for claims_left in (claim_objs, []):  # before and after the claims are really gone
+        seen = {**body, "status": {**body["status"], **out.status}}
+        again = decide(make_world(cluster_slices, [seen], [], claims_left), "team-a/fill", now=T0 + 20)
+        assert again.status["phase"] == "Released", again.status
+        assert again.events == () and again.victims == ()
+        out = again
+
+
+def test_preempted_gang_stays_preempted_until_its_pods_return(cluster_slices: list[dict[str, Any]]) -> None:
+    body = gang_body(
+        "low", members=2, gpusPerMember=4, status_={"phase": "Preempted", "reason": "Preempted", "message": "by hi"}
+    )
+    out = decide(make_world(cluster_slices, [body], []), "team-a/low")
+    assert (out.status["phase"], out.status["reason"], out.events) == ("Preempted", "Preempted", ())
+    back = decide(make_world(cluster_slices, [body], [member_pod("low", i) for i in range(2)]), "team-a/low")
+    assert back.status["phase"] == "Placing"  # pods back and gated: queued again, and room is free
