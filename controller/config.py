@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import socket
-import zlib
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from controller import names
+from controller import leader, names
 
 
 class ControllerConfig(BaseModel):
@@ -19,11 +18,13 @@ class ControllerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kubeconfig: str | None = None  # None: in-cluster service account
-    identity: str  # this replica's name (pod name)
-    peering_name: str = names.PEERING_NAME
-    peering_priority: int = Field(ge=1)
-    peering_lifetime_s: int = Field(default=15, ge=5)
-    standalone: bool = False
+    identity: str = Field(min_length=1)  # this replica's name (pod name): the Lease holder identity
+    lease_name: str = names.LEASE_NAME
+    lease_namespace: str = names.LEASE_NAMESPACE
+    lease_duration_s: float = Field(default=15.0, gt=0)
+    renew_deadline_s: float = Field(default=10.0, gt=0)
+    retry_period_s: float = Field(default=2.0, gt=0)
+    standalone: bool = False  # a single replica without leader election (development)
     liveness: str = "http://0.0.0.0:8080/healthz"
     metrics_port: int = 0  # 0: no metrics server
     resync_s: float = Field(default=2.0, gt=0)
@@ -37,10 +38,15 @@ class ControllerConfig(BaseModel):
     log_level: str = "INFO"
     log_format: Literal["auto", "json", "console"] = "auto"
 
+    @model_validator(mode="after")
+    def _lease_timing_is_safe(self) -> ControllerConfig:
+        self.lease_timing  # noqa: B018 - raises ValueError when the three durations are unsafe
+        return self
 
-def default_priority(identity: str) -> int:
-    """A distinct peering priority per replica: kopf pauses every replica when two share one."""
-    return 1 + zlib.crc32(identity.encode()) % 1_000_000
+    @property
+    def lease_timing(self) -> leader.Timing:
+        """Leader-election durations (client-go's leaseDuration, renewDeadline, retryPeriod)."""
+        return leader.Timing(self.lease_duration_s, self.renew_deadline_s, self.retry_period_s)
 
 
 def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> ControllerConfig:
@@ -52,19 +58,20 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Contro
     p = argparse.ArgumentParser(prog="gpuplane-controller", description="gpuplane controller: gangs, claims, domains.")
     p.add_argument("--kubeconfig", default=env("KUBECONFIG") or environ.get("KUBECONFIG"))
     p.add_argument("--identity", default=env("IDENTITY") or environ.get("POD_NAME") or socket.gethostname())
-    p.add_argument("--peering-name", default=env("PEERING_NAME", names.PEERING_NAME))
+    p.add_argument("--lease-name", default=env("LEASE_NAME", names.LEASE_NAME))
     p.add_argument(
-        "--peering-priority",
-        type=int,
-        default=int(env("PEERING_PRIORITY", "0") or 0),
-        help="this replica's priority; the live replica with the highest one leads (0: from identity)",
+        "--lease-namespace",
+        default=env("LEASE_NAMESPACE") or environ.get("POD_NAMESPACE") or names.LEASE_NAMESPACE,
+        help="namespace of the leader-election Lease (default: the pod's own namespace)",
     )
-    p.add_argument("--peering-lifetime", type=int, default=int(env("PEERING_LIFETIME", "15") or 15))
+    p.add_argument("--lease-duration", type=float, default=float(env("LEASE_DURATION", "15") or 15))
+    p.add_argument("--renew-deadline", type=float, default=float(env("RENEW_DEADLINE", "10") or 10))
+    p.add_argument("--retry-period", type=float, default=float(env("RETRY_PERIOD", "2") or 2))
     p.add_argument(
         "--standalone",
         action="store_true",
         default=env("STANDALONE") == "1",
-        help="no peering (a single replica, e.g. for development)",
+        help="no leader election (a single replica, e.g. for development)",
     )
     p.add_argument("--liveness", default=env("LIVENESS", "http://0.0.0.0:8080/healthz"))
     p.add_argument("--metrics-port", type=int, default=int(env("METRICS_PORT", "0") or 0))
@@ -83,9 +90,11 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Contro
     return ControllerConfig(
         kubeconfig=a.kubeconfig,
         identity=a.identity,
-        peering_name=a.peering_name,
-        peering_priority=a.peering_priority or default_priority(a.identity),
-        peering_lifetime_s=a.peering_lifetime,
+        lease_name=a.lease_name,
+        lease_namespace=a.lease_namespace,
+        lease_duration_s=a.lease_duration,
+        renew_deadline_s=a.renew_deadline,
+        retry_period_s=a.retry_period,
         standalone=a.standalone,
         liveness=a.liveness,
         metrics_port=a.metrics_port,

@@ -32,8 +32,7 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
 
     @kopf.on.startup(registry=reg)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.peering.lifetime = cfg.peering_lifetime_s
-        settings.peering.mandatory = not cfg.standalone
+        settings.peering.standalone = True  # no kopf peering: leadership is a Lease (controller.leader)
         settings.posting.level = logging.ERROR  # our own Events say what happened
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=names.GROUP)
@@ -97,6 +96,8 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
 
     # --- gangs -----------------------------------------------------------------------------------
     async def gang(namespace: str | None, name: str, memo: runtime.Runtime, kw: Mapping[str, Any]) -> None:
+        if not memo.leading():  # a standby only keeps its indexes warm
+            return
         async with memo.lock():
             now = time.time()
             await runtime.reconcile_gang(memo, f"{namespace}/{name}", world_of(memo, kw), now)
@@ -146,7 +147,7 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
     async def claim_timer(body: kopf.Body, memo: runtime.Runtime, **kw: Any) -> None:
         classes = runtime.single(kw["class_idx"])
         plain = _plain(body, "spec", "status")
-        if not claims.is_ours(plain, classes):
+        if not memo.leading() or not claims.is_ours(plain, classes):
             return
         async with memo.lock():
             now = time.time()

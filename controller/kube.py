@@ -3,6 +3,11 @@
 Every write tolerates having been done already (create -> 409 is fine when the
 object is ours, delete -> 404 is fine), because a reconcile may be repeated
 after a crash at any point. Reads come from kopf's indexes, not from here.
+
+Every write is fenced: it first asks the ``guard`` (the leader elector) and
+raises :class:`NotLeader` instead of writing when this replica does not hold
+the leader Lease within its renew deadline, so a replica that lost
+leadership mid-reconcile stops at the next write.
 """
 
 from __future__ import annotations
@@ -39,17 +44,34 @@ class StepFailed(RuntimeError):
     """A write of an apply sequence failed; later steps were not run."""
 
 
-class KubeWriter:
-    """The writes the reconcilers make, plus the Event recorder."""
+class NotLeader(StepFailed):
+    """This replica is not the leader (any more): the write was not made."""
 
-    def __init__(self, api_client: client.ApiClient, component: str = names.COMPONENT) -> None:
+
+def _always() -> bool:
+    return True
+
+
+class KubeWriter:
+    """The writes the reconcilers make, plus the Event recorder; each write fenced by ``guard``."""
+
+    def __init__(
+        self, api_client: client.ApiClient, component: str = names.COMPONENT, *, guard: Callable[[], bool] = _always
+    ) -> None:
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.component = component
+        self.guard = guard
+
+    def fence(self) -> None:
+        """Raise NotLeader unless this replica may write now."""
+        if not self.guard():
+            raise NotLeader("not the leader: write skipped")
 
     # --- gangs ------------------------------------------------------------------------------
     def patch_gang_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         """Merge-patch the status subresource (no resourceVersion: cannot conflict)."""
+        self.fence()
         self.custom.patch_namespaced_custom_object_status(
             names.GROUP,
             names.VERSION,
@@ -63,6 +85,8 @@ class KubeWriter:
     # --- steps ------------------------------------------------------------------------------
     def run(self, namespace: str, step: gangs.Step) -> None:
         """Execute one step; raise StepFailed on an error that is not 'already done'."""
+        if step.kind != "wait":
+            self.fence()
         try:
             if step.kind == "create-claim":
                 self.custom.create_namespaced_custom_object(
@@ -90,6 +114,7 @@ class KubeWriter:
     # --- claims and nodes ------------------------------------------------------------------------
     def annotate_claim(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
         """Merge-patch annotations onto a ResourceClaim (None removes one)."""
+        self.fence()
         self.custom.patch_namespaced_custom_object(
             RESOURCE_GROUP,
             RESOURCE_VERSION,
@@ -102,15 +127,19 @@ class KubeWriter:
 
     def set_pod_condition(self, namespace: str, name: str, cond: Mapping[str, Any]) -> None:
         """Strategic-merge one pod condition (conditions merge by type)."""
+        self.fence()
         self.core.patch_namespaced_pod_status(name, namespace, {"status": {"conditions": [dict(cond)]}})
 
     def patch_node(self, name: str, patch: Mapping[str, Any]) -> None:
         """Merge-patch a Node's metadata."""
+        self.fence()
         self.core.patch_node(name, dict(patch), _content_type=MERGE)
 
     # --- events (the Recorder protocol) -----------------------------------------------------------
     def event(self, ref: events.ObjectRef, kind: events.EventType, reason: str, message: str) -> None:
-        """Record or bump an Event; never raises."""
+        """Record or bump an Event; never raises (and records nothing when not the leader)."""
+        if not self.guard():
+            return
         namespace = ref.namespace or "default"
         name = events.event_name(ref, reason, message)
         now = datetime.datetime.now(datetime.UTC)

@@ -1,12 +1,16 @@
-"""gpuplane-controller: read the config once, configure logging once, run the kopf operator.
+"""gpuplane-controller: read the config once, configure logging once, elect a leader, run the kopf operator.
 
-Two or more replicas run with kopf peering: each has a distinct priority
-(``--peering-priority``, by default derived from the replica's identity), the
-live replica with the highest priority works and the others stand by, and a
-replica that stops renewing its peering record for ``--peering-lifetime``
-seconds is presumed dead, so a standby takes over. Every decision lives in
-the API (gang status, claim annotations and owner references), so the new
-leader resumes exactly where the old one stopped.
+Two or more replicas run the same kopf handlers, so every replica's indexes
+(its caches of API state) stay warm. Only the replica holding the
+``coordination.k8s.io/v1`` Lease (:mod:`controller.leader`, renewed in a
+background thread) makes placement decisions and writes claims, pods, status,
+labels and Events; the others return early from every handler. When the leader
+dies its Lease expires after ``--lease-duration`` seconds and a standby takes
+it; a leader that cannot renew within ``--renew-deadline`` stops writing before
+that can happen. Every decision lives in the API (gang status, claim
+annotations and owner references), so the new leader resumes exactly where the
+old one stopped. kopf runs without its own peering (``standalone``): peering
+paused the standby's watches, so its caches went cold, and it was not a lease.
 """
 
 from __future__ import annotations
@@ -18,11 +22,8 @@ from typing import Any
 
 import kopf
 import structlog
-from kopf._core.engines import peering  # the Identity type kopf.run takes
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
-from controller import config, handlers, kube, metrics, names, runtime
+from controller import config, handlers, kube, leader, metrics, runtime
 from driver import logs
 
 log = structlog.get_logger(__name__)
@@ -47,15 +48,11 @@ def _login(cfg: config.ControllerConfig) -> kopf.ConnectionInfo:
     )
 
 
-def ensure_peering(api: client.ApiClient, name: str) -> None:
-    """Create the ClusterKopfPeering object the replicas meet in (the CRD comes from crds/)."""
-    custom = client.CustomObjectsApi(api)
-    body = {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": name}}
-    try:
-        custom.create_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", body)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
+def make_elector(cfg: config.ControllerConfig, api: Any) -> leader.Elector:
+    """The Lease elector of this replica (requests time out well within the renew deadline)."""
+    timing = cfg.lease_timing
+    store = leader.KubeLeaseStore(api, cfg.lease_namespace, cfg.lease_name, timing.renew_deadline_s / 2)
+    return leader.Elector(cfg.identity, store, timing)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -66,9 +63,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     m = metrics.ControllerMetrics()
     if cfg.metrics_port:
         m.serve(cfg.metrics_port)
-    if not cfg.standalone:
-        ensure_peering(api, cfg.peering_name)
-    memo = runtime.Runtime.create(cfg, kube.KubeWriter(api), m)
+    elector = None if cfg.standalone else make_elector(cfg, api)
+    leadership: leader.Leadership = elector if elector is not None else leader.AlwaysLeader()
+    m.is_leader.set_function(lambda: float(leadership.is_leader()))
+    memo = runtime.Runtime.create(cfg, kube.KubeWriter(api, guard=leadership.is_leader), m, leadership)
     registry = handlers.make_registry(cfg)
 
     @kopf.on.login(registry=registry)
@@ -78,20 +76,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info(
         "starting",
         identity=cfg.identity,
-        priority=cfg.peering_priority,
-        peering=cfg.peering_name,
+        lease=None if cfg.standalone else f"{cfg.lease_namespace}/{cfg.lease_name}",
         standalone=cfg.standalone,
     )
-    kopf.run(
-        registry=registry,
-        memo=memo,
-        standalone=cfg.standalone,
-        priority=cfg.peering_priority,
-        peering_name=cfg.peering_name,
-        clusterwide=True,
-        identity=peering.Identity(f"{cfg.identity}@{names.COMPONENT}"),
-        liveness_endpoint=cfg.liveness or None,
-    )
+    if elector is not None:
+        elector.start()
+    try:
+        kopf.run(
+            registry=registry,
+            memo=memo,
+            standalone=True,  # no kopf peering: the Lease decides who writes
+            clusterwide=True,
+            liveness_endpoint=cfg.liveness or None,
+        )
+    finally:
+        if elector is not None:
+            elector.stop(release=True)
     return 0
 
 

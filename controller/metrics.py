@@ -44,6 +44,15 @@ class ControllerMetrics:
             registry=self.registry,
         )
 
+        self.leader_terms = prom.Counter(
+            "gpuplane_controller_leader_terms_total",
+            "Times this replica became the leader (took or re-took the leader Lease).",
+            registry=self.registry,
+        )
+        self.is_leader = prom.Gauge(
+            "gpuplane_controller_is_leader", "1 while this replica holds the leader Lease.", registry=self.registry
+        )
+
     def serve(self, port: int, address: str = "0.0.0.0") -> None:
         """Start the HTTP exposition server in a daemon thread."""
         prom.start_http_server(port, addr=address, registry=self.registry)

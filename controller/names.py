@@ -39,7 +39,8 @@ DEFAULT_MIG_DEVICE_CLASS = "mig.gpuplane.dev"
 POD_CONDITION_CLAIM_CONFIG = "gpuplane.dev/ClaimConfigValid"
 
 COMPONENT = "gpuplane-controller"
-PEERING_NAME = "gpuplane-controller"
+LEASE_NAME = "gpuplane-controller"  # the coordination.k8s.io Lease the replicas elect a leader with
+LEASE_NAMESPACE = "gpuplane-system"
 
 
 def claim_name(gang: str, member: int) -> str:

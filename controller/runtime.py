@@ -5,6 +5,11 @@ kopf shallow-copies the memo per object, so every mutable thing lives in
 decision store: decisions live in the API (gang status, claim annotations);
 ``Shared`` only caches (the last queue plan, decisions written but not yet
 seen by this replica's indexes) and rate-limits (status coalescing).
+
+Every entry point first asks :meth:`Runtime.leading`: a standby replica keeps
+its indexes warm but decides and writes nothing. The caches are dropped
+whenever this replica starts a new leadership term, and a write refused
+mid-reconcile (:class:`controller.kube.NotLeader`) ends the reconcile quietly.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from controller import (
     events,
     gang_reconciler,
     kube,
+    leader,
     names,
     nodelabels,
     queue_runner,
@@ -49,6 +55,7 @@ class Shared:
     version: int = 0
     plan: tuple[int, queue_runner.Plan, snapshot_builder.ClusterView] | None = None
     overlay: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
+    term: int = 0  # the leadership term the caches above belong to
 
 
 @dataclass
@@ -60,10 +67,17 @@ class Runtime:
     metrics: metrics_mod.ControllerMetrics
     coalescer: status.Coalescer
     policy: policy_base.Policy
+    leadership: leader.Leadership = field(default_factory=leader.AlwaysLeader)
     shared: Shared = field(default_factory=Shared)
 
     @classmethod
-    def create(cls, cfg: config.ControllerConfig, writer: kube.KubeWriter, m: metrics_mod.ControllerMetrics) -> Runtime:
+    def create(
+        cls,
+        cfg: config.ControllerConfig,
+        writer: kube.KubeWriter,
+        m: metrics_mod.ControllerMetrics,
+        leadership: leader.Leadership | None = None,
+    ) -> Runtime:
         """Build the memo once in main()."""
         return cls(
             cfg=cfg,
@@ -71,7 +85,21 @@ class Runtime:
             metrics=m,
             coalescer=status.Coalescer(cfg.status_interval_s),
             policy=make_policy(cfg.policy),
+            leadership=leadership or leader.AlwaysLeader(),
         )
+
+    def leading(self) -> bool:
+        """Whether this replica may decide now; a new term drops what an earlier term cached."""
+        if not self.leadership.is_leader():
+            return False
+        term = self.leadership.term
+        if term != self.shared.term:
+            self.shared.term = term
+            self.shared.plan = None
+            self.shared.overlay.clear()
+            self.coalescer.reset()
+            self.metrics.leader_terms.inc()
+        return True
 
     @property
     def settings(self) -> gang_reconciler.Settings:
@@ -158,6 +186,15 @@ def plan_for(rt: Runtime, w: world.World, now: float) -> tuple[queue_runner.Plan
 
 async def reconcile_gang(rt: Runtime, key: str, w: world.World, now: float) -> None:
     """Decide and apply for one gang (and release the victims it preempts), under the process lock."""
+    if not rt.leading():
+        return
+    try:
+        await _reconcile_gang(rt, key, w, now)
+    except kube.NotLeader:
+        log.info("lost leadership during a reconcile; the new leader resumes from the API", gang=key)
+
+
+async def _reconcile_gang(rt: Runtime, key: str, w: world.World, now: float) -> None:
     body = w.gangs.get(key)
     if body is None:
         rt.coalescer.forget(key)
@@ -169,6 +206,16 @@ async def reconcile_gang(rt: Runtime, key: str, w: world.World, now: float) -> N
             gang_reconciler.apply, rt.writer, rt.writer, rt.coalescer, key=key, body=body, outcome=outcome, now=now
         )
     )
+    if "phase" in written or outcome.victims:
+        log.info(
+            "gang decision",
+            gang=key,
+            previous=(body.get("status") or {}).get("phase", ""),
+            phase=outcome.status.get("phase"),
+            reason=outcome.status.get("reason"),
+            action=getattr(plan.actions.get(key), "kind", None),
+            victims=list(outcome.victims),
+        )
     if written:
         rt.metrics.status_writes.inc()
         rt.metrics.decisions.labels(outcome=str(outcome.status.get("phase", "")).lower()).inc()
@@ -188,6 +235,7 @@ async def reconcile_gang(rt: Runtime, key: str, w: world.World, now: float) -> N
             )
         )
         rt.metrics.decisions.labels(outcome="preempted").inc()
+        log.info("gang preempted", gang=victim, preemptor=key, status_written=bool(vwritten))
         if vwritten:
             rt.shared.overlay[victim] = (now, {"phase": "Preempted", "placement": None})
             rt.touched()
@@ -197,7 +245,7 @@ async def sync_node_label(
     rt: Runtime, node: str, node_body: Mapping[str, Any] | None, slices: Iterable[Mapping[str, Any]]
 ) -> None:
     """Bring one node's NVLink-domain label in line with its published GPUs."""
-    if node_body is None:
+    if node_body is None or not rt.leading():
         return
     want = nodelabels.desired(nodelabels.domains_of_node(node, slices))
     patch = nodelabels.patch_for(node_body, want)
@@ -221,7 +269,7 @@ async def check_claim(
     rt: Runtime, claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], consumers: Iterable[str]
 ) -> None:
     """Validate a claim's config and its NVLink-domain constraint; record findings once (annotations)."""
-    if not claims.is_ours(claim, classes) and not _has_our_config(claim):
+    if not rt.leading() or (not claims.is_ours(claim, classes) and not _has_our_config(claim)):
         return
     meta = claim.get("metadata") or {}
     ns, name = meta.get("namespace", ""), meta.get("name", "")
@@ -267,7 +315,7 @@ async def explain_claim(
 ) -> None:
     """For a claim that stays unallocated, say why in an Event (once per distinct reason)."""
     meta = claim.get("metadata") or {}
-    if (claim.get("status") or {}).get("allocation") or not claims.is_ours(claim, classes):
+    if not rt.leading() or (claim.get("status") or {}).get("allocation") or not claims.is_ours(claim, classes):
         return
     age = now - (status.parse_time(meta.get("creationTimestamp")) or now)
     if age < rt.cfg.claim_explain_after_s:

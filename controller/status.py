@@ -99,6 +99,11 @@ class Coalescer:
             self._last[key] = now
             return True
 
+    def reset(self) -> None:
+        """Forget every record (a new leadership term: the previous leader's writes are unknown here)."""
+        with self._lock:
+            self._last.clear()
+
     def forget(self, key: str) -> None:
         """Drop a deleted gang's record."""
         with self._lock:

@@ -3,8 +3,10 @@
 Nodes: ``hgx-h100:2`` (two 8-GPU NVLink domains) and ``gb200-nvl72:4`` (one
 16-GPU clique across four nodes), each a real ``gpuplane-driver`` on the
 simulator plus the kubelet stand-in (``e2e.simnodes``). The controller runs as
-two real ``gpuplane-controller`` processes with kopf peering; the real
+two real ``gpuplane-controller`` processes; the real
 kube-scheduler allocates the claims the controller creates.
+The replicas elect a leader with the Lease ``default/gpuplane-controller``
+(client-go timings: 15 s lease, 10 s renew deadline, 2 s retry).
 
 The tests run in order and share the cluster: a TP=8 gang lands in the
 clique; a TP=16 gang on H100s is refused with the reason; a gang that cannot
@@ -15,6 +17,7 @@ no decision is lost.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -36,6 +39,7 @@ REPO = Path(__file__).resolve().parents[2]
 GROUP, VERSION, PLURAL = "gpuplane.dev", "v1alpha1", "gpugangs"
 GB200 = 'device.attributes["gpu.gpuplane.dev"].productName == "NVIDIA GB200"'
 H100 = 'device.attributes["gpu.gpuplane.dev"].productName == "NVIDIA H100 80GB HBM3"'
+LEASE_NAMESPACE, LEASE_NAME = "default", "gpuplane-controller"
 T = TypeVar("T")
 
 
@@ -53,7 +57,7 @@ def eventually(probe: Callable[[], T | None], timeout: float = 60.0, what: str =
 class Controller:
     """One ``gpuplane-controller`` replica as a real process."""
 
-    def __init__(self, handle: cluster.Cluster, identity: str, priority: int) -> None:
+    def __init__(self, handle: cluster.Cluster, identity: str) -> None:
         assert handle.state_dir is not None
         self.identity = identity
         self.port = controlplane.free_port(set())
@@ -62,8 +66,7 @@ class Controller:
             str(Path(sys.executable).parent / "gpuplane-controller"),
             f"--kubeconfig={handle.kubeconfig}",
             f"--identity={identity}",
-            f"--peering-priority={priority}",
-            "--peering-lifetime=15",
+            f"--lease-namespace={LEASE_NAMESPACE}",
             f"--liveness=http://127.0.0.1:{self.port}/healthz",
             "--eviction-grace=0",
             "--resync=1",
@@ -83,11 +86,28 @@ class Controller:
     def stop(self) -> None:
         procs.stop(self.record, self.proc)
 
-    def active(self) -> bool:
-        """Whether this replica currently works (kopf logs pausing/resuming)."""
-        text = self.log.read_text(errors="replace") if self.log.exists() else ""
-        pause, resume = text.rfind("Pausing operations"), text.rfind("Resuming operations")
-        return pause < resume or pause == -1
+    def log_lines(self, event: str) -> list[dict[str, Any]]:
+        """JSON log records of this replica whose event is ``event``."""
+        out = []
+        for line in (self.log.read_text(errors="replace") if self.log.exists() else "").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and rec.get("event") == event:
+                out.append(rec)
+        return out
+
+
+def lease_holder(handle: cluster.Cluster) -> str:
+    """The identity holding the controller's leader Lease ('' when none)."""
+    try:
+        lease = client.CoordinationV1Api(handle.api).read_namespaced_lease(LEASE_NAME, LEASE_NAMESPACE)
+    except ApiException as exc:
+        if exc.status == 404:
+            return ""
+        raise
+    return str((lease.spec and lease.spec.holder_identity) or "")
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +119,8 @@ def gpu_cluster(control_plane: cluster.Cluster) -> Iterator[tuple[cluster.Cluste
         sims.start([nodes.NodeGroup("hgx-h100", 2), nodes.NodeGroup("gb200-nvl72", 4)])
         control_plane.kubectl("apply", "-f", str(REPO / "manifests" / "deviceclasses"), "-f", str(REPO / "crds"))
         control_plane.kubectl("wait", "--for=condition=established", "crd/gpugangs.gpuplane.dev", "--timeout=60s")
-        controllers.append(Controller(control_plane, "ctl-a", 200))  # the standby starts in the HA test
+        controllers.append(Controller(control_plane, "ctl-a"))  # the standby starts in the HA test
+        eventually(lambda: lease_holder(control_plane) == "ctl-a", 30, "ctl-a to take the leader Lease")
         yield control_plane, controllers
     finally:
         for c in controllers:
@@ -247,7 +268,11 @@ def test_gang_stays_gated_then_places_when_capacity_frees(
         handle.core.delete_namespaced_pod(p.metadata.name, ns, grace_period_seconds=0)
     wait_phase(handle, ns, "waiter", "Running")
     print(f"\nwaiter: Running {time.monotonic() - freed:.1f}s after capacity was freed")
-    assert phase(handle, ns, "fill") == "Released"
+    # Released, and it stays Released over later reconciles (it used to turn "Preempted" one resync later).
+    for _ in range(8):
+        assert phase(handle, ns, "fill") == "Released", gang(handle, ns, "fill")["status"]
+        time.sleep(0.5)
+    assert not events_for(handle, ns, "fill", "Preempted")
 
 
 def test_high_priority_gang_preempts_a_lower_one(
@@ -276,19 +301,29 @@ def test_leader_killed_standby_takes_over_without_losing_decisions(
 ) -> None:
     handle, controllers = gpu_cluster
     leader = controllers[0]
-    standby = Controller(handle, "ctl-b", 100)
+    standby = Controller(handle, "ctl-b")
     controllers.append(standby)
-    time.sleep(5)
-    assert leader.active() and not standby.active()
-    before = {g: gang(handle, ns, g)["status"].get("placement", {}).get("id") for g in ("urgent",)}
+    # The standby starts, warms its caches, and under load (a new gang) still never decides: no split brain.
+    eventually(lambda: standby.log_lines("starting"), 30, "the standby to start")
+    make_gang(handle, ns, "busy", members=1, gpusPerMember=8, tensorParallelSize=8, selectors=[H100])
+    wait_phase(handle, ns, "busy", "Running")
+    time.sleep(15)  # longer than a lease duration: a standby that thought the leader dead would act by now
+    assert lease_holder(handle) == "ctl-a"
+    assert not standby.log_lines("became leader") and not standby.log_lines("gang decision")
+    before = {g: gang(handle, ns, g)["status"].get("placement", {}).get("id") for g in ("urgent", "busy")}
     leader.kill()
     killed = time.monotonic()
     make_gang(handle, ns, "after", members=1, gpusPerMember=8, tensorParallelSize=8, selectors=[H100])
+    eventually(lambda: lease_holder(handle) == "ctl-b", 40, "ctl-b to take the leader Lease")
+    took_over = time.monotonic() - killed
     wait_phase(handle, ns, "after", "Running", timeout=120)
-    print(f"\nfail-over: gang placed {time.monotonic() - killed:.1f}s after the leader was killed")
-    assert standby.active()
-    after = {g: gang(handle, ns, g)["status"].get("placement", {}).get("id") for g in ("urgent",)}
-    assert before == after  # the standby kept the leader's decision, no re-placement
+    placed = time.monotonic() - killed
+    print(f"\nfail-over: ctl-b leads {took_over:.1f}s after the leader was killed; gang placed after {placed:.1f}s")
+    assert took_over < 15 + 2 * 2.2 + 3  # lease duration + one jittered retry + slack for the loaded machine
+    assert standby.log_lines("became leader")
+    after = {g: gang(handle, ns, g)["status"].get("placement", {}).get("id") for g in ("urgent", "busy")}
+    assert before == after  # the standby kept the leader's decisions, no re-placement
+    assert {phase(handle, ns, g) for g in ("urgent", "busy")} == {"Running"}
     claims = handle.custom.list_namespaced_custom_object("resource.k8s.io", "v1", ns, "resourceclaims")["items"]
     names_ = sorted(c["metadata"]["name"] for c in claims)
     assert len(names_) == len(set(names_))

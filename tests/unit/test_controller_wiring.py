@@ -1,23 +1,75 @@
-"""Controller wiring without a cluster: config parsing, peering priorities, the kopf registry."""
+"""Controller wiring without a cluster: config parsing, lease settings, the kopf registry, write fencing."""
 
 from __future__ import annotations
 
-from controller import config, handlers
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from controller import config, events, gangs, handlers, kube, metrics, runtime, world
 
 
 def test_config_reads_flags_then_environment() -> None:
     cfg = config.parse_args(["--identity", "pod-a", "--resync", "0.5"], {"GPUPLANE_EVICTION_GRACE": "0"})
     assert cfg.identity == "pod-a" and cfg.resync_s == 0.5 and cfg.eviction_grace_s == 0
-    assert cfg.peering_priority == config.default_priority("pod-a")
 
 
-def test_replicas_get_distinct_default_priorities() -> None:
-    # kopf pauses every replica when two share a priority: the default must differ per replica.
-    prios = {config.default_priority(f"gpuplane-controller-7d9f8-{s}") for s in ("abcde", "fghij", "klmno")}
-    assert len(prios) == 3
+def test_lease_defaults_follow_client_go_and_the_pod_namespace() -> None:
+    cfg = config.parse_args(["--identity", "pod-a"], {"POD_NAMESPACE": "gpu-ops"})
+    assert (cfg.lease_namespace, cfg.lease_name) == ("gpu-ops", "gpuplane-controller")
+    t = cfg.lease_timing
+    assert (t.lease_duration_s, t.renew_deadline_s, t.retry_period_s) == (15, 10, 2)
+    assert config.parse_args(["--identity", "a"], {}).lease_namespace == "gpuplane-system"
 
 
 def test_registry_has_indexes_and_thin_handlers() -> None:
     reg = handlers.make_registry(config.parse_args(["--identity", "x"], {}))
     ids = {h.id for h in reg._indexing.get_all_handlers()}  # kopf has no public listing
     assert {"gang_idx", "member_pod_idx", "claim_idx", "slice_idx", "node_idx", "class_idx"} <= ids
+
+
+class Boom:
+    """An API client stand-in that fails the test if anything reaches the API."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"API call {name} made by a replica that is not the leader")
+
+
+def test_a_replica_that_is_not_the_leader_writes_nothing() -> None:
+    writer = kube.KubeWriter.__new__(kube.KubeWriter)
+    writer.core, writer.custom, writer.component, writer.guard = Boom(), Boom(), "x", lambda: False
+    with pytest.raises(kube.NotLeader):
+        writer.patch_gang_status("ns", "g", {"phase": "Placing"})
+    with pytest.raises(kube.NotLeader):
+        writer.run("ns", gangs.Step("create-claim", "g-0", {}))
+    with pytest.raises(kube.NotLeader):
+        writer.patch_node("n", {"metadata": {}})
+    with pytest.raises(kube.StepFailed):  # a wait step is not a write: it fails as before
+        writer.run("ns", gangs.Step("wait", "g", why="blocked"))
+    writer.event(events.ObjectRef("v1", "Pod", "p", "ns", "u"), "Normal", "R", "m")  # silently dropped
+
+
+@dataclass
+class Flag:
+    """A Leadership whose answer the test sets."""
+
+    leading: bool = False
+    term: int = 0
+
+    def is_leader(self) -> bool:
+        return self.leading
+
+
+def test_standby_decides_nothing_and_a_new_term_drops_the_caches() -> None:
+    writer = kube.KubeWriter.__new__(kube.KubeWriter)
+    writer.core, writer.custom, writer.component, writer.guard = Boom(), Boom(), "x", lambda: False
+    flag = Flag()
+    rt = runtime.Runtime.create(config.parse_args(["--identity", "b"], {}), writer, metrics.ControllerMetrics(), flag)
+    body = {"metadata": {"name": "g", "namespace": "ns"}, "spec": {"members": 1, "gpusPerMember": 1}}
+    w = world.World(gangs={"ns/g": body}, pods={}, claims={}, slices=(), nodes={}, classes={})
+    asyncio.run(runtime.reconcile_gang(rt, "ns/g", w, 0.0))  # Boom would fail on any API call
+    rt.shared.overlay["ns/old"] = (0.0, {"phase": "Placing"})
+    flag.leading, flag.term = True, 1
+    assert rt.leading() and rt.shared.overlay == {} and rt.shared.term == 1
