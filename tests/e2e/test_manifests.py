@@ -98,7 +98,7 @@ def test_base_renders_everything_the_issue_lists() -> None:
         ("ClusterRole", "gpuplane-controller"),
         ("ClusterRoleBinding", "gpuplane-controller"),
         ("CustomResourceDefinition", "gpugangs.gpuplane.dev"),
-        ("CustomResourceDefinition", "clusterkopfpeerings.kopf.dev"),
+        ("RoleBinding", "gpuplane-controller-leader-election"),
         ("DaemonSet", "gpuplane-driver"),
         ("Deployment", "gpuplane-controller"),
         ("PodDisruptionBudget", "gpuplane-controller"),
@@ -193,7 +193,12 @@ def test_controller_role_grants_no_secrets_and_no_wildcards() -> None:
         for rule in by_kind(objects, "ClusterRole")[role]["rules"]:
             assert "secrets" not in rule["resources"] and "configmaps" not in rule["resources"]
             assert "*" not in rule["resources"] + rule["verbs"] + rule["apiGroups"]
-    assert not by_kind(objects, "Role"), "no namespaced Roles expected"
+    # Namespaced Roles: only the controller's leader-election Lease, get/update by name.
+    for role in by_kind(objects, "Role").values():
+        assert role["metadata"]["namespace"] == "gpuplane-system"
+        for rule in role["rules"]:
+            assert rule["resources"] == ["leases"] and rule["apiGroups"] == ["coordination.k8s.io"]
+            assert rule.get("resourceNames") == ["gpuplane-controller"] or rule["verbs"] == ["create"]
 
 
 # --- the real API server -------------------------------------------------------------

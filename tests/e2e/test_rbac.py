@@ -77,13 +77,23 @@ CONTROLLER_MATRIX: dict[tuple[str, str, str, str], bool] = {
     ("create", "", "events", ""): True,
     ("list", "apiextensions.k8s.io", "customresourcedefinitions", ""): True,
     ("create", "apiextensions.k8s.io", "customresourcedefinitions", ""): False,
-    ("create", "kopf.dev", "clusterkopfpeerings", ""): True,
-    ("patch", "kopf.dev", "clusterkopfpeerings", ""): True,
+    ("patch", "kopf.dev", "clusterkopfpeerings", ""): False,
     ("get", "", "secrets", ""): False,
     ("list", "", "secrets", ""): False,
     ("watch", "", "secrets", ""): False,
     ("get", "", "configmaps", ""): False,
-    ("create", "coordination.k8s.io", "leases", ""): False,
+    ("create", "coordination.k8s.io", "leases", ""): False,  # in "default": only its own namespace
+}
+# Leader election: the Lease gpuplane-system/gpuplane-controller only.
+# (verb, namespace, name) -> allowed
+CONTROLLER_LEASES: dict[tuple[str, str, str], bool] = {
+    ("create", "gpuplane-system", ""): True,
+    ("get", "gpuplane-system", "gpuplane-controller"): True,
+    ("update", "gpuplane-system", "gpuplane-controller"): True,
+    ("update", "gpuplane-system", "someone-elses-lease"): False,
+    ("delete", "gpuplane-system", "gpuplane-controller"): False,
+    ("create", "kube-system", ""): False,
+    ("update", "kube-system", "kube-controller-manager"): False,
 }
 
 
@@ -120,19 +130,31 @@ def controller(installed: cluster.Cluster, tmp_path_factory: pytest.TempPathFact
     return identity.controller_identity(installed, tmp_path_factory.mktemp("identities"))
 
 
-def access(api: client.ApiClient, user: str, key: tuple[str, str, str, str]) -> bool:
+def access(
+    api: client.ApiClient, user: str, key: tuple[str, str, str, str], namespace: str | None = None, name: str = ""
+) -> bool:
     verb, group, resource, sub = key
     namespace = (
-        ""
-        if resource in {"nodes", "resourceslices", "deviceclasses", "customresourcedefinitions", "clusterkopfpeerings"}
-        else "default"
+        namespace
+        if namespace is not None
+        else (
+            ""
+            if resource
+            in {"nodes", "resourceslices", "deviceclasses", "customresourcedefinitions", "clusterkopfpeerings"}
+            else "default"
+        )
     )
     review = client.V1SubjectAccessReview(
         spec=client.V1SubjectAccessReviewSpec(
             user=user,
             groups=["system:serviceaccounts", "system:serviceaccounts:gpuplane-system", "system:authenticated"],
             resource_attributes=client.V1ResourceAttributes(
-                verb=verb, group=group, resource=resource, subresource=sub or None, namespace=namespace or None
+                verb=verb,
+                group=group,
+                resource=resource,
+                subresource=sub or None,
+                namespace=namespace or None,
+                name=name or None,
             ),
         )
     )
@@ -160,7 +182,12 @@ def test_driver_access_matrix(installed: cluster.Cluster) -> None:
 
 
 def test_controller_access_matrix(installed: cluster.Cluster) -> None:
-    table = matrix(installed.api, identity.username(identity.NAMESPACE, identity.CONTROLLER_SA), CONTROLLER_MATRIX)
+    user = identity.username(identity.NAMESPACE, identity.CONTROLLER_SA)
+    table = matrix(installed.api, user, CONTROLLER_MATRIX)
+    for (verb, namespace, name), expected in CONTROLLER_LEASES.items():
+        got = access(installed.api, user, (verb, "coordination.k8s.io", "leases", ""), namespace, name)
+        row = f"{'ALLOW' if got else 'deny ':5} {verb:16} {'coordination.k8s.io':28} leases {namespace}/{name or '*'}"
+        table += "\n" + row + ("" if got == expected else "   <-- UNEXPECTED")
     print("\n" + table)
     assert "UNEXPECTED" not in table, table
 
@@ -338,7 +365,7 @@ def test_controller_cannot_read_secrets(installed: cluster.Cluster, controller: 
 
 
 def test_controller_runs_under_its_own_identity(installed: cluster.Cluster, controller: identity.Identity) -> None:
-    """The real controller process (kopf, with peering) under its service-account token: no 403 anywhere."""
+    """The real controller process (kopf, Lease leader election) under its own token: leads, serves metrics, no 403."""
     from e2e import procs
     from e2e.controlplane import free_port
     from e2e.driverproc import REPO
@@ -352,6 +379,7 @@ def test_controller_runs_under_its_own_identity(installed: cluster.Cluster, cont
         "controller.main",
         f"--kubeconfig={controller.kubeconfig}",
         "--identity=e2e-rbac-controller",
+        "--lease-namespace=gpuplane-system",
         f"--metrics-port={metrics_port}",
         f"--liveness=http://127.0.0.1:{health_port}/healthz",
         "--log-format=json",
@@ -359,19 +387,18 @@ def test_controller_runs_under_its_own_identity(installed: cluster.Cluster, cont
     proc, record = procs.spawn("controller", argv, log=log, pid_dir=log.parent / "pids", cwd=REPO, die_with_parent=True)
     try:
         deadline = time.monotonic() + 60
-        peers: dict[str, Any] = {}
-        while time.monotonic() < deadline and not peers:
+        holder = ""
+        coordination = client.CoordinationV1Api(installed.api)
+        while time.monotonic() < deadline and holder != "e2e-rbac-controller":
             assert proc.poll() is None, procs.describe_log(log)
             try:
-                peering = client.CustomObjectsApi(installed.api).get_cluster_custom_object(
-                    "kopf.dev", "v1", "clusterkopfpeerings", "gpuplane-controller"
-                )
-                peers = peering.get("status") or {}
+                lease = coordination.read_namespaced_lease("gpuplane-controller", "gpuplane-system")
+                holder = (lease.spec.holder_identity if lease.spec else None) or ""
             except ApiException as exc:
                 if exc.status != 404:
                     raise
             time.sleep(0.5)
-        assert any("e2e-rbac-controller" in key for key in peers), f"no peering heartbeat: {peers}"
+        assert holder == "e2e-rbac-controller", f"the controller did not take the leader Lease: {holder!r}"
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as resp:
             assert "gpuplane_gang_queue_depth" in resp.read().decode()
         time.sleep(3)  # let the watches start; a missing permission shows as 403 in the log
