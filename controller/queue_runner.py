@@ -1,33 +1,48 @@
-"""The gang queue: priority with aging, per-namespace Dominant Resource Fairness, backfill, preemption.
+"""The gang queue as a thin adapter over :mod:`controller.placement.queue`: gangs in, one action per gang out.
 
-One pass (:func:`plan`) walks every waiting gang in order over a working copy
-of the cluster view and returns one :class:`Action` per gang. It is pure and
-deterministic: the same gangs and view give the same plan on any replica, so
-whichever replica leads applies the same decisions after a fail-over.
+The queue *policy* is the placement module's; this module translates gangs
+into :class:`~controller.placement.model.Request` values and the cluster view
+into snapshots, calls the placement API, and turns its answers into actions
+the reconciler applies:
 
-Order: effective priority (priority plus one per ``aging_s`` waited, at most
-``aging_cap``; so nothing starves), then the namespace's dominant share (DRF
-over GPUs and GPU memory, recomputed as the pass places gangs), then creation
-time, then namespace/name. A gang that does not fit is skipped (backfill), but
-one that has waited past ``starvation_s`` becomes a barrier: nothing after it
-is placed until it is, so freed capacity drains towards it.
+* order: :func:`controller.placement.queue.order` (effective priority with
+  :class:`~controller.placement.queue.Aging`, then arrival, then id); a gang's
+  arrival is when it became ready (``readySince``), so aging counts waiting;
+* fairness: among gangs of equal effective priority, the namespace with the
+  smallest :func:`~controller.placement.queue.dominant_share` (of
+  :func:`~controller.placement.queue.demand` over
+  :func:`~controller.placement.queue.capacity`) goes first, recomputed as the
+  pass places gangs;
+* preemption: :func:`controller.placement.queue.select_victims` (the fewest
+  strictly-lower-priority gangs in one NVLink domain; never for equal priority).
+  The plan only nominates them; the gang is placed by a later pass, from the
+  real allocations, once their capacity is really free.
 
-Preemption: when a waiting gang does not fit, look for the fewest placed gangs
-of strictly lower *base* priority (never equal; aging never preempts), all
-holding capacity in one NVLink domain, whose release makes it fit. The plan
-only nominates them; the gang is placed by a later pass, from the real
-allocations, once their capacity is really free.
+What the adapter adds, because placement's queue API has no place for it:
+
+* a device filter per gang (DeviceClass and CEL selectors): each gang is
+  decided on the working snapshot restricted to the GPUs it admits. That is
+  why :func:`~controller.placement.queue.drf_schedule`, which places every
+  request on one snapshot and orders tenants by share before priority, is not
+  called: the loop below applies the same share rule per gang, priority first;
+* per-gang outcomes with reasons (can never fit vs waits), ``await-victims``
+  for a preemptor whose victims still hold GPUs, and the starvation barrier: a
+  gang that waited past ``starvation_s`` (or is preempting) blocks everything
+  after it, so freed capacity drains towards it instead of to a backfill.
+
+It is pure and deterministic: the same gangs and view give the same plan on
+any replica, so whichever replica leads applies the same decisions.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from controller import gangspec, snapshot_builder
-from controller.placement import model, place
+from controller.placement import model, place, snapshot
+from controller.placement import queue as pq
 from controller.placement.policies import base
 
 Admit = snapshot_builder.GpuFilter
@@ -68,7 +83,11 @@ class Settings:
     aging_s: float = 60.0
     aging_cap: int = 10
     starvation_s: float = 600.0
-    max_victim_sets: int = 512
+
+    @property
+    def aging(self) -> pq.Aging:
+        """The placement module's aging rule with these settings."""
+        return pq.Aging(period_s=self.aging_s, max_boost=self.aging_cap)
 
 
 @dataclass(frozen=True)
@@ -79,31 +98,18 @@ class Plan:
     order: tuple[str, ...]
 
 
+def request_of(entry: Entry) -> model.Request:
+    """The placement request for a gang; its arrival is when it became ready."""
+    return gangspec.to_request(entry.spec, entry.key, entry.namespace, entry.waiting_since, entry.geometry_profile)
+
+
 def effective_priority(entry: Entry, now: float, settings: Settings) -> int:
-    """Base priority plus aging, capped."""
-    waited = max(0.0, now - entry.waiting_since)
-    bonus = int(waited // settings.aging_s) if settings.aging_s > 0 else 0
-    return entry.spec.priority + min(settings.aging_cap, bonus)
-
-
-def usage(view: snapshot_builder.ClusterView, decision: model.Decision) -> tuple[float, float]:
-    """(GPUs, GPU memory bytes) a decision holds; a MIG slot counts its share of compute and memory."""
-    geo = view.geometry
-    gpus = 0.0
-    mem = 0.0
-    for m in decision.members:
-        for g in m.gpus:
-            gpus += 1
-            mem += view.gpu_memory(g)
-        for s in m.mig:
-            p = geo.profile(s.profile)
-            gpus += p.compute / geo.compute_slices
-            mem += view.gpu_memory(s.gpu) * p.memory / geo.memory_slices
-    return gpus, mem
+    """Base priority plus aging, capped (placement's rule)."""
+    return pq.effective_priority(request_of(entry), now, settings.aging)
 
 
 def with_allocation(view: snapshot_builder.ClusterView, decision: model.Decision) -> snapshot_builder.ClusterView:
-    """The view with ``decision`` taken."""
+    """The view with ``decision`` taken (so the next gang of the pass sees it)."""
     whole = set(view.taken_whole)
     mig = {k: list(v) for k, v in view.taken_mig.items()}
     for m in decision.members:
@@ -117,20 +123,38 @@ def with_allocation(view: snapshot_builder.ClusterView, decision: model.Decision
     )
 
 
-def with_release(
-    view: snapshot_builder.ClusterView, decisions: Sequence[model.Decision]
-) -> snapshot_builder.ClusterView:
-    """The view with every GPU and MIG slot of ``decisions`` freed."""
-    whole = set(view.taken_whole)
-    mig = {k: list(v) for k, v in view.taken_mig.items()}
-    for d in decisions:
-        for m in d.members:
-            whole.difference_update(m.gpus)
-            for s in m.mig:
-                inst = model.MigInstance(s.profile, s.start)
-                if inst in mig.get(s.gpu, []):
-                    mig[s.gpu].remove(inst)
-    return dataclasses.replace(view, taken_whole=frozenset(whole), taken_mig={k: tuple(v) for k, v in mig.items() if v})
+def _within(decision: model.Decision, snap: snapshot.Snapshot, ids: frozenset[str]) -> model.Decision | None:
+    """The part of a running gang's decision on GPUs ``snap`` holds (None: nothing there)."""
+    members = []
+    for m in decision.members:
+        gpus = tuple(g for g in m.gpus if g in ids)
+        mig = tuple(s for s in m.mig if s.gpu in ids)
+        if gpus or mig:
+            members.append(dataclasses.replace(m, gpus=gpus, mig=mig))
+    return dataclasses.replace(decision, members=tuple(members)) if members else None
+
+
+def victims_for(
+    request: model.Request,
+    snap: snapshot.Snapshot,
+    view: snapshot_builder.ClusterView,
+    candidates: Mapping[str, model.Request],
+    policy: base.Policy,
+) -> pq.Preemption | None:
+    """placement's select_victims over the running gangs in ``candidates``, seen through the gang's filter."""
+    ids = frozenset(g.id for g in snap.gpus())
+    running = []
+    for key, req in sorted(candidates.items()):
+        held = view.holdings.get(key)
+        part = _within(held, snap, ids) if held is not None else None
+        if part is not None:
+            running.append(pq.Running(req, part))
+    if not running:
+        return None
+    try:
+        return pq.select_victims(request, snap, running, policy)
+    except ValueError:  # holdings overlap in the view (a claim and a reservation on one GPU): try next pass
+        return None
 
 
 def plan(
@@ -143,30 +167,30 @@ def plan(
     settings: Settings = Settings(),
 ) -> Plan:
     """Decide, for every ready gang, whether it is placed now, waits, can never fit, or preempts."""
-    by_key = {e.key: e for e in entries}
-    total_gpus = float(len(view.gpus)) or 1.0
-    total_mem = float(sum(g.memory_bytes for g in view.gpus)) or 1.0
-    shares: dict[str, list[float]] = {}
-    for key, held in view.holdings.items():
-        ns = key.split("/", 1)[0]
-        g, mem = usage(view, held)
-        acc = shares.setdefault(ns, [0.0, 0.0])
-        acc[0] += g
-        acc[1] += mem
-
-    def dominant(ns: str) -> float:
-        g, mem = shares.get(ns, [0.0, 0.0])
-        return max(g / total_gpus, mem / total_mem)
+    aging = settings.aging
+    requests = {e.key: request_of(e) for e in entries}
+    cap = pq.capacity(view.snapshot())
+    held: dict[str, pq.Usage] = {}
+    for key in view.holdings:
+        if key in requests:
+            ns = requests[key].namespace
+            held[ns] = held.get(ns, pq.Usage()).plus(pq.demand(requests[key], view.snapshot()))
 
     waiting = [e for e in entries if e.ready and not e.holding]
-    eff = {e.key: effective_priority(e, now, settings) for e in waiting}
+    rank = {r.id: i for i, r in enumerate(pq.order([requests[e.key] for e in waiting], now, aging))}
+    eff = {e.key: pq.effective_priority(requests[e.key], now, aging) for e in waiting}
+    # Running gangs that may be preempted: placed ones, each nominated by at most one preemptor per pass.
+    preemptible = {e.key: requests[e.key] for e in entries if e.holding}
     actions: dict[str, Action] = {}
     order: list[str] = []
     barrier = ""
     work = view
     remaining = list(waiting)
     while remaining:
-        nxt = min(remaining, key=lambda e: (-eff[e.key], dominant(e.namespace), e.created, e.key))
+        nxt = min(
+            remaining,
+            key=lambda e: (-eff[e.key], pq.dominant_share(held.get(e.namespace, pq.Usage()), cap), rank[e.key]),
+        )
         remaining.remove(nxt)
         order.append(nxt.key)
         position = len(order)
@@ -179,16 +203,15 @@ def plan(
                 position=position,
             )
             continue
-        request = gangspec.to_request(nxt.spec, nxt.key, nxt.namespace, nxt.created, nxt.geometry_profile)
-        admit = admit_for(nxt)
-        snap = work.snapshot(admit)
+        request = requests[nxt.key]
+        snap = work.snapshot(admit_for(nxt))
         never = place.check(request, snap)
         if never:
             actions[nxt.key] = Action("unschedulable", never, effective_priority=prio, position=position)
             continue
         if barrier:
             actions[nxt.key] = Action(
-                "wait", f"queued behind {barrier}, which has waited longest", effective_priority=prio, position=position
+                "wait", f"queued behind {barrier}, which goes first", effective_priority=prio, position=position
             )
             continue
         decision = place.place(request, snap, policy)
@@ -201,10 +224,7 @@ def plan(
                 position=position,
             )
             work = with_allocation(work, decision)
-            g, mem = usage(work, decision)
-            acc = shares.setdefault(nxt.namespace, [0.0, 0.0])
-            acc[0] += g
-            acc[1] += mem
+            held[nxt.namespace] = held.get(nxt.namespace, pq.Usage()).plus(pq.demand(request, snap))
             continue
         still_held = tuple(v for v in nxt.nominated if v in work.holdings)
         if still_held:
@@ -215,76 +235,24 @@ def plan(
                 effective_priority=prio,
                 position=position,
             )
-            barrier = barrier or nxt.key
+            barrier = nxt.key
             continue
-        victims = choose_victims(nxt, request, work, admit=admit, by_key=by_key, policy=policy, settings=settings)
-        if victims is not None:
-            names_, domain = victims
+        chosen = victims_for(request, snap, work, preemptible, policy)
+        if chosen is not None:
+            victims = tuple(sorted(chosen.victims))  # a canonical form for status and Events
+            for v in victims:
+                preemptible.pop(v, None)
             actions[nxt.key] = Action(
                 "preempt",
-                f"preempting lower-priority gang(s) {', '.join(names_)} in NVLink domain {domain}",
-                victims=names_,
-                domain=domain,
+                f"preempting lower-priority gang(s) {', '.join(victims)} in NVLink domain {chosen.domain}",
+                victims=victims,
+                domain=chosen.domain,
                 effective_priority=prio,
                 position=position,
             )
-            barrier = barrier or nxt.key
+            barrier = nxt.key
             continue
         actions[nxt.key] = Action("wait", decision.reason, effective_priority=prio, position=position)
         if now - nxt.waiting_since >= settings.starvation_s:
             barrier = nxt.key
     return Plan(actions=actions, order=tuple(order))
-
-
-def choose_victims(
-    entry: Entry,
-    request: model.Request,
-    view: snapshot_builder.ClusterView,
-    *,
-    admit: Admit,
-    by_key: Mapping[str, Entry],
-    policy: base.Policy,
-    settings: Settings,
-) -> tuple[tuple[str, ...], str] | None:
-    """The fewest strictly-lower-priority gangs in one NVLink domain whose release lets ``request`` fit.
-
-    Ties: fewer victims, then lower highest victim priority, then fewer GPUs
-    released, then younger victims first, then names; domains in name order.
-    """
-    prio = entry.spec.priority
-    per_domain: dict[str, list[str]] = {}
-    for key, held in view.holdings.items():
-        victim = by_key.get(key)
-        if victim is None or not victim.holding or victim.spec.priority >= prio or key == entry.key:
-            continue
-        for d in held.domains:
-            per_domain.setdefault(d, []).append(key)
-    best: tuple[tuple[float, ...], tuple[str, ...], str] | None = None
-    tries = 0
-    rank: tuple[float, ...]
-    for domain in sorted(per_domain):
-        cands = sorted(per_domain[domain], key=lambda k: (by_key[k].spec.priority, -by_key[k].created, k))
-        for size in range(1, len(cands) + 1):
-            if best is not None and size > best[0][0]:
-                break
-            for combo in itertools.combinations(cands, size):
-                tries += 1
-                if tries > settings.max_victim_sets:
-                    break
-                released = with_release(view, [view.holdings[k] for k in combo])
-                if not place.place(request, released.snapshot(admit), policy).placed:
-                    continue
-                gpus = sum(usage(view, view.holdings[k])[0] for k in combo)
-                rank = (
-                    float(size),
-                    float(max(by_key[k].spec.priority for k in combo)),
-                    gpus,
-                    -sum(by_key[k].created for k in combo),
-                )
-                if best is None or (rank, tuple(sorted(combo)), domain) < best:
-                    best = (rank, tuple(sorted(combo)), domain)
-            if best is not None:
-                break
-    if best is None:
-        return None
-    return best[1], best[2]

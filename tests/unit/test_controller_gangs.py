@@ -655,3 +655,25 @@ def test_preempted_gang_stays_preempted_until_its_pods_return(cluster_slices: li
     assert (out.status["phase"], out.status["reason"], out.events) == ("Preempted", "Preempted", ())
     back = decide(make_world(cluster_slices, [body], [member_pod("low", i) for i in range(2)]), "team-a/low")
     assert back.status["phase"] == "Placing"  # pods back and gated: queued again, and room is free
+
+
+def test_victims_seen_through_the_preemptors_filter(cluster_slices: list[dict[str, Any]]) -> None:
+    # A low-priority gang holds GPUs in both the clique and an HGX node; the GB200-only preemptor sees
+    # (and frees) only its clique part, without tripping over the GPUs outside its filter.
+    wide = holding("wide", "team-b", 0, ["nvl-0", "nvl-1", "nvl-2", "nvl-3", "hgx-0"], T0)
+    hi = gang_body("hi", members=2, gpusPerMember=4, tensorParallelSize=8, priority=5, selectors=[GB200])
+    w = make_world(cluster_slices, [wide[0], hi], wide[1] + [member_pod("hi", i) for i in range(2)], wide[2])
+    plan, _ = run_pass(w)
+    assert plan.actions["team-a/hi"].kind == "preempt" and plan.actions["team-a/hi"].victims == ("team-b/wide",)
+
+
+def test_a_running_gang_is_nominated_by_one_preemptor_per_pass(cluster_slices: list[dict[str, Any]]) -> None:
+    low = holding("low", "team-b", 0, ["nvl-0", "nvl-1", "nvl-2", "nvl-3"], T0)
+    his = [
+        gang_body(n, members=2, gpusPerMember=4, tensorParallelSize=8, priority=5, selectors=[GB200], created=T0 + i)
+        for i, n in enumerate(("hi-a", "hi-b"))
+    ]
+    pods = low[1] + [member_pod(n, i) for n in ("hi-a", "hi-b") for i in range(2)]
+    plan, _ = run_pass(make_world(cluster_slices, [low[0], *his], pods, low[2]))
+    assert plan.actions["team-a/hi-a"].kind == "preempt" and plan.actions["team-a/hi-a"].victims == ("team-b/low",)
+    assert plan.actions["team-a/hi-b"].kind == "wait"  # behind the preemptor; no second eviction
