@@ -215,6 +215,17 @@ def decide(
         return finish("Pending", events.GANG_WAITING_MEMBERS, msg, {"placement": None})
 
     ready_since = prev.get("readySince") or stamp
+    if not prev.get("readySince"):  # once per queueing: the gang just became ready
+        approx = world.unfiltered_selectors(w, spec)
+        if approx:
+            out_events.append(
+                (
+                    "Normal",
+                    events.GANG_SELECTOR_APPROXIMATE,
+                    f"selector(s) not evaluated by the controller: {'; '.join(approx)}. Placement treated them "
+                    "as matching every device; the scheduler still enforces them, so a placement may not allocate",
+                )
+            )
     action = plan.actions.get(key)
     queue_extra: dict[str, Any] = {"readySince": ready_since}
     if action is None:

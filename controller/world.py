@@ -116,6 +116,13 @@ def admit_for(world: World, spec: gangspec.GangSpec) -> selectors.Compiled:
     return selectors.compile_all(exprs)
 
 
+def unfiltered_selectors(world: World, spec: gangspec.GangSpec) -> tuple[str, ...]:
+    """Selectors of the gang (and its class) that the pre-filter could not evaluate (treated as match-all)."""
+    if spec.migProfile:
+        return tuple(spec.selectors)  # a MIG gang's selectors are not pre-filtered at all (see admit_for)
+    return admit_for(world, spec).unsupported
+
+
 def entries(world: World, view: snapshot_builder.ClusterView) -> list[queue_runner.Entry]:
     """Queue entries for every valid gang."""
     out: list[queue_runner.Entry] = []

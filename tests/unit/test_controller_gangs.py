@@ -677,3 +677,20 @@ def test_a_running_gang_is_nominated_by_one_preemptor_per_pass(cluster_slices: l
     plan, _ = run_pass(make_world(cluster_slices, [low[0], *his], pods, low[2]))
     assert plan.actions["team-a/hi-a"].kind == "preempt" and plan.actions["team-a/hi-a"].victims == ("team-b/low",)
     assert plan.actions["team-a/hi-b"].kind == "wait"  # behind the preemptor; no second eviction
+
+
+def test_selector_outside_the_prefilter_is_reported_once(cluster_slices: list[dict[str, Any]]) -> None:
+    odd = 'device.attributes["gpu.gpuplane.dev"].productName.startsWith("NVIDIA")'
+    body = gang_body("odd", members=1, gpusPerMember=1, selectors=[odd, H100])
+    out = decide(gang_world(cluster_slices, body, 1), "team-a/odd")
+    approx = [e for e in out.events if e[1] == "SelectorNotPrefiltered"]
+    assert len(approx) == 1 and odd in approx[0][2] and H100 not in approx[0][2]
+    seen = {**body, "status": out.status}
+    again = decide(gang_world(cluster_slices, seen, 1), "team-a/odd", now=T0 + 20)
+    assert not [e for e in again.events if e[1] == "SelectorNotPrefiltered"]
+    plain = gang_body("plain", members=1, gpusPerMember=1, selectors=[H100])
+    assert not [
+        e
+        for e in decide(gang_world(cluster_slices, plain, 1), "team-a/plain").events
+        if e[1] == "SelectorNotPrefiltered"
+    ]
