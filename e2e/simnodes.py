@@ -406,6 +406,9 @@ class SimNodes:
         self.ready_timeout = ready_timeout
         self._out = out
         self.nodes: list[SimNode] = load_nodes(self.state_dir)
+        """Every node recorded for the state directory (names stay taken once used)."""
+        self.started: list[SimNode] = []
+        """The nodes this object started: what ``stop`` stops and removes."""
         self._children: dict[str, tuple[Any, procs.ProcessRecord]] = {}
 
     @property
@@ -439,8 +442,9 @@ class SimNodes:
         if not groups:
             return []
         started = time.monotonic()
-        renumbered = plan_nodes(self.state_dir, groups, existing=self.nodes)
-        self.nodes.extend(renumbered)
+        renumbered = plan_nodes(self.state_dir, groups, existing=load_nodes(self.state_dir))
+        self.nodes = [*load_nodes(self.state_dir), *renumbered]
+        self.started.extend(renumbered)
         save_nodes(self.state_dir, self.nodes)
         try:
             for node in renumbered:
@@ -458,13 +462,64 @@ class SimNodes:
         """Let the processes outlive this object (``python -m e2e up``)."""
         self._children.clear()
 
-    def stop(self) -> None:
-        """Stop every node process (this object's and any recorded) and their MPS daemons."""
+    def stop(self, *, remove: bool = True) -> None:
+        """Stop the nodes this object started: processes, MPS daemons and (``remove``) their Node and slices.
+
+        Removing them from the API is what taking a node out of a cluster does: the scheduler no
+        longer sees its devices, so later users of the same control plane (other test modules)
+        cannot get pods bound to a node nobody runs. An object that started nothing stops every
+        node recorded in the state directory (as ``python -m e2e down`` does) and removes nothing.
+        """
         for name, (proc, record) in list(self._children.items()):
             procs.stop(record, proc)
             procs.pidfile(self.state_dir / "pids", name).unlink(missing_ok=True)
             del self._children[name]
-        stop_nodes(self.state_dir, out=self._out)
+        if not self.started:
+            stop_nodes(self.state_dir, out=self._out)
+            return
+        records = procs.read_records(self.state_dir / "pids")
+        for node in self.started:
+            for name in (node.kubelet_process, node.driver_process):
+                found = records.get(name)
+                if found is not None:
+                    if procs.is_alive(found):
+                        procs.stop(found)
+                    procs.pidfile(self.state_dir / "pids", name).unlink(missing_ok=True)
+            stop_mps_daemons(node)
+        if remove:
+            self._remove_from_api(self.started)
+
+    def _remove_from_api(self, gone: Sequence[SimNode]) -> None:
+        load: Callable[..., client.ApiClient] = config.new_client_from_config
+        try:
+            api = load(config_file=str(self.access.admin_kubeconfig), persist_config=False)
+        except Exception as err:  # the control plane may already be gone
+            self._out(f"cannot remove nodes from the API: {err}")
+            return
+        custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+        try:
+            for node in gone:
+                try:
+                    listed = cast(
+                        dict[str, Any],
+                        custom.list_cluster_custom_object(
+                            "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={node.name}"
+                        ),
+                    )
+                    for item in listed.get("items", []):
+                        custom.delete_cluster_custom_object(
+                            "resource.k8s.io", "v1", "resourceslices", item["metadata"]["name"]
+                        )
+                    core.delete_node(node.name)
+                except client.ApiException as err:
+                    if err.status != 404:
+                        self._out(f"removing node {node.name} from the API failed: {err.status} {err.reason}")
+                except Exception as err:  # connection refused: the control plane stopped first
+                    self._out(f"removing node {node.name} from the API failed: {err}")
+                    return
+        finally:
+            close: Callable[[], None] = api.close
+            close()
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         proc, record = procs.spawn(

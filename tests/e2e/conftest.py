@@ -100,12 +100,19 @@ class GpuCluster:
 
     @property
     def nodes(self) -> list[simnodes.SimNode]:
-        """The simulated nodes."""
-        return self.sim.nodes
+        """The simulated nodes of this fixture (other modules may have had their own on the same control plane)."""
+        return self.sim.started
 
     def node(self, name: str) -> simnodes.SimNode:
-        """The node called ``name``."""
-        return self.sim.node(name)
+        """The node called ``name`` (one of ours: a pod bound elsewhere fails here)."""
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise AssertionError(f"{name} is not one of this session's simulated nodes {[n.name for n in self.nodes]}")
+
+    def of_profile(self, profile: str) -> list[simnodes.SimNode]:
+        """Our nodes of one hardware profile."""
+        return [n for n in self.nodes if n.profile == profile]
 
     def kubectl_json(self, *args: str) -> dict[str, Any]:
         """``kubectl ... -o json``."""

@@ -100,9 +100,10 @@ def test_nodes_are_ready_and_publish_their_gpus(gpu_cluster: GpuCluster) -> None
             assert device["capacity"]["sharePercent"]["value"] == "100"
             domains.setdefault(node.name, set()).add(attr(device, "nvlinkDomain"))
     # HGX: one domain per board; GB200: one domain across the rack's trays.
-    assert domains["hgx-h100-0"] == {"hgx-h100-0.nvl0"}
-    assert domains["gb200-nvl72-0"] == domains["gb200-nvl72-1"]
-    assert len(domains["gb200-nvl72-0"]) == 1
+    for node in gpu_cluster.of_profile("hgx-h100"):
+        assert domains[node.name] == {f"{node.name}.nvl0"}
+    trays = gpu_cluster.of_profile("gb200-nvl72")
+    assert len(trays) == 2 and len(set.union(*(domains[n.name] for n in trays))) == 1
 
 
 @pytest.mark.parametrize("example", ["whole-gpu"], indirect=True)
