@@ -251,12 +251,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--state-dir", type=Path, help="default: a temporary directory, removed afterwards")
     p.add_argument("--write", type=Path, help="append the result as a Markdown section to this file")
+    p.add_argument(
+        "--api-qps",
+        type=int,
+        default=None,
+        help="client QPS of kube-scheduler and kube-controller-manager (burst 2x); default: upstream defaults",
+    )
     args = p.parse_args(argv)
     say: Callable[[str], None] = lambda text: print(text, flush=True)  # noqa: E731
     bins = build.ensure_binaries(out=say)
     with tempfile.TemporaryDirectory(prefix="dra-bench-") as tmp:
         state_dir = (args.state_dir or Path(tmp)).resolve()
-        plane = controlplane.ControlPlane(state_dir, bins, die_with_parent=True, out=lambda _: None)
+        plane = controlplane.ControlPlane(
+            state_dir, bins, die_with_parent=True, client_qps=args.api_qps, out=lambda _: None
+        )
         say("starting the control plane ...")
         kubeconfig = plane.start()
         sim = simnodes.SimNodes(state_dir, kubeconfig, die_with_parent=True, out=lambda _: None)

@@ -125,9 +125,13 @@ class ControlPlane:
         ready_timeout: float = 180.0,
         verbosity: int = 2,
         die_with_parent: bool = False,
+        client_qps: int | None = None,
         out: Printer = print,
     ) -> None:
         self.state_dir = Path(state_dir).resolve()
+        # Client-side rate limit of kube-scheduler and kube-controller-manager (their defaults:
+        # 50/100 and 20/30 per controller); None keeps the upstream defaults.
+        self.client_qps = client_qps
         self.bins = bins
         self.feature_gates: dict[str, bool] = dict(DEFAULT_FEATURE_GATES if feature_gates is None else feature_gates)
         self.runtime_config: dict[str, bool] = dict(
@@ -168,6 +172,11 @@ class ControlPlane:
         return self.log_dir / f"{component}.log"
 
     # Lifecycle --------------------------------------------------------------
+
+    def _qps_flags(self) -> list[str]:
+        if self.client_qps is None:
+            return []
+        return [f"--kube-api-qps={self.client_qps}", f"--kube-api-burst={2 * self.client_qps}"]
 
     def __enter__(self) -> ControlPlane:
         self.start()
@@ -397,6 +406,7 @@ class ControlPlane:
                 "--leader-elect=false",
                 f"--feature-gates={gates}",
                 f"--v={self.verbosity}",
+                *self._qps_flags(),
             ],
         )
         self._spawn(
@@ -412,6 +422,7 @@ class ControlPlane:
                 "--leader-elect=false",
                 f"--feature-gates={gates}",
                 f"--v={self.verbosity}",
+                *self._qps_flags(),
             ],
         )
 
