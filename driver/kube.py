@@ -7,6 +7,7 @@ API), so the driver does not depend on the Python client's generated DRA models.
 from __future__ import annotations
 
 import datetime
+import hashlib
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -102,10 +103,13 @@ class KubeApi:
         """Record an Event on a ResourceClaim so the user sees what happened (best effort)."""
         meta = claim.get("metadata", {})
         now = datetime.datetime.now(datetime.UTC)
+        # One Event per (claim, reason, message): kubelet retries prepare with backoff, and a
+        # repeat bumps the count instead of piling up new Events.
+        digest = hashlib.sha256(f"{meta.get('uid')}/{reason}/{message}".encode()).hexdigest()[:16]
+        name = f"{str(meta.get('name', 'claim'))[:200]}.{digest}"
+        namespace = str(meta.get("namespace", "default"))
         body = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(
-                generate_name=f"{meta.get('name', 'claim')}.", namespace=meta.get("namespace")
-            ),
+            metadata=client.V1ObjectMeta(name=name, namespace=namespace),
             involved_object=client.V1ObjectReference(
                 api_version=f"{GROUP}/{VERSION}",
                 kind="ResourceClaim",
@@ -122,6 +126,14 @@ class KubeApi:
             source=client.V1EventSource(component="gpuplane-driver"),
         )
         try:
-            self.core.create_namespaced_event(meta.get("namespace", "default"), body)
+            self.core.create_namespaced_event(namespace, body)
         except client.ApiException as exc:
-            log.warning("could not record event", reason=reason, status=exc.status)
+            if exc.status != 409:
+                log.warning("could not record event", reason=reason, status=exc.status)
+                return
+            try:
+                existing = self.core.read_namespaced_event(name, namespace)
+                patch = {"count": (existing.count or 1) + 1, "lastTimestamp": now.isoformat()}
+                self.core.patch_namespaced_event(name, namespace, patch)
+            except client.ApiException as again:
+                log.warning("could not update event", reason=reason, status=again.status)

@@ -273,6 +273,15 @@ class DeviceState:
                 "use one strategy per claim (split it into several claims)"
             )
         strategy = strategies.pop() if strategies else "Exclusive"
+        if strategy == "Exclusive":
+            for dev, _gpu, slot in devices:
+                share = _consumed_percent(dev)
+                if slot is None and share is not None and share < 100:
+                    raise ClaimError(
+                        f"device {dev.device} was allocated with sharePercent {share} but the claim's sharing "
+                        "strategy is Exclusive; a partial share needs strategy MPS or TimeSlicing (e.g. class "
+                        "mps-bronze.gpu.gpuplane.dev), or drop the capacity request to hold the whole GPU"
+                    )
         sharing = SharingRecord(strategy=strategy)
         if strategy == "TimeSlicing":
             intervals = {

@@ -334,3 +334,21 @@ def test_timeslice_intervals_must_agree_on_one_gpu() -> None:
         assert "interval Short" in err and "Long" in err
         assert drv.sim.timeslice(drv.sim.uuid_of_minor(0)) == "Short"
         assert drv.state.prepare([ref(c)])[c["metadata"]["uid"]].error == ""
+
+
+def test_partial_share_without_a_sharing_strategy_is_refused() -> None:
+    """sharePercent < 100 on a plain exclusive claim would let a second claim land on the GPU: refuse it up front."""
+    from tests.driverkit import driver_env, make_claim, ref
+
+    with driver_env("hgx-h100", "node-a") as drv:
+        half = make_claim(
+            "half", drv.node, [{"device": "gpu-0", "shareID": "1", "consumedCapacity": {"sharePercent": "50"}}]
+        )
+        whole = make_claim(
+            "whole", drv.node, [{"device": "gpu-1", "shareID": "2", "consumedCapacity": {"sharePercent": "100"}}]
+        )
+        drv.claims.add(half, whole)
+        err = drv.state.prepare([ref(half)])[half["metadata"]["uid"]].error
+        assert "sharePercent 50" in err and "Exclusive" in err and "MPS or TimeSlicing" in err
+        assert drv.cdi_files() == []
+        assert drv.state.prepare([ref(whole)])[whole["metadata"]["uid"]].error == ""
