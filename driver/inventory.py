@@ -102,7 +102,10 @@ def nvlink_domains(node_name: str, backend: hw.GpuBackend, gpus: Sequence[hw.Gpu
     out: dict[str, str] = {}
     local: list[hw.GpuInfo] = []
     for gpu in gpus:
-        fabric = backend.fabric_info(gpu.uuid)
+        try:
+            fabric = backend.fabric_info(gpu.uuid)
+        except hw.HardwareError:
+            fabric = hw.FabricInfo(cluster_uuid="", clique_id=0, state=hw.FabricInfo.FABRIC_STATE_NOT_SUPPORTED)
         if fabric.completed:
             out[gpu.uuid] = f"{fabric.cluster_uuid}.{fabric.clique_id}"
         else:
@@ -117,7 +120,7 @@ def nvlink_domains(node_name: str, backend: hw.GpuBackend, gpus: Sequence[hw.Gpu
 
     for i, a in enumerate(local):
         for b in local[i + 1 :]:
-            if find(a.uuid) != find(b.uuid) and backend.nvlink_p2p(a.uuid, b.uuid):
+            if find(a.uuid) != find(b.uuid) and _linked(backend, a.uuid, b.uuid):
                 parent[find(b.uuid)] = find(a.uuid)
     components: dict[str, list[hw.GpuInfo]] = {}
     for gpu in local:
@@ -128,6 +131,37 @@ def nvlink_domains(node_name: str, backend: hw.GpuBackend, gpus: Sequence[hw.Gpu
         for m in members:
             out[m.uuid] = _short(domain)
     return out
+
+
+def _linked(backend: hw.GpuBackend, a: str, b: str) -> bool:
+    try:
+        return backend.nvlink_p2p(a, b)
+    except hw.HardwareError:
+        return False  # a GPU that stopped answering is not a usable NVLink peer
+
+
+_LOST = (hw.ErrorCode.GPU_IS_LOST, hw.ErrorCode.NOT_FOUND, hw.ErrorCode.UNKNOWN)
+
+
+def _probe(
+    backend: hw.GpuBackend, info: hw.GpuInfo
+) -> tuple[hw.MigMode, tuple[hw.MigProfile, ...], tuple[hw.GpuInstance, ...], bool]:
+    """MIG facts of one GPU; a GPU that stopped answering is reported as lost, not as an error.
+
+    A lost GPU keeps its whole-GPU device (so its name, and the health taint on it, stay
+    published) but offers no MIG placements until it answers again.
+    """
+    if not info.mig_capable:
+        return hw.MigMode(False, False), (), (), False
+    try:
+        mode = backend.mig_mode(info.uuid)
+        profiles = tuple(backend.mig_profiles(info.uuid))
+        instances = tuple(backend.gpu_instances(info.uuid)) if mode.current else ()
+    except hw.HardwareError as exc:
+        if exc.code not in _LOST:
+            raise
+        return hw.MigMode(False, False), (), (), True
+    return mode, profiles, instances, False
 
 
 def _overlaps(a_start: int, a_size: int, b_start: int, b_size: int) -> bool:
@@ -146,9 +180,7 @@ def discover(
     entries: list[GpuEntry] = []
     for info in infos:
         name = gpu_device_name(info.minor)
-        mode = backend.mig_mode(info.uuid) if info.mig_capable else hw.MigMode(False, False)
-        profiles = tuple(backend.mig_profiles(info.uuid)) if info.mig_capable else ()
-        instances = tuple(backend.gpu_instances(info.uuid)) if mode.current else ()
+        mode, profiles, instances, _lost = _probe(backend, info)
         admin = [gi for gi in instances if (info.uuid, gi.gi_id) not in owned]
         by_id = {p.profile_id: p for p in profiles}
         dynamic = info.mig_capable and bool(profiles) and (not info.mig_toggle_needs_reset or mode.current)

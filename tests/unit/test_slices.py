@@ -489,3 +489,23 @@ def test_docs_table_is_what_the_script_prints() -> None:
     example = script.example(script.pool("hgx-h100"), ["gpu-0", "gpu-0-mig-3g-40gb-4"])
     assert [list(s["spec"].get("sharedCounters") or s["spec"]["devices"]) != [] for s in example] == [True, True]
     assert [d["name"] for d in example[1]["spec"]["devices"]] == ["gpu-0", "gpu-0-mig-3g-40gb-4"]
+
+
+def test_lost_gpu_keeps_its_whole_device_and_the_rest_still_publish(tmp_path: Path) -> None:
+    """A GPU that fell off the bus must not take the node's whole inventory down with it."""
+    from driver.hw.interface import HealthEventKind
+
+    sim = Simulator(SimConfig(profile="hgx-h100", state_dir=tmp_path / "sim", node_name="lost-node"))
+    sim.init()
+    try:
+        lost = sim.uuid_of_minor(2)
+        sim.inject_event(lost, HealthEventKind.GPU_LOST)
+        inv = discover("lost-node", sim)
+        names = inv.device_names()
+        assert "gpu-2" in names
+        assert not any(n.startswith("gpu-2-mig-") for n in names)
+        assert any(n.startswith("gpu-3-mig-") for n in names)
+        pool = render_slices(build_pool(inv), 1)
+        validate_pool(pool)
+    finally:
+        sim.shutdown()
