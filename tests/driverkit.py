@@ -55,9 +55,10 @@ def make_claim(
         else:
             results.append({"driver": driver, "pool": node, "request": "gpu", **d})
     config = [
-        {"source": "FromClass", "requests": [], "opaque": {"driver": driver, "parameters": dict(c)}}
-        for c in class_config
-    ] + [{"source": "FromClaim", "requests": [], "opaque": {"driver": driver, "parameters": dict(c)}} for c in claim_config]
+        {"source": source, "requests": [], "opaque": {"driver": driver, "parameters": dict(c)}}
+        for source, configs in (("FromClass", class_config), ("FromClaim", claim_config))
+        for c in configs
+    ]
     obj: dict[str, Any] = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
@@ -146,6 +147,7 @@ def build_driver(
     root: Path,
     profile: str = "hgx-h100",
     node: str = "node-a",
+    *,
     claims: FakeClaims | None = None,
     fault_hook: Any = None,
     sim_overrides: Mapping[str, Any] | None = None,
