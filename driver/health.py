@@ -46,6 +46,7 @@ message lists the active conditions.
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -301,3 +302,59 @@ class HealthPolicy:
 
 def _visible(c: Condition) -> tuple[str, str, Severity]:
     return (c.key, c.value, c.severity)
+
+
+# --- persistence ---------------------------------------------------------------------------
+# Conditions survive a driver restart (a fatal Xid must not be forgotten because the plugin pod
+# was rolled). After a node reboot every GPU has been reset, which is recovery evidence: the
+# loaded conditions start their clearing clocks at load time.
+
+STATE_VERSION = 1
+
+
+def encode_state(conditions: Mapping[str, Mapping[str, Condition]], boot_id: str) -> bytes:
+    doc = {
+        "version": STATE_VERSION,
+        "bootID": boot_id,
+        "conditions": {
+            uuid: {
+                key: {
+                    "value": c.value,
+                    "severity": c.severity.name,
+                    "message": c.message,
+                    "firstSeen": c.first_seen,
+                    "lastSeen": c.last_seen,
+                    "recoveredAt": c.recovered_at,
+                }
+                for key, c in sorted(per_gpu.items())
+            }
+            for uuid, per_gpu in sorted(conditions.items())
+        },
+    }
+    return json.dumps(doc, sort_keys=True).encode()
+
+
+def decode_state(data: bytes, boot_id: str, now: float) -> dict[str, dict[str, Condition]]:
+    """Conditions from a saved state; raises ValueError on a file that is not one."""
+    try:
+        doc = json.loads(data)
+        raw = doc["conditions"]
+        rebooted = doc.get("bootID") != boot_id
+        out: dict[str, dict[str, Condition]] = {}
+        for uuid, per_gpu in raw.items():
+            for key, c in per_gpu.items():
+                recovered = c.get("recoveredAt")
+                if rebooted and recovered is None:
+                    recovered = now
+                out.setdefault(uuid, {})[key] = Condition(
+                    key=key,
+                    value=str(c["value"]),
+                    severity=Severity[c["severity"]],
+                    message=str(c.get("message", "")),
+                    first_seen=float(c["firstSeen"]),
+                    last_seen=float(c["lastSeen"]),
+                    recovered_at=None if recovered is None else float(recovered),
+                )
+    except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not a health state file: {exc}") from exc
+    return out

@@ -20,11 +20,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from driver import health
+from driver.checkpoint import atomic_write
 from driver.hw import interface as hw
 from driver.inventory import Inventory
 from driver.plugin.health_board import HealthBoard
@@ -74,9 +76,16 @@ class HealthWatcher:
         poll_interval_s: float = 1.0,
         metrics: HealthMetrics | None = None,
         clock: Callable[[], float] = time.time,
+        state_file: Path | None = None,
+        boot_id: str = "",
     ) -> None:
         self.backend = backend
         self.policy = health.HealthPolicy(settings)
+        self.state_file = state_file
+        self.boot_id = boot_id
+        self._saved = b""
+        if state_file is not None:
+            self._load(state_file, clock())
         self.board = board
         self.inventory = inventory
         self.pool_name = pool_name
@@ -89,6 +98,29 @@ class HealthWatcher:
         self._thread: threading.Thread | None = None
         self._since = clock()
         self._published_taints: dict[str, tuple[DeviceTaint, ...]] = {}
+
+    # --- persistence -------------------------------------------------------------------
+    def _load(self, path: Path, now: float) -> None:
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return
+        try:
+            self.policy.conditions = health.decode_state(data, self.boot_id, now)
+        except ValueError as exc:
+            log.error("health state unreadable; starting without remembered conditions", path=str(path), error=str(exc))
+            return
+        self._saved = data
+        if self.policy.conditions:
+            log.info("remembered GPU health conditions", gpus=sorted(self.policy.conditions))
+
+    def _save(self) -> None:
+        if self.state_file is None:
+            return
+        data = health.encode_state(self.policy.conditions, self.boot_id)
+        if data != self._saved:
+            atomic_write(self.state_file, data)
+            self._saved = data
 
     # --- reading -----------------------------------------------------------------------
     def taints(self) -> Mapping[str, Sequence[DeviceTaint]]:
@@ -149,6 +181,7 @@ class HealthWatcher:
                 self._since = now
             taints = self.policy.taints({g.info.uuid: g.name for g in inv.gpus})
             views = self.policy.views(self.pool_name, gpu_devices(inv), self._since)
+            self._save()
         self.board.replace(views)
         taints_changed = taints != self._published_taints
         if taints_changed:

@@ -80,6 +80,8 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
             on_change=wake.set,
             poll_interval_s=cfg.health_poll_interval_s,
             metrics=HealthMetrics(metrics.registry),
+            state_file=cfg.plugin_dir / "health.json",
+            boot_id=boot_id,
         )
         publisher = SlicePublisher(api, cfg.node_name, cfg.driver_name, taints=watcher.taints)
 

@@ -202,3 +202,45 @@ def test_mig_devices_inherit_the_parent_taint(tmp_path: Path) -> None:
     )
     mig_views = [v for v in board.snapshot().devices if v.device_name.startswith("gpu-0-mig-")]
     assert mig_views and all(v.healthy is False for v in mig_views)
+
+
+def test_fatal_condition_survives_a_driver_restart_and_a_reboot_starts_its_clock(tmp_path: Path) -> None:
+    sim = Simulator(SimConfig(profile="hgx-h100", state_dir=tmp_path / "sim", node_name="n1", durable=False))
+    sim.init()
+    inventory = discover("n1", sim)
+    state = tmp_path / "health.json"
+    clock = Clock()
+
+    def watcher(boot_id: str) -> HealthWatcher:
+        return HealthWatcher(
+            sim,
+            health.HealthSettings(clear_after_s=30.0),
+            HealthBoard(),
+            lambda: inventory,
+            "n1",
+            clock=clock,
+            state_file=state,
+            boot_id=boot_id,
+        )
+
+    first = watcher("boot-1")
+    sim.inject_event(sim.uuid_of_minor(0), HealthEventKind.XID, xid=48)
+    assert first.step(sim.wait_health_events(0.0))
+    expected = {"gpu-0": (slices.DeviceTaint(health.KEY_XID, "xid-48", "NoSchedule"),)}
+    # The plugin restarts (same boot): the fatal taint is remembered and needs recovery evidence.
+    clock.t += 3600
+    second = watcher("boot-1")
+    assert second.taints() == expected
+    second.step(())  # no events, the GPU answers probes: a fatal Xid still needs a CLEARED signal
+    assert second.taints() == expected
+    # The node rebooted (GPUs reset): remembered conditions clear after the quiet time.
+    third = watcher("boot-2")
+    assert third.taints() == expected
+    third.step(())
+    assert third.taints() == expected
+    clock.t += 31
+    assert third.step(())
+    assert third.taints() == {}
+    # A damaged state file is survived, not fatal.
+    state.write_text("{not json")
+    assert watcher("boot-2").taints() == {}
