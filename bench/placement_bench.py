@@ -218,12 +218,6 @@ def replay(topo: Topology, policy: policies.base.Policy, work: Workload, mix: fr
     deps: list[tuple[float, int, model.Decision]] = []
     seq = 0
 
-    def decide(r: model.Request) -> model.Decision:
-        a = time.perf_counter_ns()
-        d = place.place(r, snap, policy)
-        lat.append(time.perf_counter_ns() - a)
-        return d
-
     # Warm start: the population running at time 0 goes first (index < npre, never measured);
     # whatever does not fit waits at the head of the queue like any request.
     npre = len(work.prefill)
@@ -236,12 +230,36 @@ def replay(topo: Topology, policy: policies.base.Policy, work: Workload, mix: fr
     waiting: dict[int, None] = {}  # insertion-ordered: arrival order, which is queue order here
     failed: set[fragmentation.Shape] = set()
     shapes = [fragmentation.shape_of(r) for r in reqs]
+    # Shapes waiting in the queue, told to every policy before each decision (the operator knows its
+    # queue too); first-fit, best-fit and spread ignore it.
+    queued: dict[fragmentation.Shape, int] = {}
+
+    def enqueue(i: int) -> None:
+        waiting[i] = None
+        queued[shapes[i]] = queued.get(shapes[i], 0) + 1
+
+    def dequeue(i: int) -> None:
+        del waiting[i]
+        queued[shapes[i]] -= 1
+
+    def decide(i: int) -> model.Decision:
+        own = i in waiting
+        if own:
+            queued[shapes[i]] -= 1  # the request being placed is not part of what waits behind it
+        a = time.perf_counter_ns()
+        policies.base.observe_queue(policy, queued)
+        d = place.place(reqs[i], snap, policy)
+        lat.append(time.perf_counter_ns() - a)
+        if own:
+            queued[shapes[i]] += 1
+        return d
+
     started: dict[int, float] = {}
     acc = [0.0] * 5
 
     def try_place(i: int, now: float) -> bool:
         nonlocal snap, seq
-        d = decide(reqs[i])
+        d = decide(i)
         if not d.placed:
             failed.add(shapes[i])
             return False
@@ -254,7 +272,7 @@ def replay(topo: Topology, policy: policies.base.Policy, work: Workload, mix: fr
 
     for i in range(npre):
         if not try_place(i, 0.0):
-            waiting[i] = None
+            enqueue(i)
             run.dropped_prefill += 1
     lat.clear()
 
@@ -274,10 +292,10 @@ def replay(topo: Topology, policy: policies.base.Policy, work: Workload, mix: fr
             failed.clear()
             for i in list(waiting):
                 if shapes[i] not in failed and try_place(i, t_dep):
-                    del waiting[i]
+                    dequeue(i)
         else:
             if shapes[ai] in failed or not try_place(ai, t_arr):
-                waiting[ai] = None
+                enqueue(ai)
             ai += 1
     while si < SAMPLES:
         for k, v in enumerate(measure(snap, frag, slots, topo)):

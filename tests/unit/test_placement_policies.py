@@ -110,3 +110,59 @@ def test_snapshot_is_immutable_and_request_validated() -> None:
     with pytest.raises(ValueError):
         snap2.with_allocation(d)  # double allocation is rejected
     assert snap.gpu("d0-n0-g0").empty and snap2.gpu("d0-n0-g0").whole
+
+
+def _with_mig(snap: snapshot.Snapshot, gpu: str, profile: str, start: int) -> snapshot.Snapshot:
+    node = snap.gpu(gpu).node
+    dom = snap.gpu(gpu).domain
+    mp = model.MemberPlacement(member=0, node=node, domain=dom, mig=(model.MigSlot(gpu, profile, start),))
+    return snap.with_allocation(model.Decision(f"{gpu}-{profile}-{start}", (mp,)))
+
+
+def test_gpuplane_queue_aware_keeps_a_4g_hole_for_a_waiting_4g() -> None:
+    """GPU g0 holds a 3g at slot 4, g1 is empty. Without a queue the gradient pairs 3g+3g on g0
+    (one compute slice stranded). With a 4g and a whole GPU waiting, g0's slots 0-3 will be taken
+    by the 4g and g1 by the whole-GPU request, so the 3g opens g1 at slot 4 (4g+3g pairs, nothing stranded).
+    """
+    from controller.placement import fragmentation
+
+    snap = _with_mig(snapshot.uniform_cluster(1, 1, 2), "d0-n0-g0", "3g", 4)
+    r = req("x", mig_profile="3g")
+    pol = policies.make("gpuplane")
+    plain = place.place(r, snap, pol).members[0].mig[0]
+    assert (plain.gpu, plain.start) == ("d0-n0-g0", 0)
+    policies.base.observe_queue(pol, {fragmentation.Shape(mig_profile="4g"): 1, fragmentation.Shape(): 2})
+    queued = place.place(r, snap, pol).members[0].mig[0]
+    assert (queued.gpu, queued.start) == ("d0-n0-g1", 4)
+    # The queue emptied again: back to the plain choice (memo tables are per queue state).
+    policies.base.observe_queue(pol, {})
+    again = place.place(r, snap, pol).members[0].mig[0]
+    assert (again.gpu, again.start) == ("d0-n0-g0", 0)
+
+
+def test_observe_queue_is_a_no_op_for_baselines() -> None:
+    from controller.placement import fragmentation
+
+    snap = _with_mig(snapshot.uniform_cluster(1, 1, 2), "d0-n0-g0", "3g", 4)
+    r = req("x", mig_profile="3g")
+    for name in ("best-fit", "first-fit", "spread"):
+        pol = policies.make(name)
+        before = place.place(r, snap, pol)
+        policies.base.observe_queue(pol, {fragmentation.Shape(mig_profile="4g"): 3})
+        assert place.place(r, snap, pol) == before
+
+
+def test_gpuplane_expected_fill_pairs_3g_with_frequent_4g_when_saturated() -> None:
+    """Mix where 4g is much more frequent than 3g: with a whole GPU waiting (saturated fleet), a 3g
+    leaves g0's slots 0-3 to the expected 4g even though no 4g waits right now."""
+    from controller.placement import fragmentation
+
+    shape = fragmentation.Shape
+    mix = fragmentation.SizeMix.from_counts({shape(): 50, shape(mig_profile="4g"): 30, shape(mig_profile="3g"): 10})
+    snap = _with_mig(snapshot.uniform_cluster(1, 1, 2), "d0-n0-g0", "3g", 4)
+    r = req("x", mig_profile="3g")
+    pol = policies.make("gpuplane", mix)
+    assert place.place(r, snap, pol).members[0].mig[0].gpu == "d0-n0-g0"  # not saturated: plain gradient
+    policies.base.observe_queue(pol, {shape(): 1})
+    d = place.place(r, snap, pol).members[0].mig[0]
+    assert (d.gpu, d.start) == ("d0-n0-g1", 4)

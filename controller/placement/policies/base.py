@@ -13,9 +13,10 @@ Keys are tuples of numbers of one fixed length per method; smaller is better.
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
 
-from controller.placement import geometry, snapshot
+from controller.placement import fragmentation, geometry, snapshot
 
 Key = tuple[float, ...]
 
@@ -43,6 +44,26 @@ class Policy(Protocol):
         Return None when the domain cannot host the group.
         """
         ...
+
+
+@runtime_checkable
+class QueueAware(Protocol):
+    """A policy that can use the shapes waiting in the queue (optional; the baselines ignore the queue)."""
+
+    def observe_queue(self, waiting: Mapping[fragmentation.Shape, int]) -> None:
+        """The number of requests of each shape now waiting, the request about to be placed excluded."""
+        ...
+
+
+def observe_queue(policy: Policy, waiting: Mapping[fragmentation.Shape, int]) -> None:
+    """Tell ``policy`` what is waiting, if it wants to know (a no-op for policies that ignore the queue).
+
+    The caller (the operator's queue runner, or the benchmark for every policy
+    alike) calls this before each ``place`` with the waiting requests' shapes
+    (``fragmentation.shape_of``), the request being placed excluded.
+    """
+    if isinstance(policy, QueueAware):
+        policy.observe_queue(waiting)
 
 
 def group_fits(sig: snapshot.Signature, gpus_per_member: int, members: int) -> bool:
