@@ -59,13 +59,29 @@ def claim_template(kind: str) -> dict[str, Any]:
             "deviceClassName": "mig.gpuplane.dev",
             "selectors": [{"cel": {"expression": 'device.attributes["gpu.gpuplane.dev"].migProfile == "1g.10gb"'}}],
         }
+    elif kind == "timeslice":
+        exactly = {"deviceClassName": "gpu.gpuplane.dev", "capacity": {"requests": {"sharePercent": "50"}}}
     else:
         exactly = {"deviceClassName": "mps-bronze.gpu.gpuplane.dev", "capacity": {"requests": {"sharePercent": "50"}}}
+    devices: dict[str, Any] = {"requests": [{"name": "gpu", "exactly": exactly}]}
+    if kind == "timeslice":
+        devices["config"] = [
+            {
+                "opaque": {
+                    "driver": "gpu.gpuplane.dev",
+                    "parameters": {
+                        "apiVersion": "gpu.gpuplane.dev/v1alpha1",
+                        "kind": "GpuConfig",
+                        "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Default"}},
+                    },
+                }
+            }
+        ]
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
         "metadata": {"name": "gpu", "namespace": NAMESPACE},
-        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
+        "spec": {"spec": {"devices": devices}},
     }
 
 
@@ -208,11 +224,12 @@ def markdown(args: argparse.Namespace, plain: dict[str, float], dra: dict[str, f
             for line in Path("/proc/cpuinfo").read_text().splitlines()
             if line.startswith("model name")
         )
-    claim = (
-        "one `1g.10gb` MIG device per pod (ResourceClaimTemplate, class `mig.gpuplane.dev`)"
-        if args.claims == "mig"
-        else "a 50 % MPS share per pod (class `mps-bronze.gpu.gpuplane.dev`, `sharePercent: 50`)"
-    )
+    claim = {
+        "mig": "one `1g.10gb` MIG device per pod (ResourceClaimTemplate, class `mig.gpuplane.dev`)",
+        "mps": "a 50 % MPS share per pod (class `mps-bronze.gpu.gpuplane.dev`, `sharePercent: 50`)",
+        "timeslice": "a 50 % time-sliced share of a whole GPU per pod (class `gpu.gpuplane.dev`, "
+        "`sharePercent: 50`, `TimeSlicing` config)",
+    }[args.claims]
     ratio = {k: dra[k] / plain[k] for k in ("p50", "p99", "max")}
     verdict = "meets" if ratio["p50"] <= 1.5 and ratio["p99"] <= 1.5 else "misses"
     return f"""
@@ -246,7 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     p.add_argument("--pods", type=int, default=100)
     p.add_argument("--nodes", type=int, default=8)
-    p.add_argument("--claims", choices=["mig", "mps"], default="mig")
+    p.add_argument("--claims", choices=["mig", "mps", "timeslice"], default="mig")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--state-dir", type=Path, help="default: a temporary directory, removed afterwards")
