@@ -18,7 +18,8 @@ from typing import Any
 from driver.api import names
 from driver.checkpoint import atomic_write
 
-CDI_VERSION = "0.5.0"  # deviceNodes, env and mounts (with type) are all covered by 0.5.0
+CDI_VERSION = "0.6.0"  # deviceNodes, env, mounts (with type) and spec annotations (0.6.0)
+MIG_OWNERSHIP_ANNOTATION = "gpu.gpuplane.dev/mig-instances"
 _NAME_OK = re.compile(r"[^a-zA-Z0-9_.-]")
 
 
@@ -47,6 +48,7 @@ class ClaimSpec:
     common_env: tuple[str, ...] = ()
     common_device_nodes: tuple[str, ...] = ()
     common_mounts: tuple[Mount, ...] = field(default_factory=tuple)
+    annotations: tuple[tuple[str, str], ...] = ()
 
 
 class CdiError(Exception):
@@ -99,6 +101,8 @@ def render(spec: ClaimSpec) -> dict[str, Any]:
     common = _edits(spec.common_env, spec.common_device_nodes, spec.common_mounts)
     if common:
         doc["containerEdits"] = common
+    if spec.annotations:
+        doc["annotations"] = dict(spec.annotations)
     return doc
 
 
@@ -161,4 +165,23 @@ def list_claim_specs(cdi_root: Path) -> dict[str, Path]:
     out: dict[str, Path] = {}
     for path in cdi_root.glob(f"{prefix}*.json"):
         out[path.name[len(prefix) : -len(".json")]] = path
+    return out
+
+
+def driver_mig_instances(path: Path) -> set[tuple[str, int]]:
+    """(parent GPU uuid, GI id) pairs a spec says the driver created for its claim.
+
+    This is the second record of MIG ownership, beside the checkpoint: when the checkpoint is
+    lost, it tells the driver's own instances from an administrator's.
+    """
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return set()
+    value = (document.get("annotations") or {}).get(MIG_OWNERSHIP_ANNOTATION, "")
+    out: set[tuple[str, int]] = set()
+    for item in str(value).split(","):
+        parent, _, gi = item.rpartition("/")
+        if parent and gi.isdigit():
+            out.add((parent, int(gi)))
     return out

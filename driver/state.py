@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -140,14 +140,14 @@ class DeviceState:
         assert self._inventory is not None
         return self._inventory
 
-    def _refresh(self, cp: Checkpoint) -> Inventory:
+    def _refresh(self, cp: Checkpoint, also_owned: Iterable[tuple[str, int]] = ()) -> Inventory:
         owned = [
             (d.mig.parent_uuid, d.mig.gi_id)
             for rec in cp.claims.values()
             for d in rec.devices
             if d.mig is not None and d.mig.gi_id is not None and d.mig.created_by_driver
         ]
-        inv = discover(self.settings.node_name, self.backend, owned)
+        inv = discover(self.settings.node_name, self.backend, [*owned, *also_owned])
         changed = self._inventory is None or _published_view(inv) != _published_view(self._inventory)
         self._inventory = inv
         if changed and self.on_inventory_change is not None:
@@ -527,7 +527,13 @@ class DeviceState:
                 )
                 for m in daemon.container_mounts()
             )
+        made = [
+            f"{d.mig.parent_uuid}/{d.mig.gi_id}"
+            for d in rec.devices
+            if d.mig is not None and d.mig.gi_id is not None and d.mig.created_by_driver
+        ]
         spec = cdi.ClaimSpec(
+            annotations=((cdi.MIG_OWNERSHIP_ANNOTATION, ",".join(made)),) if made else (),
             claim_uid=rec.uid,
             devices=tuple(edits),
             common_env=tuple(common_env),
@@ -658,6 +664,8 @@ class DeviceState:
     def _rebuild_from_api(self, cp: Checkpoint) -> int:
         """After a corrupt checkpoint: re-prepare claims that were prepared here (their CDI spec exists)."""
         specs = cdi.list_claim_specs(self.settings.cdi_root)
+        # The specs name the MIG instances the driver made: they are the driver's, not an admin's.
+        self._refresh(cp, {pair for path in specs.values() for pair in cdi.driver_mig_instances(path)})
         rebuilt = 0
         for obj in self.claims.list_claims():
             meta = obj.get("metadata", {})
