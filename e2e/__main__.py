@@ -1,17 +1,23 @@
 """``python -m e2e``: build the control-plane binaries, bring a cluster up, take it down, run the demo.
 
     python -m e2e build
-    python -m e2e up [--state-dir DIR] [--nodes hgx-h100:2,gb200-nvl72:2,a100-40gb:1]
+    python -m e2e up [--state-dir DIR] [--nodes hgx-h100:2,gb200-nvl72:2,a100-40gb:1] [--controllers 2]
     python -m e2e down [--state-dir DIR]
     python -m e2e status [--state-dir DIR]
-    python -m e2e demo [--state-dir DIR] [--nodes SPEC]
+    python -m e2e demo [--state-dir DIR] [--nodes SPEC] [--controllers N]
 
 ``up`` leaves the components running after it exits (each in its own
-session, tracked by pidfiles in the state directory): the control plane and
-the simulated GPU nodes of ``--nodes`` (default ``e2e.simnodes.DEFAULT_NODE_SPEC``;
-``--nodes ''`` for none), each a ``gpuplane-driver`` plus a kubelet stand-in.
-It prints ``KUBECONFIG=<path>`` as its last line. ``demo`` (``scripts/demo.sh``)
-brings the same cluster up (or reuses it), installs gpuplane, applies every
+session, tracked by pidfiles in the state directory): the control plane;
+gpuplane installed with ``kubectl apply -k manifests/overlays/e2e`` (everything
+in ``manifests/``, its DaemonSet and Deployment pinned off the simulated nodes,
+which have no container runtime); the simulated GPU nodes of ``--nodes``
+(default ``e2e.simnodes.DEFAULT_NODE_SPEC``; ``--nodes ''`` for none), each a
+``gpuplane-driver`` under the ``gpuplane-driver`` ServiceAccount (a token bound
+to a pod on its node) plus a kubelet stand-in; and ``--controllers`` (default 2)
+``gpuplane-controller`` replicas under the ``gpuplane-controller``
+ServiceAccount, electing a leader on a Lease (see ``e2e.components``; the tokens
+last 24 h). It prints ``KUBECONFIG=<path>`` as its last line. ``demo``
+(``scripts/demo.sh``) brings the same cluster up (or reuses it), applies every
 scenario in ``manifests/examples`` and prints where each pod landed. The
 state directory defaults to ``$GPUPLANE_STATE`` or ``~/.local/state/gpuplane/e2e``.
 """
@@ -29,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
-from e2e import build, controlplane, demo, nodes, procs, simnodes
+from e2e import build, cluster, components, controlplane, demo, identity, nodes, procs, simnodes
 
 Printer = Callable[[str], None]
 
@@ -44,17 +50,45 @@ def _say(message: str) -> None:
     print(message, flush=True)
 
 
-def start_nodes(state_dir: Path, kubeconfig: Path, groups: Sequence[nodes.NodeGroup], out: Printer) -> None:
-    """The ``nodes`` step of ``up``: start simulated GPU nodes and leave them running."""
+def start_nodes(
+    state_dir: Path,
+    handle: cluster.Cluster,
+    groups: Sequence[nodes.NodeGroup],
+    out: Printer,
+) -> None:
+    """The ``nodes`` step of ``up``: start simulated GPU nodes (drivers under their own identity) and leave them."""
     if not groups:
         out("nodes: none requested")
         return
     described = ", ".join(f"{g.count}x {g.profile}" for g in groups)
-    out(f"nodes: starting {described} (a gpuplane-driver and a kubelet stand-in each)")
-    sim = simnodes.SimNodes(state_dir, kubeconfig, out=out)
+    out(f"nodes: starting {described} (each: gpuplane-driver as ServiceAccount gpuplane-driver, a kubelet stand-in)")
+    credentials = components.driver_credentials(
+        handle, components.identities_dir(state_dir), seconds=identity.LONG_TOKEN_SECONDS
+    )
+    sim = simnodes.SimNodes(state_dir, handle.kubeconfig, driver_credentials=credentials, out=out)
     started = sim.start(groups)
     sim.detach()
     out(f"nodes ready: {', '.join(n.name for n in started)}")
+
+
+def start_controllers(state_dir: Path, handle: cluster.Cluster, replicas: int, out: Printer) -> None:
+    """The ``controller`` step of ``up``: the controller replicas (reused when all of them run)."""
+    ctl = components.Controllers(
+        state_dir, handle, replicas=replicas, token_seconds=identity.LONG_TOKEN_SECONDS, out=out
+    )
+    if replicas <= 0:
+        components.stop_controllers(state_dir, out=out)
+        out("controller: none requested")
+        return
+    if ctl.all_running():
+        out(f"controller: {replicas} replica(s) already running (reusing them)")
+        return
+    out(
+        f"controller: starting {replicas} gpuplane-controller replica(s) as ServiceAccount gpuplane-controller "
+        f"(leader election on the Lease {identity.NAMESPACE}/{components.LEASE_NAME})"
+    )
+    ctl.start()
+    ctl.detach()
 
 
 def _clear_node_state(state_dir: Path) -> None:
@@ -65,47 +99,80 @@ def _clear_node_state(state_dir: Path) -> None:
     simnodes.nodes_file(state_dir).unlink(missing_ok=True)
 
 
-def bring_up(state_dir: Path, groups: Sequence[nodes.NodeGroup], out: Printer) -> Path:
-    """Start (or reuse) the control plane and nodes of ``state_dir``; return the admin kubeconfig."""
+def stop_all(state_dir: Path, out: Printer) -> list[str]:
+    """Stop everything recorded in ``state_dir``: controllers, nodes, then the control plane."""
+    stopped = components.stop_controllers(state_dir, out=out)
+    stopped += simnodes.stop_nodes(state_dir, out=out)
+    stopped += controlplane.stop_state_dir(state_dir, out=out)
+    return stopped
+
+
+def bring_up(
+    state_dir: Path,
+    groups: Sequence[nodes.NodeGroup],
+    out: Printer,
+    *,
+    controllers: int = components.DEFAULT_REPLICAS,
+) -> Path:
+    """Start (or reuse) the control plane, gpuplane, the nodes and the controllers of ``state_dir``.
+
+    Returns the admin kubeconfig.
+    """
     alive = {name: r for name, r in controlplane.running(state_dir).items() if name in controlplane.COMPONENTS}
     kubeconfig = state_dir / "kubeconfig"
     if set(alive) == set(controlplane.COMPONENTS):
-        sim = simnodes.SimNodes(state_dir, kubeconfig, out=out)
-        if sim.all_running() or (not groups and not sim.nodes):
-            out(f"control plane and {len(sim.nodes)} node(s) in {state_dir} already running (reusing them)")
-            return kubeconfig
-        out(f"control plane in {state_dir} is running; (re)starting its nodes")
-        simnodes.stop_nodes(state_dir, out=out)
-        _clear_node_state(state_dir)
-        start_nodes(state_dir, kubeconfig, groups, out)
+        bins = build.ensure_binaries(out=out)
+        handle = cluster.Cluster.connect(kubeconfig, bins, state_dir=state_dir)
+        try:
+            components.install(handle, out)
+            sim = simnodes.SimNodes(state_dir, kubeconfig, out=out)
+            if sim.all_running() or (not groups and not sim.nodes):
+                out(f"control plane and {len(sim.nodes)} node(s) in {state_dir} already running (reusing them)")
+            else:
+                out(f"control plane in {state_dir} is running; (re)starting its nodes")
+                simnodes.stop_nodes(state_dir, out=out)
+                _clear_node_state(state_dir)
+                start_nodes(state_dir, handle, groups, out)
+            start_controllers(state_dir, handle, controllers, out)
+        finally:
+            handle.close()
         return kubeconfig
     if controlplane.running(state_dir) or simnodes.load_nodes(state_dir):
         out(f"stopping the remains of a previous cluster in {state_dir}")
-        simnodes.stop_nodes(state_dir, out=out)
-        controlplane.stop_state_dir(state_dir, out=out)
+        stop_all(state_dir, out)
     _clear_node_state(state_dir)
+    shutil.rmtree(components.identities_dir(state_dir), ignore_errors=True)
     started = time.monotonic()
-    out("step 1/3: binaries")
+    out("step 1/5: binaries")
     bins = build.ensure_binaries(out=out)
-    out(f"step 2/3: control plane (state in {state_dir})")
+    out(f"step 2/5: control plane (state in {state_dir})")
     plane = controlplane.ControlPlane(state_dir, bins, out=out)
     kubeconfig = plane.start()
+    handle = cluster.Cluster.connect(kubeconfig, bins, state_dir=state_dir)
     try:
         info = {
             "server": plane.server,
             "kubeconfig": str(kubeconfig),
             "bins": str(bins.directory),
             "nodes": [{"profile": g.profile, "count": g.count} for g in groups],
+            "controllers": controllers,
             "feature_gates": plane.feature_gates,
             "runtime_config": plane.runtime_config,
         }
         (state_dir / "cluster.json").write_text(json.dumps(info, indent=2) + "\n")
-        out("step 3/3: nodes")
-        start_nodes(state_dir, kubeconfig, groups, out)
+        out("step 3/5: install gpuplane from manifests/ (kustomize, overlay e2e)")
+        components.install(handle, out)
+        out("step 4/5: nodes")
+        start_nodes(state_dir, handle, groups, out)
+        out("step 5/5: controller")
+        start_controllers(state_dir, handle, controllers, out)
     except BaseException:
+        components.stop_controllers(state_dir, out=out)
         simnodes.stop_nodes(state_dir, out=out)
         plane.stop()
         raise
+    finally:
+        handle.close()
     plane.detach()
     out(f"cluster up in {time.monotonic() - started:.1f}s; stop it with `python -m e2e down --state-dir {state_dir}`")
     return kubeconfig
@@ -121,7 +188,7 @@ def cmd_build(args: argparse.Namespace, out: Printer) -> int:
 def cmd_up(args: argparse.Namespace, out: Printer) -> int:
     """Start the control plane and the simulated nodes and leave them running."""
     state_dir: Path = args.state_dir.resolve()
-    kubeconfig = bring_up(state_dir, nodes.parse_node_spec(args.nodes or ""), out)
+    kubeconfig = bring_up(state_dir, nodes.parse_node_spec(args.nodes or ""), out, controllers=args.controllers)
     out(f"KUBECONFIG={kubeconfig}")
     return 0
 
@@ -129,15 +196,14 @@ def cmd_up(args: argparse.Namespace, out: Printer) -> int:
 def cmd_demo(args: argparse.Namespace, out: Printer) -> int:
     """The main job: cluster up (or reused), gpuplane installed, every example applied, a table of results."""
     state_dir: Path = args.state_dir.resolve()
-    kubeconfig = bring_up(state_dir, nodes.parse_node_spec(args.nodes or ""), out)
-    return demo.run(state_dir, kubeconfig, out=out, timeout=args.timeout, install_mode=args.install)
+    kubeconfig = bring_up(state_dir, nodes.parse_node_spec(args.nodes or ""), out, controllers=args.controllers)
+    return demo.run(state_dir, kubeconfig, out=out, timeout=args.timeout)
 
 
 def cmd_down(args: argparse.Namespace, out: Printer) -> int:
     """Stop everything recorded in the state directory."""
     state_dir: Path = args.state_dir.resolve()
-    stopped = simnodes.stop_nodes(state_dir, out=out)
-    stopped += controlplane.stop_state_dir(state_dir, out=out)
+    stopped = stop_all(state_dir, out)
     out(f"stopped {', '.join(stopped)}" if stopped else f"nothing running in {state_dir}")
     return 0
 
@@ -150,17 +216,21 @@ def cmd_status(args: argparse.Namespace, out: Printer) -> int:
         record = records.get(name)
         state = "running" if record and procs.is_alive(record) else "stopped"
         out(f"{name:25} {state}" + (f" (pid {record.pid}, log {record.log})" if record else ""))
-    nodes_up = True
+    all_alive = True
     for node in simnodes.load_nodes(state_dir):
         for name in (node.driver_process, node.kubelet_process):
             record = records.get(name)
             alive = record is not None and procs.is_alive(record)
-            nodes_up = nodes_up and alive
+            all_alive = all_alive and alive
             out(
                 f"{name:25} {'running' if alive else 'stopped'}"
                 + (f" (pid {record.pid}, log {record.log})" if record else "")
             )
-    all_up = set(controlplane.COMPONENTS) <= set(controlplane.running(state_dir)) and nodes_up
+    for name, record in sorted(components.controller_records(state_dir).items()):
+        alive = procs.is_alive(record)
+        all_alive = all_alive and alive
+        out(f"{name:25} {'running' if alive else 'stopped'} (pid {record.pid}, log {record.log})")
+    all_up = set(controlplane.COMPONENTS) <= set(controlplane.running(state_dir)) and all_alive
     if all_up:
         out(f"KUBECONFIG={state_dir / 'kubeconfig'}")
     return 0 if all_up else 1
@@ -173,21 +243,17 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     sub.add_parser("build", help="build the control-plane binaries into the cache").set_defaults(func=cmd_build)
     state_help = "state directory (default: $GPUPLANE_STATE or ~/.local/state/gpuplane/e2e)"
     nodes_help = f"simulated GPU nodes, PROFILE[:COUNT],... ('' for none; default {simnodes.DEFAULT_NODE_SPEC})"
+    controllers_help = f"gpuplane-controller replicas (default {components.DEFAULT_REPLICAS}; 0 for none)"
     up = sub.add_parser("up", help="start a control plane with simulated GPU nodes and leave it running")
     up.add_argument("--state-dir", type=Path, default=default_state_dir(environ), help=state_help)
     up.add_argument("--nodes", default=simnodes.DEFAULT_NODE_SPEC, help=nodes_help)
+    up.add_argument("--controllers", type=int, default=components.DEFAULT_REPLICAS, help=controllers_help)
     up.set_defaults(func=cmd_up)
     run_demo = sub.add_parser("demo", help="cluster up, gpuplane installed, every example applied, results shown")
     run_demo.add_argument("--state-dir", type=Path, default=default_state_dir(environ), help=state_help)
     run_demo.add_argument("--nodes", default=simnodes.DEFAULT_NODE_SPEC, help=nodes_help)
+    run_demo.add_argument("--controllers", type=int, default=components.DEFAULT_REPLICAS, help=controllers_help)
     run_demo.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the example pods")
-    run_demo.add_argument(
-        "--install",
-        choices=demo.INSTALL_MODES,
-        default=demo.DEFAULT_INSTALL_MODE,
-        help="classes: apply manifests/deviceclasses (the harness runs the drivers itself); "
-        "kustomize: kubectl apply -k manifests/ (everything, once its workloads can run here)",
-    )
     run_demo.set_defaults(func=cmd_demo)
     for name, func, text in (
         ("down", cmd_down, "stop the control plane"),

@@ -1,19 +1,17 @@
-"""The main job after ``up``: install gpuplane, apply every example, wait, show where each pod landed.
+"""The main job after ``up``: apply every example, wait, show where each pod landed.
 
+``up`` (``e2e.__main__.bring_up``) has installed gpuplane from ``manifests/``
+and started the node drivers and the controller (``e2e.components``).
 ``run(state_dir, kubeconfig)``:
 
-1. install (``install_mode``): ``classes`` (the default) applies
-   ``manifests/deviceclasses``: the harness runs the node drivers itself, one
-   process per simulated node. ``kustomize`` runs ``kubectl apply -k manifests/``
-   (namespace, CRDs, classes, RBAC, policies, the driver DaemonSet and the
-   controller Deployment). That is the hook for the full install: make it the
-   default once the controller can run against this cluster; until then note
-   that the kubelet stand-in has no container runtime and marks every pod bound
-   to its node Running, the controller's and driver's pods included;
-2. ``kubectl apply -f manifests/examples/<scenario>/`` for every scenario folder;
-3. wait until every example pod is Running, or Pending with the scheduler's
+1. ``kubectl apply -f manifests/examples/<scenario>/`` for every scenario
+   folder; folders with a GpuGang first, each waited for until the controller
+   has placed its gangs, so that the other examples' pods cannot take the
+   NVLink clique a gang needs while the controller is deciding;
+2. wait until every example pod is Running, or Pending with the scheduler's
    reason (the ``unsatisfiable`` scenario is meant to stay there);
-4. print the table (pod, node, device, sharing, CDI ids) and how to go on.
+3. print the table (pod, node, device, sharing, CDI ids), one line per gang
+   (phase, NVLink domain, member -> node) and how to go on.
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -33,8 +31,8 @@ Printer = Callable[[str], None]
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = REPO_ROOT / "manifests"
 EXAMPLES = MANIFESTS / "examples"
-INSTALL_MODES = ("classes", "kustomize")
-DEFAULT_INSTALL_MODE = "classes"
+GANG_GROUP, GANG_VERSION, GANG_PLURAL = "gpuplane.dev", "v1alpha1", "gpugangs"
+PLACED_PHASES = ("Placed", "Scheduled", "Running")
 
 
 def example_dirs(root: Path = EXAMPLES) -> list[Path]:
@@ -56,16 +54,65 @@ def namespaces_of(folder: Path) -> set[str]:
     return found
 
 
-def install(handle: cluster.Cluster, out: Printer, mode: str = DEFAULT_INSTALL_MODE) -> None:
-    """Install gpuplane's cluster-wide objects (see the module docstring for the modes)."""
-    if mode == "kustomize" and (MANIFESTS / "kustomization.yaml").exists():
-        out("install: kubectl apply -k manifests/")
-        handle.kubectl("apply", "--server-side", "-k", str(MANIFESTS), timeout=120)
-        return
-    if mode == "kustomize":
-        out("install: no manifests/kustomization.yaml; falling back to the DeviceClasses")
-    out("install: kubectl apply -f manifests/deviceclasses (node drivers run as harness processes)")
-    handle.kubectl("apply", "-f", str(MANIFESTS / "deviceclasses"))
+def gangs_of(folder: Path) -> list[tuple[str, str]]:
+    """(namespace, name) of the GpuGangs in the folder's YAML."""
+    found: list[tuple[str, str]] = []
+    for path in sorted(folder.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if isinstance(doc, dict) and doc.get("kind") == "GpuGang":
+                meta = doc["metadata"]
+                found.append((str(meta.get("namespace") or "default"), str(meta["name"])))
+    return found
+
+
+def gang_status(handle: cluster.Cluster, namespace: str, name: str) -> dict[str, Any]:
+    """The ``status`` of a GpuGang ({} before the controller wrote one)."""
+    obj = cast(
+        dict[str, Any],
+        handle.custom.get_namespaced_custom_object(GANG_GROUP, GANG_VERSION, namespace, GANG_PLURAL, name),
+    )
+    return dict(obj.get("status") or {})
+
+
+def wait_for_gangs(
+    handle: cluster.Cluster,
+    gangs: Sequence[tuple[str, str]],
+    timeout: float,
+    out: Printer,
+    phases: Sequence[str] = PLACED_PHASES,
+) -> None:
+    """Wait until every gang is in one of ``phases`` (by default: the controller has placed it)."""
+    started = time.monotonic()
+    for namespace, name in gangs:
+        while True:
+            status = gang_status(handle, namespace, name)
+            if status.get("phase") in phases:
+                out(
+                    f"[{time.monotonic() - started:5.1f}s] gang {namespace}/{name}: {status['phase']} "
+                    f"in NVLink domain {status.get('domain', '?')}"
+                )
+                break
+            if time.monotonic() - started > timeout:
+                raise TimeoutError(
+                    f"gang {namespace}/{name} not {'/'.join(phases)} after {timeout:.0f}s: "
+                    f"phase {status.get('phase')!r}, {status.get('message', '')} "
+                    "(is the controller running? `python -m e2e status`)"
+                )
+            time.sleep(0.5)
+
+
+def gang_lines(handle: cluster.Cluster, gangs: Sequence[tuple[str, str]]) -> list[str]:
+    """One line per gang: phase, domain, and where each member was placed."""
+    lines = []
+    for namespace, name in gangs:
+        status = gang_status(handle, namespace, name)
+        members = (status.get("placement") or {}).get("members") or {}
+        where = ", ".join(f"{i}->{members[i]}" for i in sorted(members, key=int))
+        lines.append(
+            f"gang {namespace}/{name}: {status.get('phase', '?')}, NVLink domain {status.get('domain', '-')}"
+            + (f", members {where}" if where else "")
+        )
+    return lines
 
 
 def _pods(handle: cluster.Cluster, namespaces: Sequence[str]) -> list[dict[str, Any]]:
@@ -114,21 +161,24 @@ def run(
     *,
     out: Printer = print,
     timeout: float = 180.0,
-    install_mode: str = DEFAULT_INSTALL_MODE,
 ) -> int:
-    """Install, apply the examples, wait, print the table."""
+    """Apply the examples (gangs first), wait, print the table."""
     bins = build.ensure_binaries(out=out)
     handle = cluster.Cluster.connect(kubeconfig, bins, state_dir=state_dir)
     try:
-        install(handle, out, install_mode)
-        folders = example_dirs()
+        folders = sorted(example_dirs(), key=lambda f: (not gangs_of(f), f.name))
         namespaces: set[str] = set()
+        gangs: list[tuple[str, str]] = []
         for folder in folders:
             out(f"apply: kubectl apply -f {folder.relative_to(REPO_ROOT)}/")
             handle.kubectl("apply", "-f", str(folder))
             namespaces |= namespaces_of(folder)
+            if gangs_of(folder):
+                gangs += gangs_of(folder)
+                wait_for_gangs(handle, gangs_of(folder), timeout, out)
         out(f"waiting for the pods of {len(folders)} examples (up to {timeout:.0f}s) ...")
         pods = wait_for_pods(handle, sorted(namespaces), timeout, out)
+        wait_for_gangs(handle, gangs, timeout, out, phases=("Running",))  # status follows the pods within seconds
         sim_nodes = {n.name: n for n in simnodes.load_nodes(state_dir)}
         attributes = report.device_attributes(handle.custom)
         reports = [report.PodReport.collect(handle.api, pod, sim_nodes, attributes) for pod in pods]
@@ -136,13 +186,17 @@ def run(
         for line in report.render_table(reports):
             out(line)
         out(f"(CDI ids shown without their kind, {report.cdi_kind_prefix()}; specs in <state>/nodes/<node>/cdi)")
+        for line in gang_lines(handle, gangs):
+            out(line)
         out("")
         out("Use the cluster:")
         out(f"  export KUBECONFIG={kubeconfig}")
         out(f"  {bins.kubectl} get nodes,resourceslices")
         out(f"  {bins.kubectl} get pods,resourceclaims -A -o wide")
+        out(f"  {bins.kubectl} get gpugangs -A")
         out("  python -m driver.hw.sim_cli --state-dir <state>/nodes/<node>/sim show   # a node's simulated GPUs")
-        out(f"  logs: {state_dir / 'logs'}")
+        out(f"  logs: {state_dir / 'logs'}   (controller-<i>, driver-<node>, kubelet-<node>, the control plane)")
+        out(f"  identities: {state_dir / 'identities'}   (ServiceAccount token kubeconfigs, valid 24 h)")
         out("Stop it: scripts/demo.sh down")
     finally:
         handle.close()

@@ -41,6 +41,10 @@ CONTROLLER_SA = "gpuplane-controller"
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 STAND_IN_IMAGE = "registry.k8s.io/pause:3.10"
 TOKEN_SECONDS = 3600
+"""TokenRequest's default lifetime: long enough for a test session."""
+LONG_TOKEN_SECONDS = 24 * 3600
+"""For a cluster left running (``python -m e2e up``/``demo``): a day. The processes read their
+kubeconfig once, so after that they get 401s; ``python -m e2e down`` and ``up`` again."""
 
 
 def username(namespace: str, service_account: str) -> str:
@@ -109,7 +113,9 @@ def wait_service_account(api: client.ApiClient, namespace: str, name: str, timeo
 def stand_in_pod(api: client.ApiClient, namespace: str, service_account: str, node_name: str) -> client.V1Pod:
     """A Pod of ``service_account`` bound to ``node_name`` that anchors a node-bound token.
 
-    Reused if it exists on the same node; replaced if it is bound elsewhere.
+    Reused if it exists on the same node; replaced if it is bound elsewhere. The token
+    stays valid only while the pod exists; a kubelet stand-in on that node reports it
+    Running (it runs nothing: the process holding the token runs beside it).
     """
     core = client.CoreV1Api(api)
     name = f"{service_account}-identity-{node_name}"[:253]
@@ -127,7 +133,9 @@ def stand_in_pod(api: client.ApiClient, namespace: str, service_account: str, no
         metadata=client.V1ObjectMeta(
             name=name,
             namespace=namespace,
-            labels={"app.kubernetes.io/name": service_account, "gpuplane.dev/e2e-identity": "true"},
+            # Not the workload's app.kubernetes.io/name: a DaemonSet whose selector matched would
+            # adopt the pod and delete it (it is on no node the DaemonSet targets), and the token with it.
+            labels={"gpuplane.dev/e2e-identity": service_account},
         ),
         spec=client.V1PodSpec(
             service_account_name=service_account,
@@ -206,21 +214,21 @@ def write_token_kubeconfig(path: Path, admin_kubeconfig: Path, token: str, user:
     return path
 
 
-def driver_identity(cluster: Cluster, node_name: str, out_dir: Path) -> Identity:
+def driver_identity(cluster: Cluster, node_name: str, out_dir: Path, *, seconds: int = TOKEN_SECONDS) -> Identity:
     """The node driver's identity on ``node_name``: a token bound to a driver pod on that node."""
     wait_service_account(cluster.api, NAMESPACE, DRIVER_SA)
     pod = stand_in_pod(cluster.api, NAMESPACE, DRIVER_SA, node_name)
-    token = request_token(cluster.api, NAMESPACE, DRIVER_SA, bound_pod=pod)
+    token = request_token(cluster.api, NAMESPACE, DRIVER_SA, bound_pod=pod, seconds=seconds)
     path = write_token_kubeconfig(
         out_dir / f"driver-{node_name}.kubeconfig", cluster.kubeconfig, token, username(NAMESPACE, DRIVER_SA)
     )
     return Identity(NAMESPACE, DRIVER_SA, path, token, node_name)
 
 
-def controller_identity(cluster: Cluster, out_dir: Path) -> Identity:
+def controller_identity(cluster: Cluster, out_dir: Path, *, seconds: int = TOKEN_SECONDS) -> Identity:
     """The controller's identity: an unbound token of its service account."""
     wait_service_account(cluster.api, NAMESPACE, CONTROLLER_SA)
-    token = request_token(cluster.api, NAMESPACE, CONTROLLER_SA)
+    token = request_token(cluster.api, NAMESPACE, CONTROLLER_SA, seconds=seconds)
     path = write_token_kubeconfig(
         out_dir / "controller.kubeconfig", cluster.kubeconfig, token, username(NAMESPACE, CONTROLLER_SA)
     )

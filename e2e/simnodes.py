@@ -27,10 +27,14 @@ with the MPS pipes below it) live under ``state_dir/s/<index>/``, or under
 ``/tmp/gpuplane-<hash>/`` when the state directory's path is too long for
 AF_UNIX's 107 bytes. The plan is kept in ``state_dir/nodes.json``.
 
-The driver's API credentials come from a ``DriverCredentials`` function; the
-default, ``admin_credentials``, hands it the admin kubeconfig. To run it as its
-own ServiceAccount, pass a function that creates the account and its RBAC and
-writes a token kubeconfig for the node (see ``token_kubeconfig``).
+The driver's API credentials come from a ``DriverCredentials`` function
+called once per node before its driver starts. ``python -m e2e up``/``demo`` and
+the scenario tests' ``gpu_cluster`` fixture pass
+``e2e.components.driver_credentials``: the ``gpuplane-driver`` ServiceAccount's
+token, bound to a stand-in pod on the node, so the admission policy in
+``manifests/policies`` confines the driver to its own node's ResourceSlices.
+The default, ``admin_credentials``, hands it the admin kubeconfig, for tests
+that install no RBAC.
 """
 
 from __future__ import annotations
@@ -56,7 +60,8 @@ from e2e import controlplane, nodes, pki, procs
 Printer = Callable[[str], None]
 
 DEFAULT_NODE_SPEC = "hgx-h100:2,gb200-nvl72:2,a100-40gb:1"
-"""The demo's mix: two 8-GPU H100 boxes (MIG + MPS + NVLink), two GB200 trays of one NVL72 rack, one A100 node."""
+"""The demo's mix: two 8-GPU H100 boxes (MIG + MPS + NVLink), two GB200 trays of one NVL72 rack (the gang-tp8
+example needs both: 2 members x 4 GPUs in one NVLink domain), one A100 node."""
 
 GB200_PROFILE = "gb200-nvl72"
 GB200_RACK_NODES = 18  # compute trays of 4 GPUs in one NVL72 rack
@@ -198,30 +203,9 @@ DriverCredentials = Callable[[SimNode, ClusterAccess], Path]
 
 
 def admin_credentials(node: SimNode, access: ClusterAccess) -> Path:
-    """The admin kubeconfig (for now: the driver's RBAC is not part of the manifests yet)."""
+    """The admin kubeconfig (for clusters without gpuplane's RBAC installed)."""
     del node
     return access.admin_kubeconfig
-
-
-def token_kubeconfig(path: Path, access: ClusterAccess, token: str, user: str) -> Path:
-    """A kubeconfig with a bearer token (e.g. a ServiceAccount's), for a future ``DriverCredentials``."""
-    data = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "gpuplane-e2e",
-                "cluster": {"server": access.server, "certificate-authority": str(access.ca_cert)},
-            }
-        ],
-        "users": [{"name": user, "user": {"token": token}}],
-        "contexts": [{"name": "gpuplane-e2e", "context": {"cluster": "gpuplane-e2e", "user": user}}],
-        "current-context": "gpuplane-e2e",
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    path.chmod(0o600)
-    return path
 
 
 def socket_root(state_dir: Path) -> Path:
