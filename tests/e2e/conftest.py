@@ -8,11 +8,14 @@ kube-scheduler in a temporary state directory, yields an ``e2e.cluster.Cluster``
 SIGTERM to pytest becomes KeyboardInterrupt so teardown still runs, and the
 components die with the pytest process if it is killed outright.
 
-``gpu_cluster`` adds simulated GPU nodes to that control plane (``GPU_NODES``:
-each a real ``gpuplane-driver`` and a kubelet stand-in, see ``e2e.simnodes``)
-and the DeviceClasses from ``manifests/deviceclasses``; it yields a
-``GpuCluster`` and, at the end, stops the nodes and asserts that none of their
-processes (drivers, stand-ins, MPS daemons) is left.
+``gpu_cluster`` installs gpuplane on that control plane as ``python -m e2e up``
+does (``e2e.components``: ``kubectl apply -k manifests/overlays/e2e``), adds
+simulated GPU nodes (``GPU_NODES``: each a real ``gpuplane-driver`` under the
+``gpuplane-driver`` ServiceAccount, bound to its node, and a kubelet stand-in,
+see ``e2e.simnodes``) and ``CONTROLLER_REPLICAS`` real ``gpuplane-controller``
+processes under the ``gpuplane-controller`` ServiceAccount; it yields a
+``GpuCluster`` and, at the end, stops the controllers and the nodes and asserts
+that none of their processes (drivers, stand-ins, MPS daemons, controllers) is left.
 """
 
 from __future__ import annotations
@@ -31,11 +34,12 @@ from typing import Any, TypeVar, cast
 import pytest
 
 from driver import checkpoint
-from e2e import build, cluster, controlplane, nodes, simnodes
+from e2e import build, cluster, components, controlplane, nodes, simnodes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "manifests" / "examples"
 GPU_NODES = "hgx-h100:2,gb200-nvl72:2"
+CONTROLLER_REPLICAS = 2
 GROUP, VERSION = "resource.k8s.io", "v1"
 T = TypeVar("T")
 
@@ -181,13 +185,26 @@ class GpuCluster:
 def gpu_cluster(control_plane: cluster.Cluster) -> Iterator[GpuCluster]:
     assert control_plane.state_dir is not None
     state_dir = control_plane.state_dir
-    sim = simnodes.SimNodes(state_dir, control_plane.kubeconfig, die_with_parent=True, out=lambda _: None)
-    markers = [str(simnodes.socket_root(state_dir.resolve())) + "/", str(state_dir.resolve() / "nodes") + "/"]
+    identities = components.identities_dir(state_dir.resolve())
+    components.install(control_plane, out=lambda _: None)
+    credentials = components.driver_credentials(control_plane, identities)
+    sim = simnodes.SimNodes(
+        state_dir, control_plane.kubeconfig, driver_credentials=credentials, die_with_parent=True, out=lambda _: None
+    )
+    controllers = components.Controllers(
+        state_dir, control_plane, replicas=CONTROLLER_REPLICAS, die_with_parent=True, out=lambda _: None
+    )
+    markers = [
+        str(simnodes.socket_root(state_dir.resolve())) + "/",
+        str(state_dir.resolve() / "nodes") + "/",
+        str(identities) + "/",
+    ]
     try:
         sim.start(nodes.parse_node_spec(GPU_NODES))
-        control_plane.kubectl("apply", "-f", str(REPO_ROOT / "manifests" / "deviceclasses"))
+        controllers.start()
         yield GpuCluster(cluster=control_plane, sim=sim)
     finally:
+        controllers.stop()
         sim.stop()
     try:
         eventually(lambda: not node_processes(markers), 15, "node processes to exit")

@@ -129,12 +129,14 @@ def gpu_cluster(control_plane: cluster.Cluster) -> Iterator[tuple[cluster.Cluste
 
 
 @pytest.fixture(scope="module")
-def ns(gpu_cluster: tuple[cluster.Cluster, list[Controller]]) -> str:
+def ns(gpu_cluster: tuple[cluster.Cluster, list[Controller]]) -> Iterator[str]:
     handle, _ = gpu_cluster
     name = f"gangs-{uuid.uuid4().hex[:6]}"
     handle.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     eventually(lambda: handle.core.list_namespaced_service_account(name).items, what="default service account")
-    return name
+    yield name
+    # Leave no gang behind: a Queued one would be placed by the next controller on this control plane.
+    handle.kubectl("delete", "namespace", name, "--wait=true", "--timeout=120s", timeout=150)
 
 
 def make_gang(handle: cluster.Cluster, ns: str, name: str, **spec: Any) -> None:

@@ -31,6 +31,7 @@ KUSTOMIZATIONS = {
     "base": MANIFESTS,
     "dev": MANIFESTS / "overlays" / "dev",
     "production": MANIFESTS / "overlays" / "production",
+    "e2e": MANIFESTS / "overlays" / "e2e",
 }
 VERSION_LABEL = "app.kubernetes.io/version"
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
@@ -176,6 +177,16 @@ def test_overlays_set_backend_log_format_and_replicas() -> None:
     assert env_of(container(prod, "Deployment", "gpuplane-controller"))["GPUPLANE_LOG_FORMAT"] == "json"
     assert by_kind(dev, "Deployment")["gpuplane-controller"]["spec"]["replicas"] == 1
     assert dev_driver["image"] == "gpuplane-driver:dev"
+
+
+def test_e2e_overlay_installs_everything_but_schedules_no_workload_pod() -> None:
+    """The e2e nodes have no container runtime: no driver or controller pod may land on them."""
+    dev, e2e = render(KUSTOMIZATIONS["dev"]), render(KUSTOMIZATIONS["e2e"])
+    assert {(o["kind"], o["metadata"]["name"]) for o in e2e} == {(o["kind"], o["metadata"]["name"]) for o in dev}
+    for kind, name in (("DaemonSet", "gpuplane-driver"), ("Deployment", "gpuplane-controller")):
+        pod_spec = by_kind(e2e, kind)[name]["spec"]["template"]["spec"]
+        assert pod_spec["nodeSelector"] == {"gpuplane.dev/containerized": "true"}, kind
+    assert by_kind(e2e, "Deployment")["gpuplane-controller"]["spec"]["replicas"] == 0
 
 
 @pytest.mark.parametrize("name", sorted(KUSTOMIZATIONS))

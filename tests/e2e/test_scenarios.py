@@ -6,8 +6,8 @@ pool, constraints honoured), what the node driver recorded (its checkpoint)
 and wrote (CDI specs), and what it did to the simulated hardware (MIG
 instances). Teardown deletes the scenario with ``kubectl delete -f`` and
 checks that every node is clean again: no prepared claim, no CDI spec, no MIG
-instance. The nodes (two HGX H100, two GB200 trays of one rack) are shared by
-the whole session.
+instance. The nodes (two HGX H100, two GB200 trays of one rack) and the
+controller (for ``gang-tp8``) are shared by the whole session.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +23,7 @@ import pytest
 from driver import cdi
 from driver.api import names
 from driver.mps import MpsControl
-from e2e import report, simnodes
+from e2e import components, identity, procs, report, simnodes
 from tests.e2e.conftest import GpuCluster, eventually
 
 pytestmark = pytest.mark.e2e
@@ -104,6 +105,39 @@ def test_nodes_are_ready_and_publish_their_gpus(gpu_cluster: GpuCluster) -> None
         assert domains[node.name] == {f"{node.name}.nvl0"}
     trays = gpu_cluster.of_profile("gb200-nvl72")
     assert len(trays) == 2 and len(set.union(*(domains[n.name] for n in trays))) == 1
+
+
+def test_drivers_and_controllers_run_as_their_service_accounts(gpu_cluster: GpuCluster) -> None:
+    """As ``python -m e2e up`` runs them: no workload pod, each process under its own token."""
+    handle = gpu_cluster.cluster
+    assert handle.state_dir is not None
+    records = procs.read_records(handle.state_dir / "pids")
+
+    def whoami(process: str) -> dict[str, Any]:
+        (kubeconfig,) = [a.split("=", 1)[1] for a in records[process].argv if a.startswith("--kubeconfig=")]
+        api = identity.new_client(Path(kubeconfig))
+        try:
+            return identity.whoami(api)
+        finally:
+            api.close()
+
+    for node in gpu_cluster.nodes:
+        me = whoami(node.driver_process)
+        assert me["username"] == identity.username(identity.NAMESPACE, identity.DRIVER_SA)
+        assert me["extra"][identity.NODE_NAME_EXTRA] == [node.name]
+    replicas = sorted(components.controller_records(handle.state_dir))
+    assert len(replicas) == 2
+    for name in replicas:
+        assert whoami(name)["username"] == identity.username(identity.NAMESPACE, identity.CONTROLLER_SA)
+    assert components.lease_holder(handle.api) in {components.Controllers.replica_name(i) for i in range(2)}
+    # The DaemonSet and the Deployment are installed but place no pod (no container runtime here);
+    # the only pods in the namespace are the drivers' identity anchors, one per node, still there.
+    pods = gpu_cluster.pods(identity.NAMESPACE)
+    assert sorted(p["metadata"]["name"] for p in pods) == sorted(
+        f"{identity.DRIVER_SA}-identity-{n.name}" for n in gpu_cluster.nodes
+    )
+    ds = gpu_cluster.kubectl_json("get", "daemonset", "-n", identity.NAMESPACE, "gpuplane-driver")
+    assert ds["status"]["desiredNumberScheduled"] == 0
 
 
 @pytest.mark.parametrize("example", ["whole-gpu"], indirect=True)
@@ -199,6 +233,28 @@ def test_nvlink_4gpu(gpu_cluster: GpuCluster, example: str) -> None:
     devices = gpu_cluster.slice_devices()
     assert len({attr(devices[(r["pool"], r["device"])], "nvlinkDomain") for r in found}) == 1
     assert_prepared(gpu_cluster, node, claim)
+
+
+@pytest.mark.parametrize("example", ["gang-tp8"], indirect=True)
+def test_gang_tp8(gpu_cluster: GpuCluster, example: str) -> None:
+    namespace = "gpuplane-ex-gang-tp8"
+    pods = gpu_cluster.running_pods(namespace, 2, timeout=120)
+    gang = gpu_cluster.kubectl_json("get", "gpugang", "-n", namespace, "tp8")
+    status = gang["status"]
+    assert status["phase"] == "Running" and status["placedMembers"] == 2, status
+    # Two members of 4 GPUs: the two GB200 trays of the rack, one member each, one NVLink domain.
+    trays = {n.name for n in gpu_cluster.of_profile("gb200-nvl72")}
+    assert {p["spec"]["nodeName"] for p in pods} == trays
+    assert status["placement"]["members"] == {p["metadata"]["name"][-1]: p["spec"]["nodeName"] for p in pods}
+    devices = gpu_cluster.slice_devices()
+    for pod in pods:
+        assert not pod["spec"].get("schedulingGates")
+        claim = claim_of(gpu_cluster, pod)
+        assert claim["metadata"]["name"] == f"tp8-{pod['metadata']['name'][-1]}"
+        found = results(claim)
+        assert len(found) == 4 and {r["pool"] for r in found} == {pod["spec"]["nodeName"]}
+        assert {attr(devices[(r["pool"], r["device"])], "nvlinkDomain") for r in found} == {status["domain"]}
+        assert_prepared(gpu_cluster, gpu_cluster.node(pod["spec"]["nodeName"]), claim)
 
 
 @pytest.mark.parametrize("example", ["unsatisfiable"], indirect=True)
