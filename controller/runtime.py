@@ -184,6 +184,17 @@ def plan_for(rt: Runtime, w: world.World, now: float) -> tuple[queue_runner.Plan
     return plan, view
 
 
+def overlay_entry(written: Mapping[str, Any], body: Mapping[str, Any]) -> dict[str, Any]:
+    """What this replica's cache must show of a gang until its status write comes back: phase and placement.
+
+    A status that leaves ``placement`` out keeps the one the gang holds (``body`` is the gang as
+    this reconcile saw it, overlay included): recording None there let a stale cached body
+    without a placement turn a ``Placed`` gang back into ``Pending`` one reconcile later.
+    """
+    placement = written["placement"] if "placement" in written else (body.get("status") or {}).get("placement")
+    return {"phase": written.get("phase"), "placement": placement}
+
+
 async def reconcile_gang(rt: Runtime, key: str, w: world.World, now: float) -> None:
     """Decide and apply for one gang (and release the victims it preempts), under the process lock."""
     if not rt.leading():
@@ -220,7 +231,7 @@ async def _reconcile_gang(rt: Runtime, key: str, w: world.World, now: float) -> 
         rt.metrics.status_writes.inc()
         rt.metrics.decisions.labels(outcome=str(outcome.status.get("phase", "")).lower()).inc()
         if "phase" in written or "placement" in written:
-            rt.shared.overlay[key] = (now, {k: outcome.status.get(k) for k in ("phase", "placement")})
+            rt.shared.overlay[key] = (now, overlay_entry(outcome.status, body))
             rt.touched()
     if outcome.placed_after_s is not None and written.get("placement"):
         rt.metrics.wait_seconds.observe(max(0.0, outcome.placed_after_s))

@@ -73,3 +73,16 @@ def test_standby_decides_nothing_and_a_new_term_drops_the_caches() -> None:
     rt.shared.overlay["ns/old"] = (0.0, {"phase": "Placing"})
     flag.leading, flag.term = True, 1
     assert rt.leading() and rt.shared.overlay == {} and rt.shared.term == 1
+
+
+def test_the_write_overlay_keeps_the_placement_a_status_write_left_out() -> None:
+    """Placed is written without ``placement``; a stale cached body (still Pending) must not lose it."""
+    placement = {"id": "abc", "members": {"0": "n0", "1": "n1"}, "devices": {"0": "gpu-0", "1": "gpu-0"}}
+    seen = {"metadata": {"name": "g", "namespace": "ns"}, "status": {"phase": "Placing", "placement": placement}}
+    entry = runtime.overlay_entry({"phase": "Placed", "reason": "GatesLifted"}, seen)
+    assert entry == {"phase": "Placed", "placement": placement}
+    released = {"phase": "Pending", "placement": None}
+    assert runtime.overlay_entry(released, seen) == released
+    stale = {"metadata": {"name": "g", "namespace": "ns"}, "status": {"phase": "Pending"}}
+    overlaid = world.overlay({"ns/g": stale}, {"ns/g": entry})["ns/g"]
+    assert overlaid["status"]["phase"] == "Placed" and overlaid["status"]["placement"] == placement
