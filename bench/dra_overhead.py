@@ -36,7 +36,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from e2e import build, cluster, controlplane, nodes, simnodes  # noqa: E402
+from e2e import build, cluster, controlplane, kubelet, nodes, simnodes  # noqa: E402
 
 NAMESPACE = "dra-overhead"
 PAUSE = "registry.k8s.io/pause:3.10"
@@ -100,16 +100,6 @@ def pod(name: str, round_label: str, with_claim: bool) -> dict[str, Any]:
     }
 
 
-def _lines(response: Any) -> Iterator[str]:
-    buffer = b""
-    for chunk in response.stream(amt=65536, decode_content=False):
-        buffer += chunk
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
-            if line.strip():
-                yield line.decode()
-
-
 class RunningWatch:
     """Records when each pod of a round is first seen Running (monotonic clock)."""
 
@@ -151,7 +141,7 @@ class RunningWatch:
                 _preload_content=False,
             )
             self._ready.set()
-            for line in _lines(response):
+            for line in kubelet.stream_lines(response):
                 event = json.loads(line)
                 obj = event["object"]
                 version = obj["metadata"].get("resourceVersion", version)

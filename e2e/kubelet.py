@@ -215,7 +215,7 @@ class PodView:
         return f"{self.namespace}/{self.name}"
 
 
-def _lines(response: Any) -> Iterator[str]:
+def stream_lines(response: Any) -> Iterator[str]:
     """The lines of a streamed (watch) HTTP response."""
     buffer = b""
     for chunk in response.stream(amt=65536, decode_content=False):
@@ -348,7 +348,7 @@ class KubeletStandIn:
             _preload_content=False,
         )
         try:
-            for line in _lines(response):
+            for line in stream_lines(response):
                 event = json.loads(line)
                 kind, obj = event["type"], event["object"]
                 if kind == "ERROR":
