@@ -106,9 +106,7 @@ def render(spec: ClaimSpec) -> dict[str, Any]:
     return doc
 
 
-def write_spec(
-    cdi_root: Path, spec: ClaimSpec, check_host_nodes: bool = False
-) -> tuple[Path, dict[str, str]]:
+def write_spec(cdi_root: Path, spec: ClaimSpec, check_host_nodes: bool = False) -> tuple[Path, dict[str, str]]:
     """Write and verify the claim's spec; return its path and device name -> CDI id."""
     path = spec_path(cdi_root, spec.claim_uid)
     document = render(spec)

@@ -32,9 +32,7 @@ class ClaimAllocation:
     configs: tuple[SourcedConfig, ...]
 
 
-def parse_allocation(
-    obj: Mapping[str, Any], expected_uid: str, driver_name: str, pool: str
-) -> ClaimAllocation:
+def parse_allocation(obj: Mapping[str, Any], expected_uid: str, driver_name: str, pool: str) -> ClaimAllocation:
     meta = obj.get("metadata", {})
     ns, name, uid = meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")
     if uid != expected_uid:

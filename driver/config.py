@@ -80,9 +80,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
     p.add_argument("--sim-state-dir", default=_env("SIM_STATE_DIR"))
     p.add_argument("--sim-config", default=_env("SIM_CONFIG"), help="YAML/JSON simulator config file")
     p.add_argument("--registry-dir", default=_env("REGISTRY_DIR", "/var/lib/kubelet/plugins_registry"))
-    p.add_argument(
-        "--plugin-dir", default=_env("PLUGIN_DIR", f"/var/lib/kubelet/plugins/{names.DRIVER_NAME}")
-    )
+    p.add_argument("--plugin-dir", default=_env("PLUGIN_DIR", f"/var/lib/kubelet/plugins/{names.DRIVER_NAME}"))
     p.add_argument("--cdi-root", default=_env("CDI_ROOT", "/var/run/cdi"))
     p.add_argument("--boot-id-file", default=_env("BOOT_ID_FILE", "/proc/sys/kernel/random/boot_id"))
     p.add_argument("--mps-control-binary", default=_env("MPS_CONTROL_BINARY", "nvidia-cuda-mps-control"))

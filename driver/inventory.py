@@ -191,13 +191,10 @@ def discover(
             for profile in profiles:
                 for start in profile.placements:
                     blocked = any(
-                        _overlaps(start, profile.memory_slices, gi.placement_start, gi.placement_size)
-                        for gi in admin
+                        _overlaps(start, profile.memory_slices, gi.placement_start, gi.placement_size) for gi in admin
                     )
                     if not blocked:
-                        slots.append(
-                            MigSlot(mig_device_name(info.minor, profile.name, start), profile, start)
-                        )
+                        slots.append(MigSlot(mig_device_name(info.minor, profile.name, start), profile, start))
         for gi in admin:
             admin_profile = by_id.get(gi.profile_id)
             if admin_profile is None or gi.mig_uuid is None:

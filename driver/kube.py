@@ -53,9 +53,7 @@ class KubeApi:
         return obj
 
     def list_claims(self) -> list[dict[str, Any]]:
-        result = cast(
-            dict[str, Any], self.custom.list_cluster_custom_object(GROUP, VERSION, "resourceclaims")
-        )
+        result = cast(dict[str, Any], self.custom.list_cluster_custom_object(GROUP, VERSION, "resourceclaims"))
         items: list[dict[str, Any]] = result.get("items", [])
         return items
 
@@ -75,8 +73,7 @@ class KubeApi:
         return [
             s
             for s in items
-            if s.get("spec", {}).get("nodeName") == node_name
-            and s.get("spec", {}).get("driver") == driver_name
+            if s.get("spec", {}).get("nodeName") == node_name and s.get("spec", {}).get("driver") == driver_name
         ]
 
     def create_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:

@@ -35,12 +35,8 @@ class DriverMetrics:
         self.prepared_claims = Counter(
             "gpuplane_driver_prepared_claims_total", "Claims prepared, by kind", ["kind"], registry=r
         )
-        self.mig_instances = Gauge(
-            "gpuplane_driver_mig_instances", "MIG instances owned by claims", registry=r
-        )
-        self.mps_daemons = Gauge(
-            "gpuplane_driver_mps_daemons", "Running per-claim MPS control daemons", registry=r
-        )
+        self.mig_instances = Gauge("gpuplane_driver_mig_instances", "MIG instances owned by claims", registry=r)
+        self.mps_daemons = Gauge("gpuplane_driver_mps_daemons", "Running per-claim MPS control daemons", registry=r)
         self.devices_published = Gauge(
             "gpuplane_driver_devices_published", "Devices in this node's ResourceSlices", registry=r
         )

@@ -412,10 +412,7 @@ class MpsControl:
         while True:
             if not paths.control.exists():
                 # -d returned 0, but a daemon that cannot bind exits right after: fail fast.
-                if (
-                    time.monotonic() - start > min(1.0, self._start_timeout_s / 2)
-                    and self._find_pid(paths) is None
-                ):
+                if time.monotonic() - start > min(1.0, self._start_timeout_s / 2) and self._find_pid(paths) is None:
                     raise MpsError(
                         f"claim {paths.root.name}: the MPS control daemon exited right after starting"
                         f"{self._log_tail(paths)}"
@@ -428,9 +425,7 @@ class MpsControl:
                         return pid
                     last = "the daemon answered but its process was not found"
                 elif result is not None:
-                    last = (
-                        f"a query got status {result.returncode}: {_one_line(result.stdout + result.stderr)}"
-                    )
+                    last = f"a query got status {result.returncode}: {_one_line(result.stdout + result.stderr)}"
             if time.monotonic() >= deadline:
                 raise MpsError(
                     f"claim {paths.root.name}: MPS control daemon not ready within "
@@ -594,11 +589,7 @@ class MpsControl:
         """The running control daemon for this pipe dir, from the most to the least direct evidence."""
         candidates: list[int] = []
         record = self._read_record(paths)
-        if (
-            record is not None
-            and isinstance(record.get("pid"), int)
-            and record.get("boot_id") == self._boot_id()
-        ):
+        if record is not None and isinstance(record.get("pid"), int) and record.get("boot_id") == self._boot_id():
             candidates.append(record["pid"])
         with contextlib.suppress(OSError, ValueError):
             candidates.append(int(paths.pid_file.read_text().strip()))
@@ -730,9 +721,7 @@ class MpsControl:
             except OSError:
                 continue
             if text:
-                parts.append(
-                    f"\n--- {name} (last {min(lines, len(text))} lines) ---\n" + "\n".join(text[-lines:])
-                )
+                parts.append(f"\n--- {name} (last {min(lines, len(text))} lines) ---\n" + "\n".join(text[-lines:]))
         return "".join(parts) if parts else "\n(no MPS log output)"
 
     # -------------------------------------------------------------- checks

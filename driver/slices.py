@@ -86,9 +86,7 @@ def _memory_slices(gpu: GpuEntry) -> int:
 
 
 def counter_set(gpu: GpuEntry) -> dict[str, Any]:
-    counters: dict[str, dict[str, str]] = {
-        f"memory-slice-{i}": {"value": "1"} for i in range(_memory_slices(gpu))
-    }
+    counters: dict[str, dict[str, str]] = {f"memory-slice-{i}": {"value": "1"} for i in range(_memory_slices(gpu))}
     counters["compute-slices"] = {"value": str(max(p.compute_slices for p in gpu.profiles))}
     counters["memory"] = {"value": str(gpu.info.memory_bytes)}
     for key, value in _full_engines(gpu).items():
@@ -98,9 +96,7 @@ def counter_set(gpu: GpuEntry) -> dict[str, Any]:
 
 def _slot_consumption(gpu: GpuEntry, slot: MigSlot) -> dict[str, Any]:
     p = slot.profile
-    counters: dict[str, dict[str, str]] = {
-        f"memory-slice-{i}": {"value": "1"} for i in range(slot.start, slot.end)
-    }
+    counters: dict[str, dict[str, str]] = {f"memory-slice-{i}": {"value": "1"} for i in range(slot.start, slot.end)}
     counters["compute-slices"] = {"value": str(p.compute_slices)}
     counters["memory"] = {"value": str(min(p.memory_bytes, gpu.info.memory_bytes))}
     engines = _full_engines(gpu)
@@ -249,9 +245,7 @@ def slice_name(node_name: str, index: int) -> str:
     return f"{node_name[:200]}-{digest}-gpuplane-{index}"
 
 
-def render_slices(
-    content: PoolContent, generation: int, driver_name: str = names.DRIVER_NAME
-) -> list[dict[str, Any]]:
+def render_slices(content: PoolContent, generation: int, driver_name: str = names.DRIVER_NAME) -> list[dict[str, Any]]:
     """Full ResourceSlice objects for the pool at a generation."""
     count = len(content.slice_specs)
     out: list[dict[str, Any]] = []
@@ -302,12 +296,8 @@ def validate_slice(obj: Mapping[str, Any]) -> None:
         if not _DNS_LABEL.match(cs["name"]):
             problems.append(f"counter set name {cs['name']!r} is not a DNS label")
         if len(cs["counters"]) > MAX_COUNTERS_PER_SET:
-            problems.append(
-                f"counter set {cs['name']} has {len(cs['counters'])} counters > {MAX_COUNTERS_PER_SET}"
-            )
-        problems.extend(
-            f"counter name {n!r} not a DNS label" for n in cs["counters"] if not _DNS_LABEL.match(n)
-        )
+            problems.append(f"counter set {cs['name']} has {len(cs['counters'])} counters > {MAX_COUNTERS_PER_SET}")
+        problems.extend(f"counter name {n!r} not a DNS label" for n in cs["counters"] if not _DNS_LABEL.match(n))
     advanced = any(d.get("consumesCounters") or d.get("taints") for d in devices)
     limit = MAX_DEVICES_ADVANCED if advanced else MAX_DEVICES
     if len(devices) > limit:
@@ -326,9 +316,7 @@ def validate_slice(obj: Mapping[str, Any]) -> None:
             problems.append(f"{name}: {len(attrs) + len(caps)} attributes+capacities > {MAX_ATTRS_AND_CAPS}")
         for key, value in {**attrs, **caps}.items():
             domain, _, ident = key.rpartition("/")
-            if not _C_IDENT.match(ident) or (
-                domain and (len(domain) > 63 or not _DNS_SUBDOMAIN.match(domain))
-            ):
+            if not _C_IDENT.match(ident) or (domain and (len(domain) > 63 or not _DNS_SUBDOMAIN.match(domain))):
                 problems.append(f"{name}: bad attribute/capacity name {key!r}")
             if key in attrs:
                 if len(value) != 1:
@@ -368,9 +356,7 @@ def validate_pool(slices: Sequence[Mapping[str, Any]]) -> None:
             for c in d.get("consumesCounters", []):
                 known = counter_sets.get(c["counterSet"])
                 if known is None:
-                    raise SliceLimitError(
-                        f"device {d['name']} consumes unknown counter set {c['counterSet']}"
-                    )
+                    raise SliceLimitError(f"device {d['name']} consumes unknown counter set {c['counterSet']}")
                 unknown = set(c["counters"]) - known
                 if unknown:
                     raise SliceLimitError(f"device {d['name']} consumes unknown counters {sorted(unknown)}")

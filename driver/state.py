@@ -49,9 +49,7 @@ class ClaimSource(Protocol):
 
     def list_claims(self) -> list[dict[str, Any]]: ...
 
-    def claim_event(
-        self, claim: Mapping[str, Any], reason: str, message: str, warning: bool = True
-    ) -> None: ...
+    def claim_event(self, claim: Mapping[str, Any], reason: str, message: str, warning: bool = True) -> None: ...
 
 
 class Observer(Protocol):
@@ -183,9 +181,7 @@ class DeviceState:
                 except Exception as exc:
                     self.observer.failed("prepare", "internal")
                     log_.exception("prepare failed unexpectedly")
-                    result = PrepareResult(
-                        error=f"internal error preparing claim: {exc}; the driver log has details"
-                    )
+                    result = PrepareResult(error=f"internal error preparing claim: {exc}; the driver log has details")
                 else:
                     kind = _claim_kind(cp.claims.get(ref.uid))
                     self.observer.prepared(kind, time.perf_counter() - start)
@@ -218,9 +214,7 @@ class DeviceState:
             devices=[_device_record(a, g, s) for a, g, s in plan.devices],
             sharing=plan.sharing,
         )
-        touches_hardware = plan.sharing.strategy != "Exclusive" or any(
-            s is not None for _, _, s in plan.devices
-        )
+        touches_hardware = plan.sharing.strategy != "Exclusive" or any(s is not None for _, _, s in plan.devices)
         cp.claims[rec.uid] = rec
         if touches_hardware:
             self.store.save(cp)
@@ -260,9 +254,7 @@ class DeviceState:
                 gpu, slot = entry, None
                 dtype = names.DEVICE_TYPE_GPU
             if dev.admin_access:
-                raise ClaimError(
-                    f"device {dev.device}: adminAccess is not supported by {self.settings.driver_name}"
-                )
+                raise ClaimError(f"device {dev.device}: adminAccess is not supported by {self.settings.driver_name}")
             cfg = configs.merge_configs(alloc.configs, dev.request, dtype)
             devices.append((dev, gpu, slot))
             effective.append((dev, gpu, slot, cfg))
@@ -285,13 +277,10 @@ class DeviceState:
         sharing = SharingRecord(strategy=strategy)
         if strategy == "TimeSlicing":
             intervals = {
-                (cfg.sharing.timeSlicing.interval if cfg.sharing.timeSlicing else "Default")
-                for *_, cfg in effective
+                (cfg.sharing.timeSlicing.interval if cfg.sharing.timeSlicing else "Default") for *_, cfg in effective
             }
             if len(intervals) > 1:
-                raise ClaimError(
-                    f"requests ask for different time-slice intervals {sorted(intervals)}; pick one"
-                )
+                raise ClaimError(f"requests ask for different time-slice intervals {sorted(intervals)}; pick one")
             sharing.timeslice_interval = intervals.pop()
         if strategy == "MPS":
             self._plan_mps(alloc, effective, sharing)
@@ -419,9 +408,7 @@ class DeviceState:
         if slot.static_instance is not None:
             mig.gi_id = slot.static_instance.gi_id
             mig.ci_id = (
-                slot.static_instance.compute_instances[0].ci_id
-                if slot.static_instance.compute_instances
-                else None
+                slot.static_instance.compute_instances[0].ci_id if slot.static_instance.compute_instances else None
             )
             mig.mig_uuid = slot.static_instance.mig_uuid
             mig.created_by_driver = False
@@ -505,9 +492,7 @@ class DeviceState:
             if d.mig is not None and d.mig.gi_id is not None:
                 known = d.mig.gi_caps_minor is not None or d.mig.ci_caps_minor is not None
                 gi_cap, ci_cap = (d.mig.gi_caps_minor, d.mig.ci_caps_minor) if known else self._read_caps(d)
-                nodes.extend(
-                    str(dev / "nvidia-caps" / f"nvidia-cap{m}") for m in (gi_cap, ci_cap) if m is not None
-                )
+                nodes.extend(str(dev / "nvidia-caps" / f"nvidia-cap{m}") for m in (gi_cap, ci_cap) if m is not None)
             edits.append(cdi.DeviceEdits(device_name=d.device, device_nodes=tuple(nodes), env=tuple(env)))
         uuids = ",".join(_runtime_uuid(d) for d in rec.devices)
         common_env = [
@@ -522,9 +507,7 @@ class DeviceState:
                 raise MpsError(f"MPS daemon for claim {rec.uid} is not running")
             common_env.extend(f"{k}={v}" for k, v in sorted(daemon.container_env().items()))
             common_mounts.extend(
-                cdi.Mount(
-                    host_path=str(m.host_path), container_path=str(m.container_path), options=tuple(m.options)
-                )
+                cdi.Mount(host_path=str(m.host_path), container_path=str(m.container_path), options=tuple(m.options))
                 for m in daemon.container_mounts()
             )
         made = [
@@ -670,9 +653,7 @@ class DeviceState:
         for obj in self.claims.list_claims():
             meta = obj.get("metadata", {})
             uid = meta.get("uid", "")
-            results = (((obj.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
-                "results"
-            ) or []
+            results = (((obj.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
             ours = [
                 r
                 for r in results
@@ -681,9 +662,7 @@ class DeviceState:
             if not ours or uid not in specs:
                 continue
             try:
-                self._prepare_one(
-                    cp, ClaimRef(namespace=meta.get("namespace", ""), uid=uid, name=meta.get("name", ""))
-                )
+                self._prepare_one(cp, ClaimRef(namespace=meta.get("namespace", ""), uid=uid, name=meta.get("name", "")))
                 rebuilt += 1
             except Exception as exc:
                 log.warning("could not rebuild claim from the API", uid=uid, error=str(exc))
@@ -716,9 +695,7 @@ class DeviceState:
         return stats
 
     def _report_hardware(self, cp: Checkpoint) -> None:
-        mig = sum(
-            1 for r in cp.claims.values() for d in r.devices if d.mig is not None and d.mig.gi_id is not None
-        )
+        mig = sum(1 for r in cp.claims.values() for d in r.devices if d.mig is not None and d.mig.gi_id is not None)
         mps = sum(1 for r in cp.claims.values() if r.mps_daemon)
         self.observer.hardware_changed(mig, mps)
 

@@ -8,6 +8,7 @@ cd "$ROOT"
 . "$ROOT/scripts/bootstrap.sh"
 echo "==> ruff"
 ruff check .
+ruff format --check .
 echo "==> mypy --strict"
 mypy
 echo "==> building (or reusing) Kubernetes binaries"

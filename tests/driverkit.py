@@ -188,9 +188,7 @@ def driver_env(profile: str = "hgx-h100", node: str = "node-a") -> Iterator[Driv
 
 @contextmanager
 def serving(drv: DriverUnderTest) -> Iterator[PluginServer]:
-    server = PluginServer(
-        names.DRIVER_NAME, drv.state, registry_dir=drv.root / "reg", plugin_dir=drv.root / "plug"
-    )
+    server = PluginServer(names.DRIVER_NAME, drv.state, registry_dir=drv.root / "reg", plugin_dir=drv.root / "plug")
     server.start()
     try:
         yield server

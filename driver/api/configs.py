@@ -117,9 +117,7 @@ class MigDeviceConfig(_Strict):
     @classmethod
     def _no_timeslicing(cls, value: Sharing) -> Sharing:
         if value.strategy == "TimeSlicing":
-            raise ValueError(
-                "strategy 'TimeSlicing' is not supported on MIG devices; use 'Exclusive' or 'MPS'"
-            )
+            raise ValueError("strategy 'TimeSlicing' is not supported on MIG devices; use 'Exclusive' or 'MPS'")
         return value
 
 
@@ -179,9 +177,7 @@ class SourcedConfig:
         return not self.requests or request in self.requests or parent in self.requests
 
 
-def _tightened(
-    merged: MpsConfig | None, claim: MpsConfig, ceiling: MpsConfig | None, where: str
-) -> MpsConfig:
+def _tightened(merged: MpsConfig | None, claim: MpsConfig, ceiling: MpsConfig | None, where: str) -> MpsConfig:
     """Overlay claim MPS settings on the class ones, refusing anything looser than the class."""
     base = merged or MpsConfig()
     if ceiling is not None:
@@ -226,9 +222,7 @@ def merge_configs(entries: Sequence[SourcedConfig], request: str, device_type: s
     )
     merged: DeviceConfig = want(apiVersion=names.CONFIG_API_VERSION, kind=want.__name__)
     class_mps: MpsConfig | None = None
-    ordered = [e for e in entries if e.source == "FromClass"] + [
-        e for e in entries if e.source == "FromClaim"
-    ]
+    ordered = [e for e in entries if e.source == "FromClass"] + [e for e in entries if e.source == "FromClaim"]
     for entry in ordered:
         if not entry.applies_to(request):
             continue

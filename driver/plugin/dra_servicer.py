@@ -152,9 +152,7 @@ class DRAServicer:
             )
             response = self._messages.NodeUnprepareResourcesResponse()
             for uid, result in results.items():
-                response.claims[uid].CopyFrom(
-                    self._messages.NodeUnprepareResourceResponse(error=result.error)
-                )
+                response.claims[uid].CopyFrom(self._messages.NodeUnprepareResourceResponse(error=result.error))
             n_errors = sum(1 for result in results.values() if result.error)
             self._finish("unprepare", started, len(results), n_errors)
         return response

@@ -55,9 +55,7 @@ def _target(path: str) -> str:
     return path if path.startswith("unix:") else f"unix:{path}"
 
 
-def get_info(
-    registration_socket: str | os.PathLike[str], timeout: float = DEFAULT_CALL_TIMEOUT
-) -> PluginInfo:
+def get_info(registration_socket: str | os.PathLike[str], timeout: float = DEFAULT_CALL_TIMEOUT) -> PluginInfo:
     """Call GetInfo on a registration socket."""
     with grpc.insecure_channel(_target(os.fspath(registration_socket))) as channel:
         answer = wire.registration_stub(channel).GetInfo(reg_pb2.InfoRequest(), timeout=timeout)
@@ -93,9 +91,7 @@ def choose_version(supported: Sequence[str], force_version: str | None = None) -
     for version in supported:
         if version in KNOWN_VERSIONS:
             return version
-    raise RegistrationError(
-        f"none of the plugin's versions {list(supported)} is known ({list(KNOWN_VERSIONS)})"
-    )
+    raise RegistrationError(f"none of the plugin's versions {list(supported)} is known ({list(KNOWN_VERSIONS)})")
 
 
 def _prepare_result(entry: Any, with_share_id: bool) -> types.PrepareResult:
@@ -174,9 +170,7 @@ class KubeletPluginClient:
         response = self._dra.NodeUnprepareResources(request, timeout=self.timeout)
         return {uid: types.UnprepareResult(error=entry.error) for uid, entry in response.claims.items()}
 
-    def watch_health(
-        self, timeout: float | None = None
-    ) -> Generator[list[types.DeviceHealthView], None, None]:
+    def watch_health(self, timeout: float | None = None) -> Generator[list[types.DeviceHealthView], None, None]:
         """Follow NodeWatchResources; close the generator to cancel the stream."""
         call = self._health.NodeWatchResources(health_pb2.NodeWatchResourcesRequest(), timeout=timeout)
         try:
@@ -197,9 +191,7 @@ class KubeletPluginClient:
 
     def check_health(self, service: str = "") -> str:
         """grpc.health.v1 Check on the DRA socket; returns the status name, e.g. "SERVING"."""
-        response = self._grpc_health.Check(
-            grpc_health_pb2.HealthCheckRequest(service=service), timeout=self.timeout
-        )
+        response = self._grpc_health.Check(grpc_health_pb2.HealthCheckRequest(service=service), timeout=self.timeout)
         return str(grpc_health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
 
     def close(self) -> None:

@@ -78,14 +78,10 @@ class PluginServer:
             raise ValueError("driver_name must not be empty")
         self.driver_name = driver_name
         self.registry_dir = Path(registry_dir).absolute()
-        self.plugin_dir = Path(
-            plugin_dir if plugin_dir is not None else DEFAULT_PLUGINS_DIR / driver_name
-        ).absolute()
+        self.plugin_dir = Path(plugin_dir if plugin_dir is not None else DEFAULT_PLUGINS_DIR / driver_name).absolute()
         self.registration_socket = registration_socket_path(self.registry_dir, driver_name)
         self.dra_socket = self.plugin_dir / DRA_SOCKET_NAME
-        self._hidden_registration_socket = self.registration_socket.with_name(
-            f".{self.registration_socket.name}.tmp"
-        )
+        self._hidden_registration_socket = self.registration_socket.with_name(f".{self.registration_socket.name}.tmp")
         for path in (self.registration_socket, self._hidden_registration_socket, self.dra_socket):
             _check_socket_path(path)
 

@@ -88,9 +88,7 @@ def test_prepare_unprepare_whole_gpus(drv: DriverUnderTest, client: KubeletPlugi
 def test_batch_with_one_bad_claim(drv: DriverUnderTest, client: KubeletPluginClient) -> None:
     good_a = make_claim("a", drv.node, ["gpu-0"])
     good_b = make_claim("b", drv.node, ["gpu-1"])
-    bad = make_claim(
-        "bad", drv.node, ["gpu-2"], claim_config=[{**GPU_CONFIG, "sharing": {"strategy": "Sometimes"}}]
-    )
+    bad = make_claim("bad", drv.node, ["gpu-2"], claim_config=[{**GPU_CONFIG, "sharing": {"strategy": "Sometimes"}}])
     drv.claims.add(good_a, good_b, bad)
     results = client.prepare([ref(good_a), ref(bad), ref(good_b)])
     assert set(results) == {c["metadata"]["uid"] for c in (good_a, good_b, bad)}

@@ -80,9 +80,7 @@ def _wrapper(root: Path, name: str, body: str) -> Path:
     return path
 
 
-def _spec(
-    claim: str, pct: int | None, limits: dict[str, int], devices: tuple[str, ...] = (GPU,)
-) -> mps.MpsSpec:
+def _spec(claim: str, pct: int | None, limits: dict[str, int], devices: tuple[str, ...] = (GPU,)) -> mps.MpsSpec:
     return mps.MpsSpec(claim, devices, pct, limits)
 
 
@@ -142,9 +140,7 @@ def test_two_claims_on_one_gpu_each_get_their_own_daemon_and_limits(
         assert f"set_default_active_thread_percentage {pct}" in told
         assert f"set_default_device_pinned_mem_limit 0 {mib}M" in told
         assert all(c["ok"] for c in rec["commands"])
-        assert (
-            f"Cmd:set_default_active_thread_percentage {pct}" in (daemon.log_dir / "control.log").read_text()
-        )
+        assert f"Cmd:set_default_active_thread_percentage {pct}" in (daemon.log_dir / "control.log").read_text()
 
     listed = {d.claim_uid: d for d in control.list_daemons()}
     assert listed == {CLAIM_A: gold, CLAIM_B: bronze}

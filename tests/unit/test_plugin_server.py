@@ -120,9 +120,7 @@ def plugin(
 
 
 def _connect(plugin: server.PluginServer, version: str) -> kubelet_client.KubeletPluginClient:
-    return kubelet_client.KubeletPluginClient.discover(
-        plugin.registration_socket, timeout=10, force_version=version
-    )
+    return kubelet_client.KubeletPluginClient.discover(plugin.registration_socket, timeout=10, force_version=version)
 
 
 # --- registration ---------------------------------------------------------------------------------
@@ -314,9 +312,7 @@ def test_failing_timing_hook_does_not_fail_the_call(short_dir: Path, preparer: F
     def broken(op: str, seconds: float, errors: int) -> None:
         raise ValueError("metrics down")
 
-    srv = server.PluginServer(
-        DRIVER, preparer, registry_dir=short_dir / "r", plugin_dir=short_dir / "p", timing=broken
-    )
+    srv = server.PluginServer(DRIVER, preparer, registry_dir=short_dir / "r", plugin_dir=short_dir / "p", timing=broken)
     with srv, kubelet_client.KubeletPluginClient(str(srv.dra_socket), timeout=10) as client:
         assert client.unprepare([_claim(1)]) == {"uid-1": types.UnprepareResult()}
 
@@ -337,9 +333,7 @@ def test_health_stream_delivers_updates(plugin: server.PluginServer, board: heal
     with _connect(plugin, V1) as client:
         stream = client.watch_health(timeout=20)
         first = next(stream)
-        assert first == [
-            types.DeviceHealthView("node-a", "gpu-0", True, "ok", last_updated=100, timeout_s=30)
-        ]
+        assert first == [types.DeviceHealthView("node-a", "gpu-0", True, "ok", last_updated=100, timeout_s=30)]
         board.update([types.DeviceHealthView("node-a", "gpu-1", False, "XID 79", last_updated=101)])
         second = next(stream)
         assert [(d.device_name, d.healthy, d.message) for d in second] == [
