@@ -15,24 +15,23 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
 
-from driver import cdi
-from driver.api import configs, names, quantity
+from driver import cdi, planning
+from driver.api import configs
 from driver.checkpoint import (
     Checkpoint,
     CheckpointStore,
     ClaimRecord,
     DeviceRecord,
     MigRecord,
-    SharingRecord,
     file_lock,
 )
-from driver.claims import AllocatedDevice, ClaimAllocation, ClaimError, parse_allocation
+from driver.claims import AllocatedDevice, ClaimError, parse_allocation
 from driver.hw import interface as hw
 from driver.inventory import GpuEntry, Inventory, MigSlot, discover
 from driver.kube import NotFound
@@ -83,14 +82,6 @@ class StateSettings:
     boot_id: str
     dev_root: Path = Path("/dev")
     check_host_device_nodes: bool = False
-
-
-@dataclass
-class _Plan:
-    alloc: ClaimAllocation
-    devices: list[tuple[AllocatedDevice, GpuEntry, MigSlot | None]]
-    sharing: SharingRecord
-    mps_limits_by_uuid: dict[str, int] = field(default_factory=dict)
 
 
 def _reason(exc: BaseException) -> str:
@@ -202,7 +193,13 @@ class DeviceState:
         obj = self.claims.get_claim(ref.namespace, ref.name)
         alloc = parse_allocation(obj, ref.uid, self.settings.driver_name, self.settings.node_name)
         try:
-            plan = self._plan(cp, alloc)
+            plan = planning.plan_claim(
+                self._inventory or self._refresh(cp),
+                cp.claims,
+                alloc,
+                self.settings.node_name,
+                self.settings.driver_name,
+            )
         except (ClaimError, configs.ConfigError) as exc:
             self.claims.claim_event(obj, "PrepareFailed", str(exc))
             raise
@@ -235,125 +232,7 @@ class DeviceState:
         self._step("prepare:completed-recorded")
         return _result_from(rec)
 
-    def _plan(self, cp: Checkpoint, alloc: ClaimAllocation) -> _Plan:
-        inv = self._inventory or self._refresh(cp)
-        devices: list[tuple[AllocatedDevice, GpuEntry, MigSlot | None]] = []
-        effective: list[tuple[AllocatedDevice, GpuEntry, MigSlot | None, configs.DeviceConfig]] = []
-        for dev in alloc.devices:
-            found = inv.mig_slot(dev.device)
-            if found is not None:
-                gpu, slot = found
-                dtype = names.DEVICE_TYPE_MIG
-            else:
-                entry = inv.gpu(dev.device)
-                if entry is None or not entry.offer_whole:
-                    raise ClaimError(
-                        f"device {dev.device} is not published by node {self.settings.node_name} "
-                        "(it may have been removed); delete the pod so the claim is allocated again"
-                    )
-                gpu, slot = entry, None
-                dtype = names.DEVICE_TYPE_GPU
-            if dev.admin_access:
-                raise ClaimError(f"device {dev.device}: adminAccess is not supported by {self.settings.driver_name}")
-            cfg = configs.merge_configs(alloc.configs, dev.request, dtype)
-            devices.append((dev, gpu, slot))
-            effective.append((dev, gpu, slot, cfg))
-        strategies = {cfg.sharing.strategy for *_, cfg in effective}
-        if len(strategies) > 1:
-            raise ClaimError(
-                f"claim {alloc.namespace}/{alloc.name} mixes sharing strategies {sorted(strategies)}; "
-                "use one strategy per claim (split it into several claims)"
-            )
-        strategy = strategies.pop() if strategies else "Exclusive"
-        if strategy == "Exclusive":
-            for dev, _gpu, slot in devices:
-                share = _consumed_percent(dev)
-                if slot is None and share is not None and share < 100:
-                    raise ClaimError(
-                        f"device {dev.device} was allocated with sharePercent {share} but the claim's sharing "
-                        "strategy is Exclusive; a partial share needs strategy MPS or TimeSlicing (e.g. class "
-                        "mps-bronze.gpu.gpuplane.dev), or drop the capacity request to hold the whole GPU"
-                    )
-        sharing = SharingRecord(strategy=strategy)
-        if strategy == "TimeSlicing":
-            intervals = {
-                (cfg.sharing.timeSlicing.interval if cfg.sharing.timeSlicing else "Default") for *_, cfg in effective
-            }
-            if len(intervals) > 1:
-                raise ClaimError(f"requests ask for different time-slice intervals {sorted(intervals)}; pick one")
-            sharing.timeslice_interval = intervals.pop()
-        if strategy == "MPS":
-            self._plan_mps(alloc, effective, sharing)
-        self._check_co_tenants(cp, alloc, devices, sharing)
-        return _Plan(alloc=alloc, devices=devices, sharing=sharing)
-
-    def _plan_mps(
-        self,
-        alloc: ClaimAllocation,
-        effective: Sequence[tuple[AllocatedDevice, GpuEntry, MigSlot | None, configs.DeviceConfig]],
-        sharing: SharingRecord,
-    ) -> None:
-        percentages: set[int] = set()
-        for dev, gpu, slot, cfg in effective:
-            mps = cfg.sharing.mps or configs.MpsConfig()
-            pct = mps.defaultActiveThreadPercentage
-            share = _consumed_percent(dev)
-            if share is not None:
-                pct = min(pct, share) if pct is not None else share
-            if pct is not None:
-                percentages.add(pct)
-            device_memory = slot.profile.memory_bytes if slot is not None else gpu.info.memory_bytes
-            limit = mps.limit_bytes_for(dev.device)
-            consumed_mem = _consumed_bytes(dev)
-            if consumed_mem:
-                limit = min(limit, consumed_mem) if limit is not None else consumed_mem
-            if limit is not None:
-                if limit > device_memory:
-                    raise ClaimError(
-                        f"device {dev.device}: MPS pinned memory limit {limit} bytes exceeds the device's memory "
-                        f"{device_memory} bytes; lower mps.defaultPinnedDeviceMemoryLimit"
-                    )
-                uuid = _device_uuid_hint(gpu, slot)
-                sharing.mps_pinned_limits[uuid] = limit
-        if len(percentages) > 1:
-            raise ClaimError(
-                f"requests of claim {alloc.namespace}/{alloc.name} ask for different MPS thread percentages "
-                f"{sorted(percentages)}; one MPS daemon serves the claim, so use one value"
-            )
-        sharing.mps_active_thread_percentage = percentages.pop() if percentages else None
-
-    def _check_co_tenants(
-        self,
-        cp: Checkpoint,
-        alloc: ClaimAllocation,
-        devices: Sequence[tuple[AllocatedDevice, GpuEntry, MigSlot | None]],
-        sharing: SharingRecord,
-    ) -> None:
-        """Refuse to mix an exclusive holder with sharers on one physical GPU, or time-slice intervals."""
-        strategy = sharing.strategy
-        for dev, gpu, slot in devices:
-            if slot is not None:
-                continue
-            for other in cp.claims.values():
-                if other.uid == alloc.uid:
-                    continue
-                if not any(d.kind == "gpu" and d.gpu_uuid == gpu.info.uuid for d in other.devices):
-                    continue
-                theirs = other.sharing.strategy
-                if theirs == "Exclusive" or strategy == "Exclusive" or theirs != strategy:
-                    raise ClaimError(
-                        f"device {dev.device} is already held by claim {other.namespace}/{other.name} "
-                        f"with sharing strategy {theirs}; a {strategy} claim cannot share it "
-                        "(only MPS with MPS, or time-slicing with time-slicing, may share a GPU)"
-                    )
-                if strategy == "TimeSlicing" and other.sharing.timeslice_interval != sharing.timeslice_interval:
-                    raise ClaimError(
-                        f"device {dev.device} is time-sliced with interval {other.sharing.timeslice_interval} "
-                        f"by claim {other.namespace}/{other.name}; this claim asks for "
-                        f"{sharing.timeslice_interval}. One GPU has one interval: use the same one"
-                    )
-
-    def _execute(self, cp: Checkpoint, rec: ClaimRecord, plan: _Plan) -> None:
+    def _execute(self, cp: Checkpoint, rec: ClaimRecord, plan: planning.Plan) -> None:
         for dev_rec, (_, gpu, slot) in zip(rec.devices, plan.devices, strict=True):
             if slot is not None and dev_rec.mig is not None:
                 self._create_mig(cp, rec, dev_rec, gpu, slot)
@@ -365,9 +244,9 @@ class DeviceState:
         if rec.sharing.strategy == "MPS":
             uuids = tuple(_runtime_uuid(d) for d in rec.devices)
             limits = {
-                _runtime_uuid(d): rec.sharing.mps_pinned_limits[hint]
+                _runtime_uuid(d): rec.sharing.mps_pinned_limits[key]
                 for d in rec.devices
-                if (hint := d.mig.parent_uuid + f"/{d.mig.start}" if d.mig else d.gpu_uuid)
+                if (key := planning.limit_key(d.gpu_uuid, d.mig.start if d.mig else None))
                 in rec.sharing.mps_pinned_limits
             }
             rec.mps_daemon = True
@@ -746,29 +625,10 @@ def _device_record(dev: AllocatedDevice, gpu: GpuEntry, slot: MigSlot | None) ->
     )
 
 
-def _device_uuid_hint(gpu: GpuEntry, slot: MigSlot | None) -> str:
-    """Key for a device's MPS limit before its MIG uuid exists."""
-    return f"{gpu.info.uuid}/{slot.start}" if slot is not None else gpu.info.uuid
-
-
 def _runtime_uuid(d: DeviceRecord) -> str:
     if d.mig is not None and d.mig.mig_uuid:
         return d.mig.mig_uuid
     return d.gpu_uuid
-
-
-def _consumed_percent(dev: AllocatedDevice) -> int | None:
-    value = dev.consumed_capacity.get(names.CAP_SHARE_PERCENT)
-    if value is None:
-        return None
-    return max(1, min(100, quantity.parse_quantity(str(value))))
-
-
-def _consumed_bytes(dev: AllocatedDevice) -> int | None:
-    value = dev.consumed_capacity.get(names.CAP_MEMORY)
-    if value is None:
-        return None
-    return quantity.parse_quantity(str(value)) or None
 
 
 def _result_from(rec: ClaimRecord) -> PrepareResult:
