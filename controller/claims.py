@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller import names, selectors, snapshot_builder
-from driver.api import configs
+from driver.api import configs, quantity
 from driver.api import names as dn
 
 _MIG_PROFILE = re.compile(rf'\.{dn.ATTR_MIG_PROFILE}\s*==\s*"([^"]+)"|\["{dn.ATTR_MIG_PROFILE}"\]\s*==\s*"([^"]+)"')
@@ -29,6 +29,7 @@ class Request:
     device_class: str
     count: int  # -1 for allocationMode All
     selectors: tuple[str, ...]
+    share_percent: int | None = None  # capacity.requests.sharePercent, when the request asks for a share
 
 
 def requests_of(claim: Mapping[str, Any]) -> Iterator[Request]:
@@ -44,13 +45,24 @@ def requests_of(claim: Mapping[str, Any]) -> Iterator[Request]:
             if not body:
                 continue
             mode = body.get("allocationMode", "ExactCount")
+            share = ((body.get("capacity") or {}).get("requests") or {}).get(dn.CAP_SHARE_PERCENT)
             yield Request(
                 name=full,
                 parent=name,
                 device_class=str(body.get("deviceClassName", "")),
                 count=-1 if mode == "All" else int(body.get("count", 1) or 1),
                 selectors=tuple(str((s.get("cel") or {}).get("expression", "")) for s in body.get("selectors") or []),
+                share_percent=_share(share),
             )
+
+
+def _share(value: Any) -> int | None:
+    if value is None:
+        return None
+    try:
+        return quantity.parse_quantity(str(value))
+    except ValueError:
+        return None
 
 
 def class_is_ours(device_class: Mapping[str, Any] | None) -> bool:
@@ -108,9 +120,16 @@ def validate(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]])
             if (c.get("opaque") or {}).get("driver") == dn.DRIVER_NAME
         ]
         try:
-            configs.merge_configs([*class_entries, *claim_entries], req.name, class_device_type(dclass))
+            merged = configs.merge_configs([*class_entries, *claim_entries], req.name, class_device_type(dclass))
         except configs.ConfigError as exc:
             problems.append(str(exc))
+            continue
+        if req.share_percent is not None and req.share_percent < 100 and merged.sharing.strategy == "Exclusive":
+            problems.append(
+                f"request {req.name!r} asks for sharePercent {req.share_percent} but its sharing strategy is "
+                "Exclusive; the driver will refuse it. Use an MPS tier class (e.g. mps-bronze.gpu.gpuplane.dev) "
+                "or a TimeSlicing config, or drop the capacity request to hold the whole GPU"
+            )
     if not checked:
         # Configs for this driver on a claim whose requests use no class of ours: still parse them.
         for i, entry in enumerate(claim_entries):

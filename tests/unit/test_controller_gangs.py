@@ -694,3 +694,30 @@ def test_selector_outside_the_prefilter_is_reported_once(cluster_slices: list[di
         for e in decide(gang_world(cluster_slices, plain, 1), "team-a/plain").events
         if e[1] == "SelectorNotPrefiltered"
     ]
+
+
+def test_partial_share_without_sharing_strategy_is_flagged_before_scheduling() -> None:
+    """A sharePercent < 100 on a plain exclusive claim is refused by the driver; the controller says so first."""
+    shared = req("g")
+    shared["exactly"]["capacity"] = {"requests": {"sharePercent": "50"}}
+    problems = claims.validate(claim_body([shared]), CLASSES)
+    assert len(problems) == 1 and "sharePercent 50" in problems[0] and "Exclusive" in problems[0]
+    whole = req("g")
+    whole["exactly"]["capacity"] = {"requests": {"sharePercent": "100"}}
+    assert claims.validate(claim_body([whole]), CLASSES) == []
+    timesliced = claim_body(
+        [shared],
+        [
+            {
+                "opaque": {
+                    "driver": "gpu.gpuplane.dev",
+                    "parameters": {
+                        "apiVersion": "gpu.gpuplane.dev/v1alpha1",
+                        "kind": "GpuConfig",
+                        "sharing": {"strategy": "TimeSlicing"},
+                    },
+                }
+            }
+        ],
+    )
+    assert claims.validate(timesliced, CLASSES) == []
