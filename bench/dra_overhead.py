@@ -1,6 +1,7 @@
 """DRA overhead: apply-to-Running for pods with GPU claims next to the same pods without claims.
 
-    python bench/dra_overhead.py [--pods 100] [--nodes 8] [--claims mig|mps] [--rounds 1] [--write docs/benchmarks.md]
+    python bench/dra_overhead.py [--pods 100] [--nodes 8] [--claims mig|mps|timeslice] [--rounds 1]
+        [--api-qps N] [--stages] [--write docs/benchmarks.md]
 
 Starts its own loopback control plane and ``--nodes`` simulated ``hgx-h100``
 nodes (each a real ``gpuplane-driver`` and a kubelet stand-in, see
@@ -21,22 +22,33 @@ placements; the driver creates a real simulated MIG instance per claim);
 
 Prints p50/p99/max per kind and the ratios; ``--write FILE`` appends a
 section to FILE (another tool writes there too: it is only ever appended to).
+
+``--stages`` also breaks each pod's time into stages, from watch arrival
+times in this process (pods: bound, ``status.resourceClaimStatuses`` written,
+Running; ResourceClaims: created, ``status.allocation`` first seen), the
+kubelet stand-ins' per-pod timing lines (wait for claims, claim reads,
+``NodePrepareResources``, Running status write) and the drivers'
+``gpuplane_driver_rpc_duration_seconds{op="prepare"}`` sum/count over the
+measured claim rounds; it prints p50/p99/max/mean per stage.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import datetime
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,14 +112,11 @@ def pod(name: str, round_label: str, with_claim: bool) -> dict[str, Any]:
     }
 
 
-class RunningWatch:
-    """Records when each pod of a round is first seen Running (monotonic clock)."""
+class _Watch:
+    """One list+watch of a namespaced collection in a thread; ``_event`` sees every event (monotonic arrival)."""
 
-    def __init__(self, api: client.ApiClient, round_label: str) -> None:
-        self.core = client.CoreV1Api(api)
-        self.selector = f"bench-round={round_label}"
-        self.running: dict[str, float] = {}
-        self.gone: set[str] = set()
+    def __init__(self, list_call: Callable[..., Any]) -> None:
+        self._list = list_call
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -121,38 +130,88 @@ class RunningWatch:
         """Stop watching."""
         self._stop.set()
 
+    def _event(self, kind: str, obj: dict[str, Any], now: float) -> None:
+        raise NotImplementedError
+
     def _run(self) -> None:
         try:
             self._follow()
         except Exception as err:  # the control plane going away at the end of the run, or a broken round
             if not self._stop.is_set():
-                print(f"pod watch failed: {err}", file=sys.stderr, flush=True)
+                print(f"watch failed: {err}", file=sys.stderr, flush=True)
 
     def _follow(self) -> None:
-        listed: Any = self.core.list_namespaced_pod(NAMESPACE, label_selector=self.selector, _preload_content=False)
+        listed: Any = self._list(_preload_content=False)
         version = json.loads(listed.data)["metadata"]["resourceVersion"]
         while not self._stop.is_set():
-            response: Any = self.core.list_namespaced_pod(
-                NAMESPACE,
-                label_selector=self.selector,
-                watch=True,
-                resource_version=version,
-                timeout_seconds=30,
-                _preload_content=False,
-            )
+            response: Any = self._list(watch=True, resource_version=version, timeout_seconds=30, _preload_content=False)
             self._ready.set()
             for line in kubelet.stream_lines(response):
+                now = time.monotonic()
                 event = json.loads(line)
                 obj = event["object"]
                 version = obj["metadata"].get("resourceVersion", version)
-                name = obj["metadata"].get("name")
-                if event["type"] == "DELETED":
-                    self.gone.add(name)
-                elif (obj.get("status") or {}).get("phase") == "Running" and name not in self.running:
-                    self.running[name] = time.monotonic()
+                self._event(event["type"], obj, now)
                 if self._stop.is_set():
                     break
             response.release_conn()
+
+
+class RunningWatch(_Watch):
+    """When each pod of a round is first seen bound, with claim statuses, Running (monotonic clock)."""
+
+    def __init__(self, api: client.ApiClient, round_label: str) -> None:
+        core = client.CoreV1Api(api)
+        selector = f"bench-round={round_label}"
+        super().__init__(lambda **kw: core.list_namespaced_pod(NAMESPACE, label_selector=selector, **kw))
+        self.created: dict[str, float] = {}
+        self.bound: dict[str, float] = {}
+        self.claim_status: dict[str, float] = {}
+        self.running: dict[str, float] = {}
+        self.gone: set[str] = set()
+
+    def _event(self, kind: str, obj: dict[str, Any], now: float) -> None:
+        name = obj["metadata"].get("name")
+        if kind == "DELETED":
+            self.gone.add(name)
+            return
+        status = obj.get("status") or {}
+        self.created.setdefault(name, now)
+        if (obj.get("spec") or {}).get("nodeName"):
+            self.bound.setdefault(name, now)
+        if status.get("resourceClaimStatuses"):
+            self.claim_status.setdefault(name, now)
+        if status.get("phase") == "Running":
+            self.running.setdefault(name, now)
+
+
+class ClaimWatch(_Watch):
+    """When each pod's generated ResourceClaim is first seen (created), allocated, reserved (monotonic clock)."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        custom = client.CustomObjectsApi(api)
+        super().__init__(
+            lambda **kw: custom.list_namespaced_custom_object(
+                kubelet.GROUP, kubelet.VERSION, NAMESPACE, "resourceclaims", **kw
+            )
+        )
+        self.created: dict[str, float] = {}  # keyed by the owning pod's name
+        self.allocated: dict[str, float] = {}
+        self.reserved: dict[str, float] = {}
+
+    def _event(self, kind: str, obj: dict[str, Any], now: float) -> None:
+        if kind not in ("ADDED", "MODIFIED"):
+            return
+        owners = [o["name"] for o in obj["metadata"].get("ownerReferences") or [] if o.get("kind") == "Pod"]
+        if not owners:
+            return
+        pod_name = owners[0]
+        self.created.setdefault(pod_name, now)
+        status = obj.get("status") or {}
+        if status.get("allocation"):
+            self.allocated.setdefault(pod_name, now)
+        if status.get("reservedFor"):
+            self.reserved.setdefault(pod_name, now)
 
 
 def wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
@@ -164,12 +223,127 @@ def wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
-def run_round(handle: cluster.Cluster, label: str, count: int, with_claim: bool, timeout: float) -> list[float]:
-    """Apply ``count`` pods in one kubectl apply; return each pod's apply-to-Running latency (s)."""
+Stages = dict[str, list[float]]
+"""Stage name -> one duration (s) per pod, pooled over rounds."""
+
+NODE_LINE = re.compile(
+    r"pod (?P<ns>[^/\s]+)/(?P<name>\S+) running: total_ms=(?P<total>[\d.]+) wait_ms=(?P<wait>[\d.]+) "
+    r"tries=(?P<tries>\d+) claims_ms=(?P<claims>[\d.]+) prepare_ms=(?P<prepare>[\d.]+) status_ms=(?P<status>[\d.]+)"
+    r"(?: first_wait=(?P<why>.*))?"
+)
+NODE_FIELDS = {
+    "wait": "stand-in: bound seen -> claims ready (poll)",
+    "claims": "stand-in: claim reads (GET)",
+    "prepare": "stand-in: NodePrepareResources call",
+    "status": "stand-in: Running status write",
+    "total": "stand-in: bound seen -> Running written",
+}
+
+
+def node_lines(
+    sim: simnodes.SimNodes, names: Sequence[str], waits: collections.Counter[str], timeout: float = 10.0
+) -> dict[str, dict[str, float]]:
+    """The stand-ins' per-pod timing lines (ms) for ``names``, from the kubelet logs.
+
+    Counts in ``waits`` why a first start attempt found a pod not ready (claim names left out).
+    """
+    wanted = set(names)
+    found: dict[str, dict[str, float]] = {}
+    why: dict[str, str] = {}
+    deadline = time.monotonic() + timeout
+    while True:
+        for node in sim.started:
+            with contextlib.suppress(OSError):
+                for line in sim.log(node.kubelet_process).read_text(errors="replace").splitlines():
+                    m = NODE_LINE.search(line)
+                    if m and m["ns"] == NAMESPACE and m["name"] in wanted:
+                        found[m["name"]] = {k: float(m[k]) for k in (*NODE_FIELDS, "tries")}
+                        reason = (m["why"] or "''").strip("'\"")
+                        why[m["name"]] = re.sub(r"claim \S+", "claim", reason) or "(none: started at once)"
+        if len(found) == len(wanted) or time.monotonic() > deadline:
+            waits.update(why.values())
+            return found
+        time.sleep(0.2)
+
+
+def driver_prepare_metrics(sim: simnodes.SimNodes) -> dict[str, tuple[float, float]]:
+    """Per node: (sum, count) of ``gpuplane_driver_rpc_duration_seconds{op="prepare"}`` from its /metrics."""
+    out: dict[str, tuple[float, float]] = {}
+    for node in sim.started:
+        total = count = 0.0
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"http://127.0.0.1:{node.metrics_port}/metrics", timeout=5) as response:
+                text = response.read().decode()
+            for line in text.splitlines():
+                if line.startswith("gpuplane_driver_rpc_duration_seconds_sum{") and 'op="prepare"' in line:
+                    total = float(line.rsplit(" ", 1)[1])
+                elif line.startswith("gpuplane_driver_rpc_duration_seconds_count{") and 'op="prepare"' in line:
+                    count = float(line.rsplit(" ", 1)[1])
+        out[node.name] = (total, count)
+    return out
+
+
+def collect_stages(
+    stages: Stages,
+    started: float,
+    names: Sequence[str],
+    *,
+    pods: RunningWatch,
+    claims: ClaimWatch | None,
+    node: Mapping[str, Mapping[str, float]],
+) -> None:
+    """Add each pod's stage durations (s) to ``stages``; a stage with a missing timestamp is skipped."""
+
+    def add(stage: str, end: Mapping[str, float], begin: Mapping[str, float] | float) -> None:
+        for n in names:
+            t0 = begin if isinstance(begin, float) else begin.get(n)
+            t1 = end.get(n)
+            if t0 is not None and t1 is not None:
+                stages.setdefault(stage, []).append(t1 - t0)
+
+    add("apply -> pod created (kubectl, one pod at a time)", pods.created, started)
+    if claims is None:
+        add("pod created -> bound (scheduler)", pods.bound, pods.created)
+        add("apply -> bound", pods.bound, started)
+    else:
+        add("pod created -> claim created (KCM)", claims.created, pods.created)
+        add("claim created -> pod claim status (KCM)", pods.claim_status, claims.created)
+        add("claim created -> allocated (scheduler)", claims.allocated, claims.created)
+        add("pod claim status -> allocated (scheduler)", claims.allocated, pods.claim_status)
+        add("allocated -> bound (scheduler)", pods.bound, claims.allocated)
+        add("apply -> bound", pods.bound, started)
+    add("bound -> Running (node side)", pods.running, pods.bound)
+    add("apply -> Running", pods.running, started)
+    for n in names:
+        for key, stage in NODE_FIELDS.items():
+            if n in node:
+                stages.setdefault(stage, []).append(node[n][key] / 1000)
+        if n in node:
+            stages.setdefault("stand-in: start attempts", []).append(node[n]["tries"])
+
+
+def run_round(
+    handle: cluster.Cluster,
+    label: str,
+    count: int,
+    with_claim: bool,
+    timeout: float,
+    *,
+    stages: Stages | None = None,
+    sim: simnodes.SimNodes | None = None,
+    waits: collections.Counter[str] | None = None,
+) -> list[float]:
+    """Apply ``count`` pods in one kubectl apply; return each pod's apply-to-Running latency (s).
+
+    With ``stages`` (and ``sim``), also add the per-pod stage durations to it.
+    """
     names = [f"{label}-{i:03d}" for i in range(count)]
     text = "\n---\n".join(json.dumps(pod(n, label, with_claim)) for n in names)
     watcher = RunningWatch(handle.api, label)
     watcher.start()
+    claims = ClaimWatch(handle.api) if with_claim and stages is not None else None
+    if claims is not None:
+        claims.start()
     started = time.monotonic()
     handle.kubectl("apply", "-f", "-", input_text=text, timeout=timeout)
     try:
@@ -177,6 +351,11 @@ def run_round(handle: cluster.Cluster, label: str, count: int, with_claim: bool,
     finally:
         handle.kubectl("delete", "pods", "-n", NAMESPACE, "-l", f"bench-round={label}", "--wait=false")
     latencies = [watcher.running[n] - started for n in names]
+    if stages is not None:
+        node = node_lines(sim, names, waits if waits is not None else collections.Counter()) if sim is not None else {}
+        collect_stages(stages, started, names, pods=watcher, claims=claims, node=node)
+    if claims is not None:
+        claims.stop()
     wait(lambda: watcher.gone >= set(names), timeout, f"pods of {label} deleted")
     watcher.stop()
     if with_claim:  # the generated claims go once their pods are gone
@@ -186,6 +365,31 @@ def run_round(handle: cluster.Cluster, label: str, count: int, with_claim: bool,
             "claims deleted",
         )
     return latencies
+
+
+def stage_table(plain: Stages, dra: Stages, prepare: tuple[float, float]) -> str:
+    """The stage breakdown as a Markdown table (also printed)."""
+    rows = ["| pods | stage | n | p50 (ms) | p99 (ms) | max (ms) | mean (ms) |", "|---|---|---|---|---|---|---|"]
+    for kind, stages in (("without claims", plain), ("with a claim", dra)):
+        for stage, values in stages.items():
+            if stage == "stand-in: start attempts":
+                rows.append(
+                    f"| {kind} | {stage} | {len(values)} | {percentile(values, 50):.0f} | "
+                    f"{percentile(values, 99):.0f} | {max(values):.0f} | {statistics.fmean(values):.2f} |"
+                )
+                continue
+            ms = [v * 1000 for v in values]
+            rows.append(
+                f"| {kind} | {stage} | {len(ms)} | {percentile(ms, 50):.0f} | {percentile(ms, 99):.0f} | "
+                f"{max(ms):.0f} | {statistics.fmean(ms):.0f} |"
+            )
+    total, count = prepare
+    if count:
+        rows.append(
+            f"| with a claim | driver: NodePrepareResources (metrics sum/count, all nodes) | {count:.0f} | | | | "
+            f"{total / count * 1000:.1f} |"
+        )
+    return "\n".join(rows) + "\n"
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -264,6 +468,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="client QPS of kube-scheduler and kube-controller-manager (burst 2x); default: upstream defaults",
     )
+    p.add_argument(
+        "--stages",
+        action="store_true",
+        help="also break each pod's time into stages (claim created, allocated, bound, Running; node side)",
+    )
     args = p.parse_args(argv)
     say: Callable[[str], None] = lambda text: print(text, flush=True)  # noqa: E731
     bins = build.ensure_binaries(out=say)
@@ -294,12 +503,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_round(handle, "warm-dra", 10, True, args.timeout)
             plain: list[float] = []
             dra: list[float] = []
+            stages_plain: Stages | None = {} if args.stages else None
+            stages_dra: Stages | None = {} if args.stages else None
+            prepare = (0.0, 0.0)
+            waits: collections.Counter[str] = collections.Counter()
             for r in range(args.rounds):
                 say(f"round {r + 1}/{args.rounds}: {args.pods} pods without claims ...")
-                plain += run_round(handle, f"plain-{r}", args.pods, False, args.timeout)
+                plain += run_round(handle, f"plain-{r}", args.pods, False, args.timeout, stages=stages_plain, sim=sim)
                 say(f"  p50 {percentile(plain[-args.pods :], 50):.2f}s, max {max(plain[-args.pods :]):.2f}s")
                 say(f"round {r + 1}/{args.rounds}: {args.pods} pods with a {args.claims} claim ...")
-                dra += run_round(handle, f"dra-{r}", args.pods, True, args.timeout)
+                before = driver_prepare_metrics(sim) if args.stages else {}
+                dra += run_round(
+                    handle, f"dra-{r}", args.pods, True, args.timeout, stages=stages_dra, sim=sim, waits=waits
+                )
+                if args.stages:
+                    after = driver_prepare_metrics(sim)
+                    prepare = (
+                        prepare[0] + sum(after[n][0] - before.get(n, (0.0, 0.0))[0] for n in after),
+                        prepare[1] + sum(after[n][1] - before.get(n, (0.0, 0.0))[1] for n in after),
+                    )
                 say(f"  p50 {percentile(dra[-args.pods :], 50):.2f}s, max {max(dra[-args.pods :]):.2f}s")
         finally:
             handle.close()
@@ -313,9 +535,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{'ratio':16} {s_dra['p50'] / s_plain['p50']:6.2f}x {s_dra['p99'] / s_plain['p99']:6.2f}x "
         f"{s_dra['max'] / s_plain['max']:6.2f}x"
     )
+    table = ""
+    if stages_plain is not None and stages_dra is not None:
+        table = stage_table(stages_plain, stages_dra, prepare)
+        say("\nper-pod stages (watch arrival times in this process; stand-in lines from the kubelet logs):")
+        say(table)
+        say("why the stand-in's first start attempt waited (claim pods): " + json.dumps(dict(waits)))
     if args.write:
         with args.write.open("a") as f:
             f.write(markdown(args, s_plain, s_dra, args.rounds))
+            if table:
+                f.write("\nPer-pod stages (`--stages`):\n\n" + table)
         say(f"appended the result to {args.write}")
     return 0
 

@@ -176,6 +176,12 @@ class _PodSlot:
     wake: threading.Event
     thread: threading.Thread | None = None
     gone: bool = False
+    seen: float = dataclasses.field(default_factory=time.monotonic)
+    """When the pod watch first delivered the pod (bound to this node), monotonic."""
+    tries: int = 0
+    """Start attempts so far (each one that finds a claim not ready yet is another)."""
+    first_wait: str = ""
+    """Why the first attempt found the pod not ready to start ("" if it was)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -403,12 +409,15 @@ class KubeletStandIn:
                     self._terminate(pod, delete=not gone)
                     break
                 if not started:
-                    self._start(pod)
+                    slot.tries += 1
+                    self._start(pod, slot)
                     started = True
                     backoff = BACKOFF_INITIAL_S
                 slot.wake.wait()
             except PodNotReady as err:
                 _log.debug("pod %s not ready to start: %s", name, err)
+                if not slot.first_wait:
+                    slot.first_wait = str(err)
                 slot.wake.wait(CLAIM_POLL_S)
             except PrepareFailed as err:
                 _log.warning("pod %s: prepare failed (retry in %.0fs): %s", name, backoff, err)
@@ -429,12 +438,29 @@ class KubeletStandIn:
             if last is not None and (last.gone or last.pod.deleting):
                 self._pods.pop(uid, None)
 
-    def _start(self, pod: PodView) -> None:
+    def _start(self, pod: PodView, slot: _PodSlot) -> None:
+        began = time.monotonic()
         claims = self._claims_of(pod)
+        read = time.monotonic()
         if claims:
             self._prepare(pod, claims)
+        prepared = time.monotonic()
         if pod.phase != "Running":
             self._mark_running(pod)
+        done = time.monotonic()
+        # One line per started pod with where its node-side time went (bench/dra_overhead.py --stages reads it).
+        _log.info(
+            "pod %s running: total_ms=%.1f wait_ms=%.1f tries=%d claims_ms=%.1f prepare_ms=%.1f status_ms=%.1f"
+            " first_wait=%r",
+            pod.key,
+            (done - slot.seen) * 1000,
+            (began - slot.seen) * 1000,
+            slot.tries,
+            (read - began) * 1000,
+            (prepared - read) * 1000,
+            (done - prepared) * 1000,
+            slot.first_wait,
+        )
 
     @staticmethod
     def _claim_names(pod: PodView) -> list[str]:
@@ -551,7 +577,6 @@ class KubeletStandIn:
             }
         }
         self.core.patch_namespaced_pod_status(pod.name, pod.namespace, body)
-        _log.info("pod %s running", pod.key)
 
     def _terminate(self, pod: PodView, *, delete: bool) -> None:
         uid = pod.uid
