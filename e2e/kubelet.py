@@ -146,6 +146,9 @@ class PluginRegistry:
                 continue
             try:
                 plugin = kubelet_client.KubeletPluginClient.discover(path, timeout=10.0)
+                # Registration gives up after 10 s; NodePrepare/UnprepareResources get kubelet's 45 s. With 10 s,
+                # calls queued behind the driver's per-node lock (MPS daemon starts) hit DEADLINE_EXCEEDED.
+                plugin.timeout = kubelet_client.DEFAULT_CALL_TIMEOUT
             except Exception as err:  # the driver may still be starting: try again on the next scan
                 self.last_error = f"{path}: {err}"
                 continue
