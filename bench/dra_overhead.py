@@ -29,7 +29,9 @@ Running; ResourceClaims: created, ``status.allocation`` first seen), the
 kubelet stand-ins' per-pod timing lines (wait for claims, claim reads,
 ``NodePrepareResources``, Running status write) and the drivers'
 ``gpuplane_driver_rpc_duration_seconds{op="prepare"}`` sum/count over the
-measured claim rounds; it prints p50/p99/max/mean per stage.
+measured claim rounds; it prints p50/p99/max/mean per stage, then the CPU
+seconds each component (and the whole machine, from ``/proc/stat``) spent
+from the apply until the last pod ran.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from e2e import build, cluster, controlplane, kubelet, nodes, simnodes  # noqa: E402
+from e2e import build, cluster, controlplane, kubelet, nodes, procs, simnodes  # noqa: E402
 
 NAMESPACE = "dra-overhead"
 PAUSE = "registry.k8s.io/pause:3.10"
@@ -283,6 +285,29 @@ def driver_prepare_metrics(sim: simnodes.SimNodes) -> dict[str, tuple[float, flo
     return out
 
 
+def cpu_seconds(state_dir: Path) -> dict[str, float]:
+    """CPU seconds (user + system) so far per component group, and ``machine busy`` over all CPUs (/proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for name, record in procs.read_records(state_dir / "pids").items():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = Path(f"/proc/{record.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            group = name.split("-hgx")[0] if "-hgx" in name else name  # driver-<node>, kubelet-<node>: summed
+            out[group] = out.get(group, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    own = os.times()
+    out["bench + kubectl"] = own.user + own.system + own.children_user + own.children_system
+    with contextlib.suppress(OSError, ValueError):
+        jiffies = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        out["machine busy"] = (sum(jiffies) - jiffies[3] - jiffies[4]) / tick  # all but idle and iowait
+    return out
+
+
+def add_cpu(total: dict[str, float], before: Mapping[str, float], after: Mapping[str, float]) -> None:
+    """Add the CPU seconds spent between two ``cpu_seconds`` samples to ``total``."""
+    for key, value in after.items():
+        total[key] = total.get(key, 0.0) + value - before.get(key, 0.0)
+
+
 def collect_stages(
     stages: Stages,
     started: float,
@@ -332,6 +357,7 @@ def run_round(
     stages: Stages | None = None,
     sim: simnodes.SimNodes | None = None,
     waits: collections.Counter[str] | None = None,
+    cpu: dict[str, float] | None = None,
 ) -> list[float]:
     """Apply ``count`` pods in one kubectl apply; return each pod's apply-to-Running latency (s).
 
@@ -344,10 +370,16 @@ def run_round(
     claims = ClaimWatch(handle.api) if with_claim and stages is not None else None
     if claims is not None:
         claims.start()
+    cpu_before = cpu_seconds(handle.state_dir) if cpu is not None and handle.state_dir else {}
     started = time.monotonic()
     handle.kubectl("apply", "-f", "-", input_text=text, timeout=timeout)
     try:
         wait(lambda: len(watcher.running) == count, timeout, f"{count} pods of {label} Running")
+        if cpu is not None and handle.state_dir:
+            add_cpu(cpu, cpu_before, cpu_seconds(handle.state_dir))
+            cpu["wall (apply -> last Running)"] = cpu.get("wall (apply -> last Running)", 0.0) + (
+                max(watcher.running.values()) - started
+            )
     finally:
         handle.kubectl("delete", "pods", "-n", NAMESPACE, "-l", f"bench-round={label}", "--wait=false")
     latencies = [watcher.running[n] - started for n in names]
@@ -365,6 +397,14 @@ def run_round(
             "claims deleted",
         )
     return latencies
+
+
+def cpu_table(plain: Mapping[str, float], dra: Mapping[str, float]) -> str:
+    """CPU seconds per component during the rounds, as a Markdown table."""
+    keys = sorted(set(plain) | set(dra), key=lambda k: (k.startswith(("wall", "machine")), -dra.get(k, 0.0)))
+    rows = ["| component | CPU s, without claims | CPU s, with a claim |", "|---|---|---|"]
+    rows += [f"| {k} | {plain.get(k, 0.0):.2f} | {dra.get(k, 0.0):.2f} |" for k in keys]
+    return "\n".join(rows) + "\n"
 
 
 def stage_table(plain: Stages, dra: Stages, prepare: tuple[float, float]) -> str:
@@ -507,14 +547,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             stages_dra: Stages | None = {} if args.stages else None
             prepare = (0.0, 0.0)
             waits: collections.Counter[str] = collections.Counter()
+            cpu_plain: dict[str, float] | None = {} if args.stages else None
+            cpu_dra: dict[str, float] | None = {} if args.stages else None
             for r in range(args.rounds):
                 say(f"round {r + 1}/{args.rounds}: {args.pods} pods without claims ...")
-                plain += run_round(handle, f"plain-{r}", args.pods, False, args.timeout, stages=stages_plain, sim=sim)
+                plain += run_round(
+                    handle, f"plain-{r}", args.pods, False, args.timeout, stages=stages_plain, sim=sim, cpu=cpu_plain
+                )
                 say(f"  p50 {percentile(plain[-args.pods :], 50):.2f}s, max {max(plain[-args.pods :]):.2f}s")
                 say(f"round {r + 1}/{args.rounds}: {args.pods} pods with a {args.claims} claim ...")
                 before = driver_prepare_metrics(sim) if args.stages else {}
                 dra += run_round(
-                    handle, f"dra-{r}", args.pods, True, args.timeout, stages=stages_dra, sim=sim, waits=waits
+                    handle,
+                    f"dra-{r}",
+                    args.pods,
+                    True,
+                    args.timeout,
+                    stages=stages_dra,
+                    sim=sim,
+                    waits=waits,
+                    cpu=cpu_dra,
                 )
                 if args.stages:
                     after = driver_prepare_metrics(sim)
@@ -541,6 +593,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         say("\nper-pod stages (watch arrival times in this process; stand-in lines from the kubelet logs):")
         say(table)
         say("why the stand-in's first start attempt waited (claim pods): " + json.dumps(dict(waits)))
+        if cpu_plain is not None and cpu_dra is not None:
+            table += "\n" + cpu_table(cpu_plain, cpu_dra)
+            say("\nCPU seconds from the apply to the last pod Running, all measured rounds:")
+            say(cpu_table(cpu_plain, cpu_dra))
     if args.write:
         with args.write.open("a") as f:
             f.write(markdown(args, s_plain, s_dra, args.rounds))
