@@ -84,6 +84,7 @@ class ClusterView:
                 model=g.product,
                 whole=g.id in self.taken_whole,
                 mig=() if g.id in self.taken_whole else self.taken_mig.get(g.id, ()),
+                memory_gib=g.memory_bytes / 2**30 if g.memory_bytes else None,
             )
             per_domain.setdefault(g.domain, {}).setdefault(g.node, []).append(gpu)
         domains = [

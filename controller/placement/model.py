@@ -86,6 +86,12 @@ class Gpu:
     model: str = "H100"
     whole: bool = False
     mig: tuple[MigInstance, ...] = ()
+    memory_gib: float | None = None  # as published; None: look the model up in GPU_MEMORY_GIB
+
+    @property
+    def memory(self) -> float:
+        """GPU memory in GiB, for fair share by dominant resource."""
+        return self.memory_gib if self.memory_gib is not None else GPU_MEMORY_GIB.get(self.model, 80.0)
 
     @property
     def empty(self) -> bool:

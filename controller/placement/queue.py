@@ -172,12 +172,18 @@ class Usage:
 
 def capacity(snap: snapshot.Snapshot) -> Usage:
     """Total GPUs and GPU memory of the cluster."""
-    mem = sum(model.GPU_MEMORY_GIB.get(g.model, 80.0) for g in snap.gpus())
+    mem = sum(g.memory for g in snap.gpus())
     return Usage(float(snap.gpu_total()), mem)
 
 
-def demand(request: model.Request, snap: snapshot.Snapshot, gpu_memory_gib: float = 80.0) -> Usage:
-    """What ``request`` takes: whole GPUs and their memory, or a MIG profile's compute and memory share."""
+def demand(request: model.Request, snap: snapshot.Snapshot, gpu_memory_gib: float | None = None) -> Usage:
+    """What ``request`` takes: whole GPUs and their memory, or a MIG profile's compute and memory share.
+
+    Memory per GPU defaults to the cluster's mean published GPU memory (80 GiB for an empty cluster).
+    """
+    if gpu_memory_gib is None:
+        cap = capacity(snap)
+        gpu_memory_gib = cap.memory_gib / cap.gpus if cap.gpus else 80.0
     if request.mig_profile is not None:
         geo = snap.slots.geometry
         p = geo.profile(request.mig_profile)

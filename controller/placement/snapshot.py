@@ -256,7 +256,9 @@ class Snapshot:
 
 
 def _replace_gpu(g: model.Gpu, whole: bool, mig: tuple[model.MigInstance, ...]) -> model.Gpu:
-    return model.Gpu(id=g.id, node=g.node, domain=g.domain, model=g.model, whole=whole, mig=mig)
+    return model.Gpu(
+        id=g.id, node=g.node, domain=g.domain, model=g.model, whole=whole, mig=mig, memory_gib=g.memory_gib
+    )
 
 
 def _count(slots: geometry.Slots, counts: dict[int, int], g: model.Gpu, delta: int) -> None:

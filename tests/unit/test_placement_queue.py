@@ -132,3 +132,23 @@ def test_drf_skips_a_tenant_whose_next_task_does_not_fit() -> None:
     res = queue.drf_schedule(pending, {}, snap, pol, now=5.0)
     assert [d.request_id for d in res.decisions] == ["b1"]
     assert res.skipped == ("a",)
+
+
+def test_fair_share_memory_comes_from_published_gpu_memory() -> None:
+    """DRF's memory dimension uses each GPU's published memory, not a table keyed by short model names."""
+    from controller.placement import model as pm
+    from controller.placement import queue as pq
+    from controller.placement.snapshot import Snapshot
+
+    big = pm.Gpu(id="n1-g0", node="n1", domain="d1", model="NVIDIA H200", memory_gib=141.0)
+    small = pm.Gpu(id="n2-g0", node="n2", domain="d2", model="NVIDIA A100-SXM4-40GB", memory_gib=40.0)
+    snap = Snapshot.build(
+        [
+            pm.Domain(name="d1", nodes=(pm.Node(name="n1", domain="d1", gpus=(big,)),)),
+            pm.Domain(name="d2", nodes=(pm.Node(name="n2", domain="d2", gpus=(small,)),)),
+        ]
+    )
+    assert pq.capacity(snap) == pq.Usage(2.0, 181.0)
+    assert pq.demand(pm.Request(id="r", gpus_per_member=1), snap) == pq.Usage(1.0, 90.5)
+    # An unknown product name without published memory still falls back to the table's default.
+    assert pm.Gpu(id="x", node="n", domain="d", model="mystery").memory == 80.0
