@@ -95,11 +95,6 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
         watcher.start()
         publisher.publish(state.inventory())
         metrics.devices_published.set(publisher.devices_published)
-        metrics.checkpoint_changed(state.snapshot())
-
-        def timing(op: str, seconds: float, n_errors: int) -> None:
-            metrics.rpc(op, seconds, n_errors)
-            metrics.checkpoint_changed(state.snapshot())
 
         server = PluginServer(
             cfg.driver_name,
@@ -107,7 +102,7 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
             registry_dir=cfg.registry_dir,
             plugin_dir=cfg.plugin_dir,
             health_source=board,
-            timing=timing,
+            timing=metrics.rpc,
         )
         server.start()
         telemetry_metrics = telemetry.TelemetryMetrics(metrics.registry)
@@ -148,18 +143,23 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
             while not stop.is_set():
                 wake.wait(timeout=1.0)
                 now = time.monotonic()
-                if wake.is_set() or now >= next_publish:
+                due = now >= next_publish
+                if wake.is_set() or due:
                     wake.clear()
                     try:
-                        publisher.publish(state.rediscover())
+                        # A wake-up comes from a fresh discovery (inventory changed) or from new taints:
+                        # only the periodic tick needs to re-read the hardware.
+                        inventory = state.rediscover() if due else state.inventory()
+                    except Exception:
+                        log.exception("re-reading the GPUs failed; publishing the last known inventory")
+                        inventory = state.inventory()
+                    try:
+                        publisher.publish(inventory)
                         metrics.devices_published.set(publisher.devices_published)
                     except Exception:
                         log.exception("publishing ResourceSlices failed; retrying on the next tick")
-                        try:  # still get taints out (a GPU that fell off the bus breaks rediscovery)
-                            publisher.publish(state.inventory())
-                        except Exception:
-                            log.exception("publishing the last known inventory failed too")
-                    next_publish = now + cfg.republish_interval_s
+                    if due:
+                        next_publish = now + cfg.republish_interval_s
                 if now >= next_cleanup:
                     try:
                         state.cleanup()

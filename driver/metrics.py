@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from driver.checkpoint import Checkpoint
-
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -52,15 +50,11 @@ class DriverMetrics:
     def failed(self, op: str, reason: str) -> None:
         self.errors.labels(op, reason).inc()
 
-    def hardware_changed(self, mig_instances: int, mps_daemons: int) -> None:
+    def hardware_changed(self, mig_instances: int, mps_daemons: int, devices_prepared: int) -> None:
+        """After recovery and every prepare/unprepare batch, from the state's in-memory checkpoint."""
         self.mig_instances.set(mig_instances)
         self.mps_daemons.set(mps_daemons)
-
-    def checkpoint_changed(self, checkpoint: Checkpoint) -> None:
-        """Devices held by completed claims, from the checkpoint (after recovery and every RPC)."""
-        self.devices_allocated.set(
-            sum(len(c.devices) for c in checkpoint.claims.values() if c.phase == "PrepareCompleted")
-        )
+        self.devices_allocated.set(devices_prepared)
 
     # gRPC timing hook
     def rpc(self, op: str, seconds: float, n_errors: int) -> None:

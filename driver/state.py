@@ -58,7 +58,7 @@ class Observer(Protocol):
 
     def failed(self, op: str, reason: str) -> None: ...
 
-    def hardware_changed(self, mig_instances: int, mps_daemons: int) -> None: ...
+    def hardware_changed(self, mig_instances: int, mps_daemons: int, devices_prepared: int) -> None: ...
 
 
 class _NullObserver:
@@ -68,7 +68,7 @@ class _NullObserver:
     def failed(self, op: str, reason: str) -> None:
         pass
 
-    def hardware_changed(self, mig_instances: int, mps_daemons: int) -> None:
+    def hardware_changed(self, mig_instances: int, mps_daemons: int, devices_prepared: int) -> None:
         pass
 
 
@@ -576,7 +576,8 @@ class DeviceState:
     def _report_hardware(self, cp: Checkpoint) -> None:
         mig = sum(1 for r in cp.claims.values() for d in r.devices if d.mig is not None and d.mig.gi_id is not None)
         mps = sum(1 for r in cp.claims.values() if r.mps_daemon)
-        self.observer.hardware_changed(mig, mps)
+        prepared = sum(len(r.devices) for r in cp.claims.values() if r.phase == "PrepareCompleted")
+        self.observer.hardware_changed(mig, mps, prepared)
 
     def snapshot(self) -> Checkpoint:
         with self._locked():
