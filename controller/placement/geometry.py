@@ -38,6 +38,9 @@ class Slots:
         self._largest: dict[int, model.MigProfile | None] = {}
         self._state_of: dict[tuple[model.MigInstance, ...], int] = {}
         self._placements: dict[int, int] = {}
+        self._stranded: dict[int, int] = {}
+        # Profiles that can complete a partly used GPU (7g needs an empty one).
+        self._fillers = tuple(p.name for p in geometry.profiles if p.memory < self._mem)
 
     def profile(self, name: str) -> model.MigProfile:
         """The profile called ``name``."""
@@ -118,6 +121,30 @@ class Slots:
     def partial(self, state: int) -> bool:
         """Partly used: some MIG instance present, some compute still free."""
         return state not in (EMPTY, WHOLE) and self.free_compute(state) > 0
+
+    def stranded(self, state: int) -> int:
+        """Free compute slices that no sequence of further placements can ever use.
+
+        MIG placements are aligned to memory slices, so some layouts strand a
+        compute slice for as long as they run: on Hopper, a 3g at slot 0 takes
+        memory slices 0-3 but compute slices 0-2, and compute slice 3 is only
+        reachable through memory slice 3, so that slice is dead until the 3g
+        goes. 0 for empty, whole and full GPUs.
+        """
+        if state == WHOLE:
+            return 0
+        got = self._stranded.get(state)
+        if got is None:
+            got = self.free_compute(state)
+            for name in self._fillers:
+                if got == 0:
+                    break
+                for s in self.starts(state, name):
+                    got = min(got, self.stranded(self.add(state, name, s)))
+                    if got == 0:
+                        break
+            self._stranded[state] = got
+        return got
 
     def placements(self, state: int) -> int:
         """Number of free (profile, start) placements: how many ways the GPU can still be carved."""

@@ -139,16 +139,19 @@ class GpuPlane:
 
     def _best_start(
         self, slots: geometry.Slots, frag: fragmentation.Fragmentation, state: int, profile: str
-    ) -> tuple[float, float, int, int, int, int] | None:
-        """(Δ effective and Δ plain gpu term, free compute, -largest free, -free placements after; start)."""
-        best: tuple[float, float, int, int, int, int] | None = None
+    ) -> tuple[int, float, float, int, int, int, int] | None:
+        """(Δ stranded compute, Δ effective and Δ plain gpu term, free compute, -largest free,
+        -free placements after; start)."""
+        best: tuple[int, float, float, int, int, int, int] | None = None
         h0 = frag.gpu_term(state)
+        d0 = slots.stranded(state)
         expected = self._expected(profile)
         e0 = self._effective(slots, frag, state, expected)
         for s in slots.starts(state, profile):
             after = slots.add(state, profile, s)
             lf = slots.largest_free(after)
             cand = (
+                slots.stranded(after) - d0,
                 round(self._effective(slots, frag, after, expected) - e0, _DIGITS),
                 round(frag.gpu_term(after) - h0, _DIGITS),
                 slots.free_compute(after),
@@ -167,7 +170,7 @@ class GpuPlane:
             return self._partial[key]
         frag = self.measure(slots)
         b = self._best_start(slots, frag, state, profile)
-        got = None if b is None else ((b[0], b[1], 0.0, float(b[2]), float(b[3]), float(b[4]), 0.0, 0.0), b[5])
+        got = None if b is None else ((float(b[0]), b[1], b[2], 0.0, float(b[3]), float(b[4]), float(b[5]), 0.0, 0.0), b[6])
         self._partial[key] = got
         return got
 
@@ -189,17 +192,18 @@ class GpuPlane:
                 after = base.take(sig, c, 1)
                 dd = frag.domain_term(after) - d0
                 k: base.Key = (
-                    round(b[0] + dd, _DIGITS),
+                    float(b[0]),
                     round(b[1] + dd, _DIGITS),
+                    round(b[2] + dd, _DIGITS),
                     float(cap0 - self._capabilities(after, node_gpus)),
-                    float(b[2]),
                     float(b[3]),
                     float(b[4]),
+                    float(b[5]),
                     float(c),
                     float(sum(sig)),
                 )
                 if got is None or k < got[0]:
-                    got = (k, b[5], c)
+                    got = (k, b[6], c)
         self._empty[key] = got
         return got
 
