@@ -39,6 +39,7 @@ class Slots:
         self._state_of: dict[tuple[model.MigInstance, ...], int] = {}
         self._placements: dict[int, int] = {}
         self._stranded: dict[int, int] = {}
+        self._clean: dict[tuple[str, str], int] = {}
         # Profiles that can complete a partly used GPU (7g needs an empty one).
         self._fillers = tuple(p.name for p in geometry.profiles if p.memory < self._mem)
 
@@ -145,6 +146,21 @@ class Slots:
                         break
             self._stranded[state] = got
         return got
+
+    def clean_fit(self, profile: str) -> int:
+        """Most instances of ``profile`` one empty GPU takes without stranding compute (Hopper 3g: 1, 2g: 3)."""
+        key = ("clean", profile)
+        got = self._clean.get(key)
+        if got is None:
+            got = self._clean_count(EMPTY, profile, 0)
+            self._clean[key] = got
+        return got
+
+    def _clean_count(self, state: int, profile: str, placed: int) -> int:
+        best = placed if self.stranded(state) == 0 else 0
+        for s in self.starts(state, profile):
+            best = max(best, self._clean_count(self.add(state, profile, s), profile, placed + 1))
+        return best
 
     def placements(self, state: int) -> int:
         """Number of free (profile, start) placements: how many ways the GPU can still be carved."""

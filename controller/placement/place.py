@@ -46,15 +46,15 @@ def check(request: model.Request, snap: snapshot.Snapshot) -> str:
 
 
 def _place_mig(request: model.Request, profile: str, snap: snapshot.Snapshot, policy: base.Policy) -> model.Decision:
+    if isinstance(policy, base.Holding) and request.members > snap.slots.clean_fit(profile) * snap.gpu_total():
+        # Even the emptied cluster could not take this gang without stranding compute: holding would starve it.
+        policy = policy.without_hold()
     work = snap
     out: list[model.MemberPlacement] = []
     for m in range(request.members):
         choice = _choose_mig(work, profile, policy)
         if choice is None:
-            return model.Decision.refused(
-                request.id,
-                f"no GPU has a free {profile} placement (member {m + 1} of {request.members}); gang not placed",
-            )
+            return model.Decision.refused(request.id, _no_mig_room(request, profile, work, m, policy))
         di, ni, gi, start = choice
         dom = work.domains[di]
         node = dom.nodes[ni]
@@ -107,6 +107,22 @@ def _choose_mig(snap: snapshot.Snapshot, profile: str, policy: base.Policy) -> t
         if pick is None or cand < pick:
             pick = cand
     return pick
+
+
+def _no_mig_room(
+    request: model.Request, profile: str, snap: snapshot.Snapshot, member: int, policy: base.Policy
+) -> str:
+    where = f"(member {member + 1} of {request.members}); gang not placed"
+    slots = snap.slots
+    room = any(slots.can_host(st, profile) for st in snap.by_state) or any(
+        sig and sig[-1] > 0 for sig in snap.by_signature
+    )
+    if not room:
+        return f"no GPU has a free {profile} placement {where}"
+    return (
+        f"policy {policy.name} holds the request: every free {profile} placement would strand compute slices"
+        f" that no later MIG instance could use; it waits for one that strands none {where}"
+    )
 
 
 def _first_partial(snap: snapshot.Snapshot, slots: geometry.Slots, di: int, state: int) -> tuple[int, int]:

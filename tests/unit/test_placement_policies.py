@@ -119,25 +119,58 @@ def _with_mig(snap: snapshot.Snapshot, gpu: str, profile: str, start: int) -> sn
     return snap.with_allocation(model.Decision(f"{gpu}-{profile}-{start}", (mp,)))
 
 
-def test_gpuplane_queue_aware_keeps_a_4g_hole_for_a_waiting_4g() -> None:
-    """GPU g0 holds a 3g at slot 4, g1 is empty. Without a queue the gradient pairs 3g+3g on g0
-    (one compute slice stranded). With a 4g and a whole GPU waiting, g0's slots 0-3 will be taken
-    by the 4g and g1 by the whole-GPU request, so the 3g opens g1 at slot 4 (4g+3g pairs, nothing stranded).
-    """
-    from controller.placement import fragmentation
-
+def test_gpuplane_never_strands_compute_when_a_clean_placement_exists() -> None:
+    """GPU g0 holds a 3g at slot 4, g1 is empty. A second 3g at g0 slot 0 would be the tightest fit (best-fit
+    takes it) but strands compute slice 3 for as long as both run; gpuplane opens g1 at slot 4 instead,
+    which leaves both GPUs completable by a 4g."""
     snap = _with_mig(snapshot.uniform_cluster(1, 1, 2), "d0-n0-g0", "3g", 4)
     r = req("x", mig_profile="3g")
+    bf = place.place(r, snap, policies.make("best-fit")).members[0].mig[0]
+    assert (bf.gpu, bf.start) == ("d0-n0-g0", 0)
+    gp = place.place(r, snap, policies.make("gpuplane")).members[0].mig[0]
+    assert (gp.gpu, gp.start) == ("d0-n0-g1", 4)
+    assert snap.slots.stranded(snap.slots.add(snap.slots.add(0, "3g", 4), "3g", 0)) == 1
+
+
+def test_gpuplane_holds_a_request_rather_than_strand_compute() -> None:
+    """Only a stranding placement is free: gpuplane refuses with the reason (the request waits); best-fit
+    places. Once a clean placement frees up, gpuplane takes it."""
+    snap = _with_mig(snapshot.uniform_cluster(1, 1, 2), "d0-n0-g0", "3g", 4)
+    snap = snap.with_allocation(place.place(req("w"), snap, policies.make("first-fit")))  # g1 whole
+    assert snap.gpu("d0-n0-g1").whole
+    r = req("x", mig_profile="3g")
+    d = place.place(r, snap, policies.make("gpuplane"))
+    assert not d.placed and "strand compute" in d.reason and "policy gpuplane holds" in d.reason
+    assert place.place(r, snap, policies.make("best-fit")).placed
+    freed = snap.with_release(model.Decision("w", (model.MemberPlacement(0, "d0-n0", "d0", gpus=("d0-n0-g1",)),)))
+    d = place.place(r, freed, policies.make("gpuplane"))
+    assert d.placed and (d.members[0].mig[0].gpu, d.members[0].mig[0].start) == ("d0-n0-g1", 4)
+
+
+def test_gpuplane_hold_never_starves_a_gang_that_must_strand() -> None:
+    """Two 3g members on a one-GPU cluster can only ever run as 3g@0 + 3g@4: the hold is lifted for them."""
+    snap = snapshot.uniform_cluster(1, 1, 1)
+    d = place.place(req("h", mig_profile="3g", members=2), snap, policies.make("gpuplane"))
+    assert d.placed and {m.mig[0].start for m in d.members} == {0, 4}
+
+
+def test_gpuplane_queue_aware_keeps_a_4g_hole_for_a_waiting_3g() -> None:
+    """g0 is empty, g1 holds a 4g (slots 4-7 free). Without a queue a 2g fills g1's hole (one 1g sliver
+    left). With a 3g waiting for exactly that hole, the 2g opens g0 and the 3g completes g1."""
+    from controller.placement import fragmentation
+
+    snap = _with_mig(snapshot.uniform_cluster(1, 1, 2), "d0-n0-g1", "4g", 0)
+    r = req("x", mig_profile="2g")
     pol = policies.make("gpuplane")
     plain = place.place(r, snap, pol).members[0].mig[0]
-    assert (plain.gpu, plain.start) == ("d0-n0-g0", 0)
-    policies.base.observe_queue(pol, {fragmentation.Shape(mig_profile="4g"): 1, fragmentation.Shape(): 2})
+    assert (plain.gpu, plain.start) == ("d0-n0-g1", 4)
+    policies.base.observe_queue(pol, {fragmentation.Shape(mig_profile="3g"): 1, fragmentation.Shape(): 1})
     queued = place.place(r, snap, pol).members[0].mig[0]
-    assert (queued.gpu, queued.start) == ("d0-n0-g1", 4)
+    assert queued.gpu == "d0-n0-g0"
     # The queue emptied again: back to the plain choice (memo tables are per queue state).
     policies.base.observe_queue(pol, {})
     again = place.place(r, snap, pol).members[0].mig[0]
-    assert (again.gpu, again.start) == ("d0-n0-g0", 0)
+    assert (again.gpu, again.start) == ("d0-n0-g1", 4)
 
 
 def test_observe_queue_is_a_no_op_for_baselines() -> None:
@@ -152,17 +185,40 @@ def test_observe_queue_is_a_no_op_for_baselines() -> None:
         assert place.place(r, snap, pol) == before
 
 
-def test_gpuplane_expected_fill_pairs_3g_with_frequent_4g_when_saturated() -> None:
-    """Mix where 4g is much more frequent than 3g: with a whole GPU waiting (saturated fleet), a 3g
-    leaves g0's slots 0-3 to the expected 4g even though no 4g waits right now."""
+def test_gpuplane_expected_fill_keeps_a_4g_hole_when_saturated() -> None:
+    """Mix where 4g is far more frequent than 2g: g0 holds a 3g at slot 4 (slots 0-3 free, a 4g hole).
+    Unsaturated, a 2g fills g0 at slot 0; with a whole GPU waiting (saturated fleet) the 2g leaves the hole
+    to the 4g expected next, even though no 4g waits right now."""
     from controller.placement import fragmentation
 
     shape = fragmentation.Shape
-    mix = fragmentation.SizeMix.from_counts({shape(): 50, shape(mig_profile="4g"): 30, shape(mig_profile="3g"): 10})
+    mix = fragmentation.SizeMix.from_counts(
+        {shape(): 50, shape(mig_profile="4g"): 30, shape(mig_profile="3g"): 10, shape(mig_profile="2g"): 5}
+    )
     snap = _with_mig(snapshot.uniform_cluster(1, 1, 2), "d0-n0-g0", "3g", 4)
-    r = req("x", mig_profile="3g")
+    r = req("x", mig_profile="2g")
     pol = policies.make("gpuplane", mix)
-    assert place.place(r, snap, pol).members[0].mig[0].gpu == "d0-n0-g0"  # not saturated: plain gradient
+    d = place.place(r, snap, pol).members[0].mig[0]
+    assert (d.gpu, d.start) == ("d0-n0-g0", 0)  # not saturated: plain gradient
     policies.base.observe_queue(pol, {shape(): 1})
     d = place.place(r, snap, pol).members[0].mig[0]
-    assert (d.gpu, d.start) == ("d0-n0-g1", 4)
+    assert d.gpu == "d0-n0-g1"
+
+
+def test_stranded_compute_and_clean_fit_on_hopper() -> None:
+    """Compute slices no later placement can reach, and how many instances one GPU takes without any."""
+    slots = snapshot.uniform_cluster(1, 1, 1).slots
+    e = 0
+    assert slots.stranded(e) == 0
+    assert slots.stranded(slots.add(e, "3g", 4)) == 0  # a 4g still completes it
+    assert slots.stranded(slots.add(e, "3g", 0)) == 1  # compute slice 3 sits behind memory slice 3
+    assert slots.stranded(slots.add(slots.add(e, "4g", 0), "2g", 4)) == 0  # a 1g at slot 6 completes it
+    two_20gb = slots.add(slots.add(e, "1g.2m", 0), "1g.2m", 2)
+    assert slots.stranded(two_20gb) == 2  # 1g.20gb at 0 and 2 hold memory 0-3 but compute 0 and 2 only
+    assert {p: slots.clean_fit(p) for p in ("1g", "2g", "3g", "4g", "7g")} == {
+        "1g": 7,
+        "2g": 3,
+        "3g": 1,
+        "4g": 1,
+        "7g": 1,
+    }

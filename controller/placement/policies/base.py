@@ -55,6 +55,19 @@ class QueueAware(Protocol):
         ...
 
 
+@runtime_checkable
+class Holding(Protocol):
+    """A policy that may hold a MIG request rather than strand compute (``place`` refuses it with that reason).
+
+    ``place`` lifts the hold for a gang that could never be placed without
+    stranding, even on this cluster emptied, so holding never starves a request.
+    """
+
+    def without_hold(self) -> Policy:
+        """The same policy, never holding."""
+        ...
+
+
 def observe_queue(policy: Policy, waiting: Mapping[fragmentation.Shape, int]) -> None:
     """Tell ``policy`` what is waiting, if it wants to know (a no-op for policies that ignore the queue).
 

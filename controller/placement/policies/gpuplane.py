@@ -59,8 +59,15 @@ class GpuPlane:
 
     name = "gpuplane"
 
-    def __init__(self, mix: fragmentation.SizeMix | None = None, expect: float | None = 2.0, gate: bool = True) -> None:
+    def __init__(
+        self,
+        mix: fragmentation.SizeMix | None = None,
+        expect: float | None = 2.0,
+        gate: bool = True,
+        hold_stranding: bool = True,
+    ) -> None:
         self.mix = mix if mix is not None else PRIOR_MIX
+        self.hold_stranding = hold_stranding
         self.expect = expect
         self.gate = gate
         self._weights = {s: w for s, w in self.mix.shapes}
@@ -72,7 +79,17 @@ class GpuPlane:
         self._group: dict[tuple[snapshot.Signature, int, int, int], tuple[base.Key, tuple[int, ...] | None] | None] = {}
         self._caps: dict[tuple[snapshot.Signature, int], int] = {}
         self._waiting: _Waiting = _NOTHING
+        self._relaxed: GpuPlane | None = None
         self._fills: dict[tuple[str, int, _Waiting], int] = {}
+
+    def without_hold(self) -> GpuPlane:
+        """This policy without the stranding hold (same mix and queue view), kept for reuse."""
+        if not self.hold_stranding:
+            return self
+        if self._relaxed is None:
+            self._relaxed = GpuPlane(self.mix, self.expect, self.gate, hold_stranding=False)
+        self._relaxed._waiting = self._waiting
+        return self._relaxed
 
     def observe_queue(self, waiting: Mapping[fragmentation.Shape, int]) -> None:
         """Remember which shapes wait: a free hole one of them fits will be taken, so it is not a fragment."""
@@ -170,7 +187,9 @@ class GpuPlane:
             return self._partial[key]
         frag = self.measure(slots)
         b = self._best_start(slots, frag, state, profile)
-        got = None if b is None else ((float(b[0]), b[1], b[2], 0.0, float(b[3]), float(b[4]), float(b[5]), 0.0, 0.0), b[6])
+        got = None
+        if b is not None and not (self.hold_stranding and b[0] > 0):
+            got = ((float(b[0]), b[1], b[2], 0.0, float(b[3]), float(b[4]), float(b[5]), 0.0, 0.0), b[6])
         self._partial[key] = got
         return got
 
@@ -183,7 +202,7 @@ class GpuPlane:
         frag = self.measure(slots)
         b = self._best_start(slots, frag, geometry.EMPTY, profile)
         got: tuple[base.Key, int, int | None] | None = None
-        if b is not None and sig and sig[-1] > 0:
+        if b is not None and sig and sig[-1] > 0 and not (self.hold_stranding and b[0] > 0):
             d0 = frag.domain_term(sig)
             cap0 = self._capabilities(sig, node_gpus)
             for c in sorted(set(sig)):
