@@ -39,7 +39,7 @@ class Slots:
         self._state_of: dict[tuple[model.MigInstance, ...], int] = {}
         self._placements: dict[int, int] = {}
         self._stranded: dict[int, int] = {}
-        self._clean: dict[tuple[str, str], int] = {}
+        self._clean: dict[str, int] = {}
         # Profiles that can complete a partly used GPU (7g needs an empty one).
         self._fillers = tuple(p.name for p in geometry.profiles if p.memory < self._mem)
 
@@ -149,11 +149,10 @@ class Slots:
 
     def clean_fit(self, profile: str) -> int:
         """Most instances of ``profile`` one empty GPU takes without stranding compute (Hopper 3g: 1, 2g: 3)."""
-        key = ("clean", profile)
-        got = self._clean.get(key)
+        got = self._clean.get(profile)
         if got is None:
             got = self._clean_count(EMPTY, profile, 0)
-            self._clean[key] = got
+            self._clean[profile] = got
         return got
 
     def _clean_count(self, state: int, profile: str, placed: int) -> int:

@@ -158,7 +158,7 @@ class GpuPlane:
         self, slots: geometry.Slots, frag: fragmentation.Fragmentation, state: int, profile: str
     ) -> tuple[int, float, float, int, int, int, int] | None:
         """(Δ stranded compute, Δ effective and Δ plain gpu term, free compute, -largest free,
-        -free placements after; start)."""
+        -free placements after; start), or None when there is no free start or (holding) every one strands."""
         best: tuple[int, float, float, int, int, int, int] | None = None
         h0 = frag.gpu_term(state)
         d0 = slots.stranded(state)
@@ -178,6 +178,8 @@ class GpuPlane:
             )
             if best is None or cand < best:
                 best = cand
+        if best is not None and self.hold_stranding and best[0] > 0:
+            return None  # stranding is the first key: when the best strands, every start does
         return best
 
     def mig_partial(self, slots: geometry.Slots, state: int, profile: str) -> tuple[base.Key, int] | None:
@@ -187,9 +189,11 @@ class GpuPlane:
             return self._partial[key]
         frag = self.measure(slots)
         b = self._best_start(slots, frag, state, profile)
-        got = None
-        if b is not None and not (self.hold_stranding and b[0] > 0):
-            got = ((float(b[0]), b[1], b[2], 0.0, float(b[3]), float(b[4]), float(b[5]), 0.0, 0.0), b[6])
+        got = (
+            None
+            if b is None
+            else ((float(b[0]), b[1], b[2], 0.0, float(b[3]), float(b[4]), float(b[5]), 0.0, 0.0), b[6])
+        )
         self._partial[key] = got
         return got
 
@@ -202,7 +206,7 @@ class GpuPlane:
         frag = self.measure(slots)
         b = self._best_start(slots, frag, geometry.EMPTY, profile)
         got: tuple[base.Key, int, int | None] | None = None
-        if b is not None and sig and sig[-1] > 0 and not (self.hold_stranding and b[0] > 0):
+        if b is not None and sig and sig[-1] > 0:
             d0 = frag.domain_term(sig)
             cap0 = self._capabilities(sig, node_gpus)
             for c in sorted(set(sig)):
