@@ -36,10 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from driver.api import names
-from driver.checkpoint import CheckpointStore, atomic_write, decode
-from driver.plugin.kubelet_client import KubeletPluginClient
-from driver.plugin.types import ClaimRef
+from gpuplane.driver.api import names
+from gpuplane.driver.checkpoint import CheckpointStore, atomic_write, decode
+from gpuplane.driver.plugin.kubelet_client import KubeletPluginClient
+from gpuplane.driver.plugin.types import ClaimRef
 from tests.driverkit import FakeClaims, make_claim, ref
 
 REPO = Path(__file__).resolve().parent.parent
@@ -186,7 +186,7 @@ class ApiStore(ClaimStore):
     def __init__(self, kubeconfig: str) -> None:
         from kubernetes import client
 
-        from driver.kube import GROUP, VERSION, KubeApi, make_api_client
+        from gpuplane.driver.kube import GROUP, VERSION, KubeApi, make_api_client
 
         self.mode = f"real API server (kubeconfig {kubeconfig})"
         self.api = KubeApi(make_api_client(kubeconfig))

@@ -25,7 +25,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from bench import placement_bench as pb
-from controller.placement import fragmentation, geometry, model, policies, snapshot
+from gpuplane.controller.placement import fragmentation, geometry, model, policies, snapshot
 
 PROFILES = ("1g", "2g", "3g", "4g")
 Counts = tuple[int, ...]

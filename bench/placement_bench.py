@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from controller.placement import fragmentation, geometry, model, place, policies, snapshot
+from gpuplane.controller.placement import fragmentation, geometry, model, place, policies, snapshot
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TRACE = REPO.parent / "shared" / "traces" / "alibaba-gpu-v2023"

@@ -79,7 +79,7 @@ def driver_credentials(
 
 def _controller_command() -> list[str]:
     script = Path(sys.executable).with_name("gpuplane-controller")
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "controller.main"]
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "gpuplane.controller.main"]
 
 
 def controller_argv(kubeconfig: Path, replica: str, metrics_port: int, health_port: int) -> list[str]:

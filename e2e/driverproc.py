@@ -22,10 +22,10 @@ from typing import Any, cast
 
 from kubernetes import client
 
-from driver.api import names
-from driver.plugin.kubelet_client import KubeletPluginClient
 from e2e import procs
 from e2e.controlplane import free_port
+from gpuplane.driver.api import names
+from gpuplane.driver.plugin.kubelet_client import KubeletPluginClient
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN_MPS = REPO / "tests" / "fakes" / "nvidia-cuda-mps-control"
@@ -79,7 +79,7 @@ class DriverProcess:
         return [
             sys.executable,
             "-m",
-            "driver.main",
+            "gpuplane.driver.main",
             f"--node-name={self.node_name}",
             f"--kubeconfig={self.kubeconfig}",
             "--backend=sim",

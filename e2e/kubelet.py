@@ -50,10 +50,10 @@ from typing import Any, cast
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from driver import cdi
-from driver.plugin import kubelet_client
-from driver.plugin.types import ClaimRef, PrepareResult
 from e2e import nodes
+from gpuplane.driver import cdi
+from gpuplane.driver.plugin import kubelet_client
+from gpuplane.driver.plugin.types import ClaimRef, PrepareResult
 
 _log = logging.getLogger("e2e.kubelet")
 

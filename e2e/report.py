@@ -15,9 +15,9 @@ from typing import Any, cast
 
 from kubernetes import client
 
-from driver import checkpoint
-from driver.api import names
 from e2e import simnodes
+from gpuplane.driver import checkpoint
+from gpuplane.driver.api import names
 
 GROUP, VERSION = "resource.k8s.io", "v1"
 _D = names.DRIVER_NAME

@@ -52,10 +52,10 @@ from typing import Any, cast
 import yaml
 from kubernetes import client, config
 
-from driver.api import names
-from driver.hw import sim_profiles
-from driver.mps import MpsControl
 from e2e import controlplane, nodes, pki, procs
+from gpuplane.driver.api import names
+from gpuplane.driver.hw import sim_profiles
+from gpuplane.driver.mps import MpsControl
 
 Printer = Callable[[str], None]
 
@@ -150,7 +150,7 @@ class SimNode:
 
     def sim_cli(self, *args: str) -> list[str]:
         """argv for ``python -m driver.hw.sim_cli`` on this node's simulator."""
-        return [sys.executable, "-m", "driver.hw.sim_cli", "--state-dir", str(self.sim_state_dir), *args]
+        return [sys.executable, "-m", "gpuplane.driver.hw.sim_cli", "--state-dir", str(self.sim_state_dir), *args]
 
     def to_json(self) -> dict[str, Any]:
         """For ``nodes.json``."""
@@ -288,7 +288,7 @@ def save_nodes(state_dir: Path, planned: Iterable[SimNode]) -> None:
 
 def _driver_command() -> list[str]:
     script = Path(sys.executable).with_name("gpuplane-driver")
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "driver.main"]
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "gpuplane.driver.main"]
 
 
 def driver_argv(node: SimNode, kubeconfig: Path) -> list[str]:

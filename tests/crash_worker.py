@@ -36,14 +36,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from driver import logs
-from driver.api import names
-from driver.hw.sim import SimConfig, Simulator
-from driver.kube import KubeApi, make_api_client
-from driver.mps import MpsControl, MpsDaemon, MpsSpec
-from driver.plugin.server import PluginServer
-from driver.plugin.types import ClaimRef, PrepareResult, UnprepareResult
-from driver.state import ClaimSource, DeviceState, StateSettings
+from gpuplane.driver import logs
+from gpuplane.driver.api import names
+from gpuplane.driver.hw.sim import SimConfig, Simulator
+from gpuplane.driver.kube import KubeApi, make_api_client
+from gpuplane.driver.mps import MpsControl, MpsDaemon, MpsSpec
+from gpuplane.driver.plugin.server import PluginServer
+from gpuplane.driver.plugin.types import ClaimRef, PrepareResult, UnprepareResult
+from gpuplane.driver.state import ClaimSource, DeviceState, StateSettings
 from tests.driverkit import STANDIN_MPS, FakeClaims
 
 
@@ -127,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.full_imports:
-        import driver.main  # noqa: F401
+        import gpuplane.driver.main  # noqa: F401
     root: Path = args.root.absolute()
     logs.configure(args.log_level, "json")
 

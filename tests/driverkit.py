@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from driver.api import names
-from driver.hw.sim import SimConfig, Simulator
-from driver.kube import NotFound
-from driver.mps import MpsControl
-from driver.plugin.server import PluginServer
-from driver.plugin.types import ClaimRef
-from driver.state import DeviceState, StateSettings
+from gpuplane.driver.api import names
+from gpuplane.driver.hw.sim import SimConfig, Simulator
+from gpuplane.driver.kube import NotFound
+from gpuplane.driver.mps import MpsControl
+from gpuplane.driver.plugin.server import PluginServer
+from gpuplane.driver.plugin.types import ClaimRef
+from gpuplane.driver.state import DeviceState, StateSettings
 
 STANDIN_MPS = str(Path(__file__).resolve().parent / "fakes" / "nvidia-cuda-mps-control")
 

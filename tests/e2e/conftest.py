@@ -33,8 +33,8 @@ from typing import Any, TypeVar, cast
 
 import pytest
 
-from driver import checkpoint
 from e2e import build, cluster, components, controlplane, nodes, simnodes
+from gpuplane.driver import checkpoint
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "manifests" / "examples"

@@ -21,10 +21,10 @@ from typing import Any, TypeVar
 import pytest
 from kubernetes import client
 
-from driver.hw.sim import gpu_uuid
-from driver.mps import MpsControl
-from driver.plugin.kubelet_client import KubeletPluginClient
 from e2e import cluster, nodes, simnodes
+from gpuplane.driver.hw.sim import gpu_uuid
+from gpuplane.driver.mps import MpsControl
+from gpuplane.driver.plugin.kubelet_client import KubeletPluginClient
 
 pytestmark = pytest.mark.e2e
 

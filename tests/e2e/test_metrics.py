@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from driver.plugin.types import ClaimRef
 from e2e import cluster, driverproc, identity, install, nodes
 from e2e.driverproc import metric_value
+from gpuplane.driver.plugin.types import ClaimRef
 
 pytestmark = pytest.mark.e2e
 

@@ -378,7 +378,7 @@ def test_controller_runs_under_its_own_identity(installed: cluster.Cluster, cont
     argv = [
         sys.executable,
         "-m",
-        "controller.main",
+        "gpuplane.controller.main",
         f"--kubeconfig={controller.kubeconfig}",
         "--identity=e2e-rbac-controller",
         "--lease-namespace=gpuplane-system",

@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from driver import cdi
-from driver.api import names
-from driver.mps import MpsControl
 from e2e import components, identity, procs, report, simnodes
+from gpuplane.driver import cdi
+from gpuplane.driver.api import names
+from gpuplane.driver.mps import MpsControl
 from tests.e2e.conftest import GpuCluster, eventually
 
 pytestmark = pytest.mark.e2e

@@ -38,9 +38,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from driver.plugin.types import ClaimRef, PrepareResult
 from e2e import build, cluster, controlplane, driverproc, identity, install, nodes
 from e2e.driverproc import metric_value
+from gpuplane.driver.plugin.types import ClaimRef, PrepareResult
 
 pytestmark = pytest.mark.e2e
 

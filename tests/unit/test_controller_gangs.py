@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from controller import (
+from gpuplane.controller import (
     claims,
     gang_reconciler,
     gangs,
@@ -30,9 +30,9 @@ from controller import (
     status,
     world,
 )
-from controller.placement.policies import make as make_policy
-from driver import inventory, slices
-from driver.hw.sim import SimConfig, Simulator
+from gpuplane.controller.placement.policies import make as make_policy
+from gpuplane.driver import inventory, slices
+from gpuplane.driver.hw.sim import SimConfig, Simulator
 
 T0 = 1_700_000_000.0
 CLUSTER = "6a1c4a2e-9a53-4a44-9a3c-3a1c4a2e9a53"

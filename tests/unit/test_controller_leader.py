@@ -15,7 +15,7 @@ import itertools
 
 import pytest
 
-from controller import config, leader
+from gpuplane.controller import config, leader
 
 T = leader.Timing(lease_duration_s=15, renew_deadline_s=10, retry_period_s=2)
 

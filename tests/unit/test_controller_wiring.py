@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from controller import config, events, gangs, handlers, kube, metrics, runtime, world
+from gpuplane.controller import config, events, gangs, handlers, kube, metrics, runtime, world
 
 
 def test_config_reads_flags_then_environment() -> None:

@@ -35,13 +35,13 @@ from typing import Any
 import grpc
 import pytest
 
-from driver import cdi
-from driver.api import names
-from driver.checkpoint import CheckpointStore, decode
-from driver.hw.sim import SimConfig, Simulator
-from driver.mps import MpsControl
-from driver.plugin.kubelet_client import KubeletPluginClient
-from driver.plugin.types import PrepareResult
+from gpuplane.driver import cdi
+from gpuplane.driver.api import names
+from gpuplane.driver.checkpoint import CheckpointStore, decode
+from gpuplane.driver.hw.sim import SimConfig, Simulator
+from gpuplane.driver.mps import MpsControl
+from gpuplane.driver.plugin.kubelet_client import KubeletPluginClient
+from gpuplane.driver.plugin.types import PrepareResult
 from tests.driverkit import STANDIN_MPS, FakeClaims, build_driver, make_claim, ref, short_tmpdir
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from driver import cdi
-from driver.api import names
-from driver.plugin.kubelet_client import KubeletPluginClient
+from gpuplane.driver import cdi
+from gpuplane.driver.api import names
+from gpuplane.driver.plugin.kubelet_client import KubeletPluginClient
 from tests.driverkit import DriverUnderTest, driver_env, make_claim, ref, serving
 
 GPU_CONFIG = {"apiVersion": names.CONFIG_API_VERSION, "kind": "GpuConfig"}

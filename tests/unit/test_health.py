@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from driver import health, slices
-from driver.health_watcher import HealthWatcher
-from driver.hw.interface import DeviceSample, HealthEvent, HealthEventKind
-from driver.hw.sim import SimConfig, Simulator
-from driver.inventory import discover
-from driver.plugin.health_board import HealthBoard
+from gpuplane.driver import health, slices
+from gpuplane.driver.health_watcher import HealthWatcher
+from gpuplane.driver.hw.interface import DeviceSample, HealthEvent, HealthEventKind
+from gpuplane.driver.hw.sim import SimConfig, Simulator
+from gpuplane.driver.inventory import discover
+from gpuplane.driver.plugin.health_board import HealthBoard
 
 U = "GPU-aaaa"
 S = health.HealthSettings(clear_after_s=10.0)

@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from driver.hw import mig_tables as mt
-from driver.hw.interface import ErrorCode
+from gpuplane.driver.hw import mig_tables as mt
+from gpuplane.driver.hw.interface import ErrorCode
 
 MODELS = mt.ALL_MODELS
 

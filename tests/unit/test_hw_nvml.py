@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from driver.hw import mig_tables as mt
-from driver.hw.interface import ErrorCode, GpuBackend, HardwareError, HealthEventKind
-from driver.hw.nvml import NvmlBackend, cuda_version_text, normalize_pci_bus_id, parse_mig_minors
+from gpuplane.driver.hw import mig_tables as mt
+from gpuplane.driver.hw.interface import ErrorCode, GpuBackend, HardwareError, HealthEventKind
+from gpuplane.driver.hw.nvml import NvmlBackend, cuda_version_text, normalize_pci_bus_id, parse_mig_minors
 
 NS = types.SimpleNamespace
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from driver.hw import mig_tables as mt
-from driver.hw.interface import ErrorCode, GpuBackend, HardwareError
-from driver.hw.sim import SimConfig, Simulator
+from gpuplane.driver.hw import mig_tables as mt
+from gpuplane.driver.hw.interface import ErrorCode, GpuBackend, HardwareError
+from gpuplane.driver.hw.sim import SimConfig, Simulator
 
 MIG_PROFILES = ["a100-40gb", "hgx-h100", "hgx-h200"]
 

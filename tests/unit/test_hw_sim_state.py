@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from driver.hw import mig_tables as mt
-from driver.hw import sim_cli
-from driver.hw.interface import ErrorCode, HardwareError, HealthEventKind
-from driver.hw.select import make_backend
-from driver.hw.sim import SimConfig, Simulator, gpu_uuid
+from gpuplane.driver.hw import mig_tables as mt
+from gpuplane.driver.hw import sim_cli
+from gpuplane.driver.hw.interface import ErrorCode, HardwareError, HealthEventKind
+from gpuplane.driver.hw.select import make_backend
+from gpuplane.driver.hw.sim import SimConfig, Simulator, gpu_uuid
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -253,7 +253,7 @@ def test_cli_subprocess_writes_concurrently(tmp_path: Path) -> None:
         u0, u1 = gpus[0].uuid, gpus[1].uuid
         script = (
             "import sys\n"
-            "from driver.hw import sim_cli\n"
+            "from gpuplane.driver.hw import sim_cli\n"
             f"for pid in range(100, 120):\n"
             f"    sim_cli.run(['--state-dir', {str(tmp_path)!r}, 'add-process', '--uuid', {u1!r},"
             " '--pid', str(pid), '--mem', '1'])\n"
@@ -270,7 +270,7 @@ def test_cli_subprocess_writes_concurrently(tmp_path: Path) -> None:
         assert len(sim.gpu_instances(u0)) == 7
         assert sorted(p.pid for p in sim.processes(u1)) == list(range(100, 120))
     out = subprocess.run(
-        [sys.executable, "-m", "driver.hw.sim_cli", "--state-dir", str(tmp_path), "show"],
+        [sys.executable, "-m", "gpuplane.driver.hw.sim_cli", "--state-dir", str(tmp_path), "show"],
         cwd=REPO,
         capture_output=True,
         text=True,

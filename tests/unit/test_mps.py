@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from driver import mps
+from gpuplane.driver import mps
 
 STANDIN = Path(__file__).resolve().parents[1] / "fakes" / "nvidia-cuda-mps-control"
 GPU = "GPU-6f2a1e4c-3b7d-4e8a-9c1f-2d5b8a7e6c01"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.placement import geometry, model
+from gpuplane.controller.placement import geometry, model
 
 
 @pytest.fixture()

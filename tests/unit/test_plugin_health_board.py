@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from driver.plugin import health_board, health_servicer, types
+from gpuplane.driver.plugin import health_board, health_servicer, types
 
 
 def _view(name: str, healthy: bool | None, message: str = "") -> types.DeviceHealthView:

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from driver._proto.dra.v1 import api_pb2 as v1_pb2
-from driver._proto.dra.v1beta1 import api_pb2 as v1beta1_pb2
-from driver._proto.drahealth.v1alpha1 import api_pb2 as health_pb2
-from driver._proto.grpc.health.v1 import health_pb2 as grpc_health_pb2
-from driver._proto.pluginregistration.v1 import api_pb2 as reg_pb2
+from gpuplane.driver._proto.dra.v1 import api_pb2 as v1_pb2
+from gpuplane.driver._proto.dra.v1beta1 import api_pb2 as v1beta1_pb2
+from gpuplane.driver._proto.drahealth.v1alpha1 import api_pb2 as health_pb2
+from gpuplane.driver._proto.grpc.health.v1 import health_pb2 as grpc_health_pb2
+from gpuplane.driver._proto.pluginregistration.v1 import api_pb2 as reg_pb2
 
 ROOT = Path(__file__).resolve().parents[2]
-PROTO_DIR = ROOT / "driver" / "_proto"
+PROTO_DIR = ROOT / "gpuplane" / "driver" / "_proto"
 
 
 def _methods(module: object, service: str) -> list[str]:

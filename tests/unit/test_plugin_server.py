@@ -12,10 +12,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from driver._proto.dra.v1 import api_pb2 as v1_pb2
-from driver._proto.grpc.health.v1 import health_pb2
-from driver._proto.pluginregistration.v1 import api_pb2 as reg_pb2
-from driver.plugin import dra_servicer, health_board, kubelet_client, server, types, wire
+from gpuplane.driver._proto.dra.v1 import api_pb2 as v1_pb2
+from gpuplane.driver._proto.grpc.health.v1 import health_pb2
+from gpuplane.driver._proto.pluginregistration.v1 import api_pb2 as reg_pb2
+from gpuplane.driver.plugin import dra_servicer, health_board, kubelet_client, server, types, wire
 
 DRIVER = "gpu.gpuplane.dev"
 V1 = "v1.DRAPlugin"

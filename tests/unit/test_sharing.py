@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from driver import cdi, mps
-from driver.api import names
-from driver.hw import mig_tables
+from gpuplane.driver import cdi, mps
+from gpuplane.driver.api import names
+from gpuplane.driver.hw import mig_tables
 from tests.driverkit import DriverUnderTest, driver_env, make_claim, ref
 
 GIB = 1024**3

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from driver.api import names
-from driver.hw import mig_tables
-from driver.hw.sim import SimConfig, Simulator
-from driver.inventory import Inventory, discover
-from driver.slices import DeviceTaint, SliceLimitError, build_pool, render_slices, validate_pool
+from gpuplane.driver.api import names
+from gpuplane.driver.hw import mig_tables
+from gpuplane.driver.hw.sim import SimConfig, Simulator
+from gpuplane.driver.inventory import Inventory, discover
+from gpuplane.driver.slices import DeviceTaint, SliceLimitError, build_pool, render_slices, validate_pool
 from tests.driverkit import short_tmpdir
 
 CLUSTER = "6f1c2d3e-4b5a-4978-8a9b-0c1d2e3f4a5b"
@@ -493,7 +493,7 @@ def test_docs_table_is_what_the_script_prints() -> None:
 
 def test_lost_gpu_keeps_its_whole_device_and_the_rest_still_publish(tmp_path: Path) -> None:
     """A GPU that fell off the bus must not take the node's whole inventory down with it."""
-    from driver.hw.interface import HealthEventKind
+    from gpuplane.driver.hw.interface import HealthEventKind
 
     sim = Simulator(SimConfig(profile="hgx-h100", state_dir=tmp_path / "sim", node_name="lost-node"))
     sim.init()

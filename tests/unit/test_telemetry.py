@@ -8,10 +8,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from driver import cost, noisy, telemetry
-from driver.checkpoint import Checkpoint, ClaimRecord, DeviceRecord, MigRecord, SharingRecord
-from driver.hw.sim import SimConfig, Simulator
-from driver.inventory import discover
+from gpuplane.driver import cost, noisy, telemetry
+from gpuplane.driver.checkpoint import Checkpoint, ClaimRecord, DeviceRecord, MigRecord, SharingRecord
+from gpuplane.driver.hw.sim import SimConfig, Simulator
+from gpuplane.driver.inventory import discover
 
 
 def rec(

@@ -1,0 +1,225 @@
+"""ResourceClaims for this driver: config validation, why a claim stays unallocated, missing domain constraints.
+
+All pure: a claim body, the DeviceClasses and (for explanations) a cluster view
+in; messages out. The opaque configs are checked with the very models and
+merge rules the node driver uses at prepare time (:mod:`driver.api.configs`),
+so a claim the driver would refuse is flagged before any pod reaches a node.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpuplane.controller import names, selectors, snapshot_builder
+from gpuplane.driver.api import configs, quantity
+from gpuplane.driver.api import names as dn
+
+_MIG_PROFILE = re.compile(rf'\.{dn.ATTR_MIG_PROFILE}\s*==\s*"([^"]+)"|\["{dn.ATTR_MIG_PROFILE}"\]\s*==\s*"([^"]+)"')
+
+
+@dataclass(frozen=True)
+class Request:
+    """One device request of a claim (an ``exactly`` or one ``firstAvailable`` alternative)."""
+
+    name: str  # "req" or "req/sub"
+    parent: str
+    device_class: str
+    count: int  # -1 for allocationMode All
+    selectors: tuple[str, ...]
+    share_percent: int | None = None  # capacity.requests.sharePercent, when the request asks for a share
+
+
+def requests_of(claim: Mapping[str, Any]) -> Iterator[Request]:
+    """Every request and firstAvailable alternative of a claim."""
+    for req in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        name = str(req.get("name", ""))
+        alternatives = (
+            [(name, req.get("exactly"))]
+            if req.get("exactly")
+            else [(f"{name}/{sub.get('name', '')}", sub) for sub in req.get("firstAvailable") or []]
+        )
+        for full, body in alternatives:
+            if not body:
+                continue
+            mode = body.get("allocationMode", "ExactCount")
+            share = ((body.get("capacity") or {}).get("requests") or {}).get(dn.CAP_SHARE_PERCENT)
+            yield Request(
+                name=full,
+                parent=name,
+                device_class=str(body.get("deviceClassName", "")),
+                count=-1 if mode == "All" else int(body.get("count", 1) or 1),
+                selectors=tuple(str((s.get("cel") or {}).get("expression", "")) for s in body.get("selectors") or []),
+                share_percent=_share(share),
+            )
+
+
+def _share(value: Any) -> int | None:
+    if value is None:
+        return None
+    try:
+        return quantity.parse_quantity(str(value))
+    except ValueError:
+        return None
+
+
+def class_is_ours(device_class: Mapping[str, Any] | None) -> bool:
+    """A DeviceClass selects this driver's devices (by its selectors or its config)."""
+    if not device_class:
+        return False
+    spec = device_class.get("spec") or {}
+    text = " ".join(str((s.get("cel") or {}).get("expression", "")) for s in spec.get("selectors") or [])
+    by_config = any((c.get("opaque") or {}).get("driver") == dn.DRIVER_NAME for c in spec.get("config") or [])
+    return dn.DRIVER_NAME in text or by_config
+
+
+def class_device_type(device_class: Mapping[str, Any] | None) -> str:
+    """``mig`` when the class selects MIG devices, else ``gpu``."""
+    spec = (device_class or {}).get("spec") or {}
+    text = " ".join(str((s.get("cel") or {}).get("expression", "")) for s in spec.get("selectors") or [])
+    return dn.DEVICE_TYPE_MIG if re.search(r'type\s*==\s*"mig"', text) else dn.DEVICE_TYPE_GPU
+
+
+def class_selectors(device_class: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """CEL expressions of a class."""
+    spec = (device_class or {}).get("spec") or {}
+    return tuple(str((s.get("cel") or {}).get("expression", "")) for s in spec.get("selectors") or [])
+
+
+def is_ours(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]]) -> bool:
+    """Whether any request of the claim uses one of this driver's classes."""
+    return any(class_is_ours(classes.get(r.device_class)) for r in requests_of(claim))
+
+
+def validate(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Problems with the claim's opaque configs for this driver, one message per request (empty: valid)."""
+    spec_devices = (claim.get("spec") or {}).get("devices") or {}
+    claim_entries = [
+        configs.SourcedConfig(
+            source="FromClaim",
+            requests=tuple(c.get("requests") or ()),
+            parameters=(c.get("opaque") or {}).get("parameters") or {},
+        )
+        for c in spec_devices.get("config") or []
+        if (c.get("opaque") or {}).get("driver") == dn.DRIVER_NAME
+    ]
+    problems: list[str] = []
+    checked = False
+    for req in requests_of(claim):
+        dclass = classes.get(req.device_class)
+        if not class_is_ours(dclass):
+            continue
+        checked = True
+        class_entries = [
+            configs.SourcedConfig(
+                source="FromClass", requests=(), parameters=(c.get("opaque") or {}).get("parameters") or {}
+            )
+            for c in ((dclass or {}).get("spec") or {}).get("config") or []
+            if (c.get("opaque") or {}).get("driver") == dn.DRIVER_NAME
+        ]
+        try:
+            merged = configs.merge_configs([*class_entries, *claim_entries], req.name, class_device_type(dclass))
+        except configs.ConfigError as exc:
+            problems.append(str(exc))
+            continue
+        if req.share_percent is not None and req.share_percent < 100 and merged.sharing.strategy == "Exclusive":
+            problems.append(
+                f"request {req.name!r} asks for sharePercent {req.share_percent} but its sharing strategy is "
+                "Exclusive; the driver will refuse it. Use an MPS tier class (e.g. mps-bronze.gpu.gpuplane.dev) "
+                "or a TimeSlicing config, or drop the capacity request to hold the whole GPU"
+            )
+    if not checked:
+        # Configs for this driver on a claim whose requests use no class of ours: still parse them.
+        for i, entry in enumerate(claim_entries):
+            try:
+                configs.parse_config(entry.parameters, f"claim config #{i}")
+            except configs.ConfigError as exc:
+                problems.append(str(exc))
+    return list(dict.fromkeys(problems))
+
+
+def domain_warning(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """A warning when a multi-GPU request of this driver has no NVLink-domain matchAttribute constraint."""
+    constraints = ((claim.get("spec") or {}).get("devices") or {}).get("constraints") or []
+    covered_all = False
+    covered: set[str] = set()
+    for c in constraints:
+        if c.get("matchAttribute") != names.MATCH_ATTRIBUTE_DOMAIN:
+            continue
+        reqs = c.get("requests") or []
+        if not reqs:
+            covered_all = True
+        covered.update(reqs)
+    multi = [
+        r
+        for r in requests_of(claim)
+        if (r.count > 1 or r.count == -1)
+        and class_device_type(classes.get(r.device_class)) == dn.DEVICE_TYPE_GPU
+        and class_is_ours(classes.get(r.device_class))
+    ]
+    bare = [r.name for r in multi if not covered_all and r.name not in covered and r.parent not in covered]
+    if not bare:
+        return None
+    return (
+        f"request(s) {', '.join(bare)} ask for several GPUs without a constraint "
+        f"matchAttribute: {names.MATCH_ATTRIBUTE_DOMAIN}; the GPUs may land in different NVLink domains "
+        f"(add constraints: [{{requests: [{bare[0].split('/')[0]}], matchAttribute: {names.MATCH_ATTRIBUTE_DOMAIN}}}])"
+    )
+
+
+def mig_profile_of(request: Request) -> str | None:
+    """The driver MIG profile a request selects by CEL (``migProfile == "3g.71gb"``), if any."""
+    for expr in request.selectors:
+        m = _MIG_PROFILE.search(expr)
+        if m:
+            return m.group(1) or m.group(2)
+    return None
+
+
+def explain_unallocated(
+    claim: Mapping[str, Any],
+    classes: Mapping[str, Mapping[str, Any]],
+    view: snapshot_builder.ClusterView,
+) -> str:
+    """Why the claim's requests find no room now, from the placement view ('' when it looks satisfiable)."""
+    reasons: list[str] = []
+    for req in requests_of(claim):
+        dclass = classes.get(req.device_class)
+        if not class_is_ours(dclass):
+            continue
+        compiled = selectors.compile_all([*class_selectors(dclass), *req.selectors])
+        if class_device_type(dclass) == dn.DEVICE_TYPE_MIG:
+            # MIG selectors name MIG attributes: count placements on every parent GPU.
+            snap = view.snapshot(None)
+            profile = mig_profile_of(req)
+            geo_profile = view.profiles.get(profile or "")
+            if profile is None:
+                continue
+            if geo_profile is None:
+                reasons.append(f"request {req.name}: no node publishes MIG profile {profile}")
+                continue
+            free = [g for g in snap.gpus() if snap.slots.can_host(snap.state(g), geo_profile)]
+            if len(free) >= max(1, req.count):
+                continue
+            blocks = [snap.slots.largest_free(snap.state(g)) for g in snap.gpus()]
+            largest = max((b for b in blocks if b is not None), key=lambda p: (p.compute, p.memory), default=None)
+            shown = (view.driver_profile_names(largest.name) or (largest.name,))[0] if largest else "none"
+            reasons.append(
+                f"no free placement for profile {profile} ({len(free)} of {max(1, req.count)} needed); "
+                f"largest free block per GPU is {shown}"
+            )
+        else:
+            admitted = view.snapshot(compiled.predicate)
+            want = max(1, req.count)
+            node_free = max((n.free_whole for d in admitted.domains for n in d.nodes), default=0)
+            dom_free = max((d.free_whole for d in admitted.domains), default=0)
+            total = sum(d.free_whole for d in admitted.domains)
+            if req.count == -1 or want <= node_free:
+                continue
+            reasons.append(
+                f"request {req.name} needs {want} GPUs on one node; largest free block: {node_free} GPUs on one "
+                f"node, {dom_free} in one NVLink domain, {total} free in all"
+            )
+    return "; ".join(reasons)

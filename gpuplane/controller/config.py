@@ -1,0 +1,111 @@
+"""Controller configuration: flags with GPUPLANE_* environment fallbacks, read once in main()."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from gpuplane.controller import leader, names
+
+
+class ControllerConfig(BaseModel):
+    """Everything the controller needs to know about its environment."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kubeconfig: str | None = None  # None: in-cluster service account
+    identity: str = Field(min_length=1)  # this replica's name (pod name): the Lease holder identity
+    lease_name: str = names.LEASE_NAME
+    lease_namespace: str = names.LEASE_NAMESPACE
+    lease_duration_s: float = Field(default=15.0, gt=0)
+    renew_deadline_s: float = Field(default=10.0, gt=0)
+    retry_period_s: float = Field(default=2.0, gt=0)
+    standalone: bool = False  # a single replica without leader election (development)
+    liveness: str = "http://0.0.0.0:8080/healthz"
+    metrics_port: int = 0  # 0: no metrics server
+    resync_s: float = Field(default=2.0, gt=0)
+    claim_explain_after_s: float = Field(default=10.0, ge=0)
+    policy: str = "gpuplane"
+    aging_s: float = Field(default=60.0, gt=0)
+    aging_cap: int = Field(default=10, ge=0)
+    starvation_s: float = Field(default=600.0, gt=0)
+    status_interval_s: float = Field(default=5.0, ge=0)
+    eviction_grace_s: int | None = Field(default=None, ge=0)  # None: each pod's own grace period
+    log_level: str = "INFO"
+    log_format: Literal["auto", "json", "console"] = "auto"
+
+    @model_validator(mode="after")
+    def _lease_timing_is_safe(self) -> ControllerConfig:
+        self.lease_timing  # noqa: B018 - raises ValueError when the three durations are unsafe
+        return self
+
+    @property
+    def lease_timing(self) -> leader.Timing:
+        """Leader-election durations (client-go's leaseDuration, renewDeadline, retryPeriod)."""
+        return leader.Timing(self.lease_duration_s, self.renew_deadline_s, self.retry_period_s)
+
+
+def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> ControllerConfig:
+    """Build the config from flags, then ``GPUPLANE_*`` environment variables."""
+
+    def env(name: str, default: str | None = None) -> str | None:
+        return environ.get(f"GPUPLANE_{name}", default)
+
+    p = argparse.ArgumentParser(prog="gpuplane-controller", description="gpuplane controller: gangs, claims, domains.")
+    p.add_argument("--kubeconfig", default=env("KUBECONFIG") or environ.get("KUBECONFIG"))
+    p.add_argument("--identity", default=env("IDENTITY") or environ.get("POD_NAME") or socket.gethostname())
+    p.add_argument("--lease-name", default=env("LEASE_NAME", names.LEASE_NAME))
+    p.add_argument(
+        "--lease-namespace",
+        default=env("LEASE_NAMESPACE") or environ.get("POD_NAMESPACE") or names.LEASE_NAMESPACE,
+        help="namespace of the leader-election Lease (default: the pod's own namespace)",
+    )
+    p.add_argument("--lease-duration", type=float, default=float(env("LEASE_DURATION", "15") or 15))
+    p.add_argument("--renew-deadline", type=float, default=float(env("RENEW_DEADLINE", "10") or 10))
+    p.add_argument("--retry-period", type=float, default=float(env("RETRY_PERIOD", "2") or 2))
+    p.add_argument(
+        "--standalone",
+        action="store_true",
+        default=env("STANDALONE") == "1",
+        help="no leader election (a single replica, e.g. for development)",
+    )
+    p.add_argument("--liveness", default=env("LIVENESS", "http://0.0.0.0:8080/healthz"))
+    p.add_argument("--metrics-port", type=int, default=int(env("METRICS_PORT", "0") or 0))
+    p.add_argument("--resync", type=float, default=float(env("RESYNC", "2") or 2))
+    p.add_argument("--claim-explain-after", type=float, default=float(env("CLAIM_EXPLAIN_AFTER", "10") or 10))
+    p.add_argument("--policy", default=env("POLICY", "gpuplane"))
+    p.add_argument("--aging", type=float, default=float(env("AGING", "60") or 60))
+    p.add_argument("--aging-cap", type=int, default=int(env("AGING_CAP", "10") or 10))
+    p.add_argument("--starvation", type=float, default=float(env("STARVATION", "600") or 600))
+    p.add_argument("--status-interval", type=float, default=float(env("STATUS_INTERVAL", "5") or 5))
+    grace = env("EVICTION_GRACE")
+    p.add_argument("--eviction-grace", type=int, default=int(grace) if grace else None)
+    p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
+    p.add_argument("--log-format", choices=["auto", "json", "console"], default=env("LOG_FORMAT", "auto"))
+    a = p.parse_args(argv)
+    return ControllerConfig(
+        kubeconfig=a.kubeconfig,
+        identity=a.identity,
+        lease_name=a.lease_name,
+        lease_namespace=a.lease_namespace,
+        lease_duration_s=a.lease_duration,
+        renew_deadline_s=a.renew_deadline,
+        retry_period_s=a.retry_period,
+        standalone=a.standalone,
+        liveness=a.liveness,
+        metrics_port=a.metrics_port,
+        resync_s=a.resync,
+        claim_explain_after_s=a.claim_explain_after,
+        policy=a.policy,
+        aging_s=a.aging,
+        aging_cap=a.aging_cap,
+        starvation_s=a.starvation,
+        status_interval_s=a.status_interval,
+        eviction_grace_s=a.eviction_grace,
+        log_level=a.log_level,
+        log_format=a.log_format,
+    )

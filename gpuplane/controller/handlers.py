@@ -1,0 +1,156 @@
+"""kopf registrations: indexes of what the controller reads, and thin handlers that delegate.
+
+Every handler translates kopf's arguments into plain data and calls one
+function of :mod:`controller.runtime`; none fetches, parses, decides and
+writes by itself. The registry is built by :func:`make_registry` (no
+module-level registry, so tests and main() each get their own).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from gpuplane.controller import claims, config, names, runtime
+from gpuplane.driver.api import names as dn
+
+RESOURCE = ("resource.k8s.io", "v1")
+
+
+def _plain(body: Mapping[str, Any], *keys: str) -> dict[str, Any]:
+    return {k: copy.deepcopy(body[k]) for k in ("apiVersion", "kind", "metadata", *keys) if k in body}
+
+
+def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
+    """Every index and handler of the controller on a fresh registry."""
+    reg = kopf.OperatorRegistry()
+
+    @kopf.on.startup(registry=reg)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.peering.standalone = True  # no kopf peering: leadership is a Lease (controller.leader)
+        settings.posting.level = logging.ERROR  # our own Events say what happened
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=names.GROUP)
+        settings.watching.server_timeout = 300
+
+    # --- indexes (the read side: caches of API state) ----------------------------------------------
+    @kopf.index(names.GROUP, names.VERSION, names.GANG_PLURAL, id="gang_idx", registry=reg)
+    def gang_idx(body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any) -> dict[str, Any]:
+        memo.touched()
+        return {f"{namespace}/{name}": _plain(body, "spec", "status")}
+
+    @kopf.index("pods", labels={names.LABEL_GANG: kopf.PRESENT}, id="member_pod_idx", registry=reg)
+    def member_pod_idx(body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any) -> dict[str, Any]:
+        memo.touched()
+        return {f"{namespace}/{name}": _plain(body, "spec", "status")}
+
+    @kopf.index("pods", id="claim_consumer_idx", registry=reg)
+    def claim_consumer_idx(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[str, str] | None:
+        refs = [r.get("resourceClaimName") for r in (body.get("spec") or {}).get("resourceClaims") or []]
+        out = {f"{namespace}/{r}": name for r in refs if r}
+        return out or None
+
+    @kopf.index(*RESOURCE, "resourceclaims", id="claim_idx", registry=reg)
+    def claim_idx(body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any) -> dict[str, Any]:
+        memo.touched()
+        return {f"{namespace}/{name}": _plain(body, "spec", "status")}
+
+    @kopf.index(*RESOURCE, "resourceslices", id="slice_idx", registry=reg)
+    def slice_idx(body: kopf.Body, name: str, memo: runtime.Runtime, **_: Any) -> dict[str, Any] | None:
+        if (body.get("spec") or {}).get("driver") != dn.DRIVER_NAME:
+            return None
+        memo.touched()
+        return {name: _plain(body, "spec")}
+
+    @kopf.index("nodes", id="node_idx", registry=reg)
+    def node_idx(body: kopf.Body, name: str, memo: runtime.Runtime, **_: Any) -> dict[str, Any]:
+        memo.touched()
+        spec = body.get("spec") or {}
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in (body.get("status") or {}).get("conditions") or []
+        )
+        return {name: {"schedulable": ready and not spec.get("unschedulable"), "metadata": _plain(body)["metadata"]}}
+
+    @kopf.index(*RESOURCE, "deviceclasses", id="class_idx", registry=reg)
+    def class_idx(body: kopf.Body, name: str, memo: runtime.Runtime, **_: Any) -> dict[str, Any]:
+        memo.touched()
+        return {name: _plain(body, "spec")}
+
+    def world_of(memo: runtime.Runtime, kw: Mapping[str, Any]) -> Any:
+        return runtime.make_world(
+            memo,
+            gang_idx=kw["gang_idx"],
+            pod_idx=kw["member_pod_idx"],
+            claim_idx=kw["claim_idx"],
+            slice_idx=kw["slice_idx"],
+            node_idx=kw["node_idx"],
+            class_idx=kw["class_idx"],
+            now=time.time(),
+        )
+
+    # --- gangs -----------------------------------------------------------------------------------
+    async def gang(namespace: str | None, name: str, memo: runtime.Runtime, kw: Mapping[str, Any]) -> None:
+        if not memo.leading():  # a standby only keeps its indexes warm
+            return
+        async with memo.lock():
+            now = time.time()
+            await runtime.reconcile_gang(memo, f"{namespace}/{name}", world_of(memo, kw), now)
+
+    @kopf.timer(names.GROUP, names.VERSION, names.GANG_PLURAL, interval=cfg.resync_s, registry=reg)
+    async def gang_timer(namespace: str | None, name: str, memo: Any, **kw: Any) -> None:
+        await gang(namespace, name, memo, kw)
+
+    @kopf.on.event(names.GROUP, names.VERSION, names.GANG_PLURAL, registry=reg)
+    async def gang_event(namespace: str | None, name: str, type: str, memo: Any, **kw: Any) -> None:
+        if type in ("ADDED", "MODIFIED"):
+            await gang(namespace, name, memo, kw)
+
+    # --- NVLink domain labels --------------------------------------------------------------------
+    async def label(node: str, memo: runtime.Runtime, kw: Mapping[str, Any]) -> None:
+        nodes = runtime.single(kw["node_idx"])
+        entry = nodes.get(node)
+        slices = runtime.single(kw["slice_idx"]).values()
+        await runtime.sync_node_label(memo, node, entry, slices)
+
+    @kopf.on.event(*RESOURCE, "resourceslices", registry=reg)
+    async def slice_event(body: kopf.Body, memo: runtime.Runtime, **kw: Any) -> None:
+        spec = body.get("spec") or {}
+        if spec.get("driver") == dn.DRIVER_NAME and spec.get("nodeName"):
+            await label(str(spec["nodeName"]), memo, kw)
+
+    @kopf.on.event("nodes", registry=reg)
+    async def node_event(name: str, type: str | None, memo: runtime.Runtime, **kw: Any) -> None:
+        if type in ("ADDED", "MODIFIED", None):
+            await label(name, memo, kw)
+
+    # --- ResourceClaims --------------------------------------------------------------------------
+    @kopf.on.event(*RESOURCE, "resourceclaims", registry=reg)
+    async def claim_event(body: kopf.Body, namespace: str | None, name: str, type: str, memo: Any, **kw: Any) -> None:
+        if type == "DELETED":
+            return
+        classes = runtime.single(kw["class_idx"])
+        consumers = [p for store in [kw["claim_consumer_idx"].get(f"{namespace}/{name}", [])] for p in store]
+        await runtime.check_claim(memo, _plain(body, "spec", "status"), classes, consumers)
+
+    def unallocated(body: kopf.Body, **_: Any) -> bool:
+        return not (body.get("status") or {}).get("allocation")
+
+    @kopf.timer(
+        *RESOURCE, "resourceclaims", interval=max(cfg.claim_explain_after_s, 5.0), when=unallocated, registry=reg
+    )
+    async def claim_timer(body: kopf.Body, memo: runtime.Runtime, **kw: Any) -> None:
+        classes = runtime.single(kw["class_idx"])
+        plain = _plain(body, "spec", "status")
+        if not memo.leading() or not claims.is_ours(plain, classes):
+            return
+        async with memo.lock():
+            now = time.time()
+            await runtime.explain_claim(memo, plain, classes, world_of(memo, kw), now)
+
+    return reg

@@ -1,0 +1,193 @@
+"""The controller's API writes: one client built once, plain dicts, idempotent by construction.
+
+Every write tolerates having been done already (create -> 409 is fine when the
+object is ours, delete -> 404 is fine), because a reconcile may be repeated
+after a crash at any point. Reads come from kopf's indexes, not from here.
+
+Every write is fenced: it first asks the ``guard`` (the leader elector) and
+raises :class:`NotLeader` instead of writing when this replica does not hold
+the leader Lease within its renew deadline, so a replica that lost
+leadership mid-reconcile stops at the next write.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Mapping
+from typing import Any, cast
+
+import structlog
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from gpuplane.controller import events, gangs, names
+
+log = structlog.get_logger(__name__)
+
+RESOURCE_GROUP = "resource.k8s.io"
+RESOURCE_VERSION = "v1"
+MERGE = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+
+
+def make_api_client(kubeconfig: str | None) -> client.ApiClient:
+    """One API client for the process (kubeconfig file, else in-cluster service account)."""
+    if kubeconfig:
+        load: Callable[..., client.ApiClient] = config.new_client_from_config
+        return load(config_file=kubeconfig)
+    incluster: Callable[[], None] = config.load_incluster_config
+    incluster()
+    return client.ApiClient()
+
+
+class StepFailed(RuntimeError):
+    """A write of an apply sequence failed; later steps were not run."""
+
+
+class NotLeader(StepFailed):
+    """This replica is not the leader (any more): the write was not made."""
+
+
+def _always() -> bool:
+    return True
+
+
+class KubeWriter:
+    """The writes the reconcilers make, plus the Event recorder; each write fenced by ``guard``."""
+
+    def __init__(
+        self, api_client: client.ApiClient, component: str = names.COMPONENT, *, guard: Callable[[], bool] = _always
+    ) -> None:
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.component = component
+        self.guard = guard
+
+    def fence(self) -> None:
+        """Raise NotLeader unless this replica may write now."""
+        if not self.guard():
+            raise NotLeader("not the leader: write skipped")
+
+    # --- gangs ------------------------------------------------------------------------------
+    def patch_gang_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """Merge-patch the status subresource (no resourceVersion: cannot conflict)."""
+        self.fence()
+        self.custom.patch_namespaced_custom_object_status(
+            names.GROUP,
+            names.VERSION,
+            namespace,
+            names.GANG_PLURAL,
+            name,
+            {"status": dict(patch)},
+            _content_type=MERGE,
+        )
+
+    # --- steps ------------------------------------------------------------------------------
+    def run(self, namespace: str, step: gangs.Step) -> None:
+        """Execute one step; raise StepFailed on an error that is not 'already done'."""
+        if step.kind != "wait":
+            self.fence()
+        try:
+            if step.kind == "create-claim":
+                self.custom.create_namespaced_custom_object(
+                    RESOURCE_GROUP, RESOURCE_VERSION, namespace, "resourceclaims", step.body
+                )
+            elif step.kind == "delete-claim":
+                self.custom.delete_namespaced_custom_object(
+                    RESOURCE_GROUP, RESOURCE_VERSION, namespace, "resourceclaims", step.name
+                )
+            elif step.kind == "patch-pod":
+                self.core.patch_namespaced_pod(step.name, namespace, step.body, _content_type=JSON_PATCH)
+            elif step.kind == "delete-pod":
+                self.core.delete_namespaced_pod(step.name, namespace, grace_period_seconds=step.body)
+            elif step.kind == "wait":
+                raise StepFailed(step.why)
+            else:  # pragma: no cover - kinds are a closed set
+                raise StepFailed(f"unknown step kind {step.kind}")
+        except ApiException as exc:
+            if step.kind == "create-claim" and exc.status == 409:
+                return  # created by an earlier attempt; the next plan checks its decision annotation
+            if step.kind.startswith("delete-") and exc.status == 404:
+                return
+            raise StepFailed(f"{step.kind} {namespace}/{step.name}: {exc.status} {exc.reason}") from exc
+
+    # --- claims and nodes ------------------------------------------------------------------------
+    def annotate_claim(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
+        """Merge-patch annotations onto a ResourceClaim (None removes one)."""
+        self.fence()
+        self.custom.patch_namespaced_custom_object(
+            RESOURCE_GROUP,
+            RESOURCE_VERSION,
+            namespace,
+            "resourceclaims",
+            name,
+            {"metadata": {"annotations": dict(annotations)}},
+            _content_type=MERGE,
+        )
+
+    def set_pod_condition(self, namespace: str, name: str, cond: Mapping[str, Any]) -> None:
+        """Strategic-merge one pod condition (conditions merge by type)."""
+        self.fence()
+        self.core.patch_namespaced_pod_status(name, namespace, {"status": {"conditions": [dict(cond)]}})
+
+    def patch_node(self, name: str, patch: Mapping[str, Any]) -> None:
+        """Merge-patch a Node's metadata."""
+        self.fence()
+        self.core.patch_node(name, dict(patch), _content_type=MERGE)
+
+    # --- events (the Recorder protocol) -----------------------------------------------------------
+    def event(self, ref: events.ObjectRef, kind: events.EventType, reason: str, message: str) -> None:
+        """Record or bump an Event; never raises (and records nothing when not the leader)."""
+        if not self.guard():
+            return
+        namespace = ref.namespace or "default"
+        name = events.event_name(ref, reason, message)
+        now = datetime.datetime.now(datetime.UTC)
+        try:
+            try:
+                current = self.core.read_namespaced_event(name, namespace)
+                self.core.patch_namespaced_event(
+                    name,
+                    namespace,
+                    {"count": int(current.count or 1) + 1, "lastTimestamp": _ts(now)},
+                    _content_type=MERGE,
+                )
+                return
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+            body = client.CoreV1Event(
+                metadata=client.V1ObjectMeta(name=name, namespace=namespace),
+                involved_object=client.V1ObjectReference(
+                    api_version=ref.api_version,
+                    kind=ref.kind,
+                    name=ref.name,
+                    namespace=ref.namespace or None,
+                    uid=ref.uid,
+                ),
+                reason=reason,
+                message=message[:1024],
+                type=kind,
+                first_timestamp=now,
+                last_timestamp=now,
+                count=1,
+                source=client.V1EventSource(component=self.component),
+                reporting_component=self.component,
+            )
+            try:
+                self.core.create_namespaced_event(namespace, body)
+            except ApiException as exc:
+                if exc.status != 409:  # a concurrent record of the same Event: count it instead
+                    raise
+                self.core.patch_namespaced_event(name, namespace, {"lastTimestamp": _ts(now)}, _content_type=MERGE)
+        except ApiException as exc:
+            log.warning("could not record event", reason=reason, object=ref.name, status=exc.status)
+
+
+def _ts(moment: datetime.datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def as_dict(obj: Any) -> dict[str, Any]:
+    """A plain dict of an API object (kopf bodies and dicts pass through)."""
+    return cast(dict[str, Any], dict(obj))

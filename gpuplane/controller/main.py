@@ -1,0 +1,99 @@
+"""gpuplane-controller: read the config once, configure logging once, elect a leader, run the kopf operator.
+
+Two or more replicas run the same kopf handlers, so every replica's indexes
+(its caches of API state) stay warm. Only the replica holding the
+``coordination.k8s.io/v1`` Lease (:mod:`controller.leader`, renewed in a
+background thread) makes placement decisions and writes claims, pods, status,
+labels and Events; the others return early from every handler. When the leader
+dies its Lease expires after ``--lease-duration`` seconds and a standby takes
+it; a leader that cannot renew within ``--renew-deadline`` stops writing before
+that can happen. Every decision lives in the API (gang status, claim
+annotations and owner references), so the new leader resumes exactly where the
+old one stopped. kopf runs without its own peering (``standalone``): peering
+paused the standby's watches, so its caches went cold, and it was not a lease.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import kopf
+import structlog
+
+from gpuplane.controller import config, handlers, kube, leader, metrics, runtime
+from gpuplane.driver import logs
+
+log = structlog.get_logger(__name__)
+
+
+def _login(cfg: config.ControllerConfig) -> kopf.ConnectionInfo:
+    """Credentials for kopf from the same kubeconfig (or service account) as our API client."""
+    api = kube.make_api_client(cfg.kubeconfig)
+    c = api.configuration
+    token = (c.api_key or {}).get("authorization") or (c.api_key or {}).get("BearerToken")
+    scheme = None
+    if token and " " in token:
+        scheme, token = token.split(" ", 1)
+    return kopf.ConnectionInfo(
+        server=c.host,
+        ca_path=c.ssl_ca_cert,
+        insecure=not c.verify_ssl,
+        certificate_path=c.cert_file,
+        private_key_path=c.key_file,
+        scheme=scheme,
+        token=token,
+    )
+
+
+def make_elector(cfg: config.ControllerConfig, api: Any) -> leader.Elector:
+    """The Lease elector of this replica (requests time out well within the renew deadline)."""
+    timing = cfg.lease_timing
+    store = leader.KubeLeaseStore(api, cfg.lease_namespace, cfg.lease_name, timing.renew_deadline_s / 2)
+    return leader.Elector(cfg.identity, store, timing)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``gpuplane-controller`` console script."""
+    cfg = config.parse_args(argv, os.environ)
+    logs.configure(cfg.log_level, cfg.log_format)
+    api = kube.make_api_client(cfg.kubeconfig)
+    m = metrics.ControllerMetrics()
+    if cfg.metrics_port:
+        m.serve(cfg.metrics_port)
+    elector = None if cfg.standalone else make_elector(cfg, api)
+    leadership: leader.Leadership = elector if elector is not None else leader.AlwaysLeader()
+    m.is_leader.set_function(lambda: float(leadership.is_leader()))
+    memo = runtime.Runtime.create(cfg, kube.KubeWriter(api, guard=leadership.is_leader), m, leadership)
+    registry = handlers.make_registry(cfg)
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return _login(cfg)
+
+    log.info(
+        "starting",
+        identity=cfg.identity,
+        lease=None if cfg.standalone else f"{cfg.lease_namespace}/{cfg.lease_name}",
+        standalone=cfg.standalone,
+    )
+    if elector is not None:
+        elector.start()
+    try:
+        kopf.run(
+            registry=registry,
+            memo=memo,
+            standalone=True,  # no kopf peering: the Lease decides who writes
+            clusterwide=True,
+            liveness_endpoint=cfg.liveness or None,
+        )
+    finally:
+        if elector is not None:
+            elector.stop(release=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

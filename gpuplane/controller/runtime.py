@@ -1,0 +1,346 @@
+"""The operator's memo: shared clients and state, and the orchestration each handler delegates to.
+
+kopf shallow-copies the memo per object, so every mutable thing lives in
+:class:`Shared`, referenced (not copied) by each copy. Nothing here is a
+decision store: decisions live in the API (gang status, claim annotations);
+``Shared`` only caches (the last queue plan, decisions written but not yet
+seen by this replica's indexes) and rate-limits (status coalescing).
+
+Every entry point first asks :meth:`Runtime.leading`: a standby replica keeps
+its indexes warm but decides and writes nothing. The caches are dropped
+whenever this replica starts a new leadership term, and a write refused
+mid-reconcile (:class:`controller.kube.NotLeader`) ends the reconcile quietly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from gpuplane.controller import (
+    claims,
+    config,
+    events,
+    gang_reconciler,
+    kube,
+    leader,
+    names,
+    nodelabels,
+    queue_runner,
+    snapshot_builder,
+    status,
+    world,
+)
+from gpuplane.controller import metrics as metrics_mod
+from gpuplane.controller.placement.policies import base as policy_base
+from gpuplane.controller.placement.policies import make as make_policy
+from gpuplane.driver.api import names as dn
+
+log = structlog.get_logger(__name__)
+
+OVERLAY_TTL_S = 30.0
+
+
+@dataclass
+class Shared:
+    """Mutable state shared by every memo copy (one per process)."""
+
+    lock: asyncio.Lock | None = None
+    version: int = 0
+    plan: tuple[int, queue_runner.Plan, snapshot_builder.ClusterView] | None = None
+    overlay: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
+    term: int = 0  # the leadership term the caches above belong to
+
+
+@dataclass
+class Runtime:
+    """What every handler gets as ``memo``."""
+
+    cfg: config.ControllerConfig
+    writer: kube.KubeWriter
+    metrics: metrics_mod.ControllerMetrics
+    coalescer: status.Coalescer
+    policy: policy_base.Policy
+    leadership: leader.Leadership = field(default_factory=leader.AlwaysLeader)
+    shared: Shared = field(default_factory=Shared)
+
+    @classmethod
+    def create(
+        cls,
+        cfg: config.ControllerConfig,
+        writer: kube.KubeWriter,
+        m: metrics_mod.ControllerMetrics,
+        leadership: leader.Leadership | None = None,
+    ) -> Runtime:
+        """Build the memo once in main()."""
+        return cls(
+            cfg=cfg,
+            writer=writer,
+            metrics=m,
+            coalescer=status.Coalescer(cfg.status_interval_s),
+            policy=make_policy(cfg.policy),
+            leadership=leadership or leader.AlwaysLeader(),
+        )
+
+    def leading(self) -> bool:
+        """Whether this replica may decide now; a new term drops what an earlier term cached."""
+        if not self.leadership.is_leader():
+            return False
+        term = self.leadership.term
+        if term != self.shared.term:
+            self.shared.term = term
+            self.shared.plan = None
+            self.shared.overlay.clear()
+            self.coalescer.reset()
+            self.metrics.leader_terms.inc()
+        return True
+
+    @property
+    def settings(self) -> gang_reconciler.Settings:
+        """Reconcile settings from the config."""
+        c = self.cfg
+        return gang_reconciler.Settings(
+            eviction_grace_s=c.eviction_grace_s,
+            queue=queue_runner.Settings(aging_s=c.aging_s, aging_cap=c.aging_cap, starvation_s=c.starvation_s),
+        )
+
+    def touched(self) -> None:
+        """An indexed object changed: the cached plan is stale."""
+        self.shared.version += 1
+
+    def lock(self) -> asyncio.Lock:
+        """The process-wide reconcile lock (created lazily inside the event loop)."""
+        if self.shared.lock is None:
+            self.shared.lock = asyncio.Lock()
+        return self.shared.lock
+
+
+def single(index: Mapping[Any, Iterable[Any]]) -> dict[Any, Any]:
+    """A kopf index whose keys each hold one value, as a plain dict."""
+    out: dict[Any, Any] = {}
+    for key, store in index.items():
+        for value in store:
+            out[key] = value
+            break
+    return out
+
+
+def make_world(
+    rt: Runtime,
+    *,
+    gang_idx: Mapping[Any, Iterable[Any]],
+    pod_idx: Mapping[Any, Iterable[Any]],
+    claim_idx: Mapping[Any, Iterable[Any]],
+    slice_idx: Mapping[Any, Iterable[Any]],
+    node_idx: Mapping[Any, Iterable[Any]],
+    class_idx: Mapping[Any, Iterable[Any]],
+    now: float,
+) -> world.World:
+    """Copy the indexes into a World (synchronously: one consistent instant), with the write overlay."""
+    gangs_ = single(gang_idx)
+    fresh: dict[str, dict[str, Any]] = {}
+    for key, (when, patch) in list(rt.shared.overlay.items()):
+        seen = (gangs_.get(key) or {}).get("status") or {}
+        want_id = ((patch.get("placement") or {}) or {}).get("id")
+        caught_up = seen.get("phase") == patch.get("phase") and (
+            want_id is None or (seen.get("placement") or {}).get("id") == want_id
+        )
+        if caught_up or now - when > OVERLAY_TTL_S or key not in gangs_:
+            del rt.shared.overlay[key]
+        else:
+            fresh[key] = patch
+    pods: list[Mapping[str, Any]] = [p for store in pod_idx.values() for p in store]
+    return world.World(
+        gangs=world.overlay(gangs_, fresh),
+        pods=world.member_lists(pods),
+        claims=single(claim_idx),
+        slices=tuple(single(slice_idx).values()),
+        nodes={k: bool(v.get("schedulable")) for k, v in single(node_idx).items()},
+        classes=single(class_idx),
+    )
+
+
+def plan_for(rt: Runtime, w: world.World, now: float) -> tuple[queue_runner.Plan, snapshot_builder.ClusterView]:
+    """The queue plan for this world, reused while nothing indexed has changed."""
+    cached = rt.shared.plan
+    if cached is not None and cached[0] == rt.shared.version:
+        return cached[1], cached[2]
+    started = time.monotonic()
+    view = world.cluster_view(w)
+    entries = world.entries(w, view)
+    compiled = {e.key: world.admit_for(w, e.spec) for e in entries}
+    plan = queue_runner.plan(
+        entries, view, lambda e: compiled[e.key].predicate, rt.policy, now=now, settings=rt.settings.queue
+    )
+    rt.metrics.pass_seconds.observe(time.monotonic() - started)
+    rt.metrics.queue_depth.set(sum(1 for a in plan.actions.values() if a.kind != "place"))
+    rt.shared.plan = (rt.shared.version, plan, view)
+    return plan, view
+
+
+def overlay_entry(written: Mapping[str, Any], body: Mapping[str, Any]) -> dict[str, Any]:
+    """What this replica's cache must show of a gang until its status write comes back: phase and placement.
+
+    A status that leaves ``placement`` out keeps the one the gang holds (``body`` is the gang as
+    this reconcile saw it, overlay included): recording None there let a stale cached body
+    without a placement turn a ``Placed`` gang back into ``Pending`` one reconcile later.
+    """
+    placement = written["placement"] if "placement" in written else (body.get("status") or {}).get("placement")
+    return {"phase": written.get("phase"), "placement": placement}
+
+
+async def reconcile_gang(rt: Runtime, key: str, w: world.World, now: float) -> None:
+    """Decide and apply for one gang (and release the victims it preempts), under the process lock."""
+    if not rt.leading():
+        return
+    try:
+        await _reconcile_gang(rt, key, w, now)
+    except kube.NotLeader:
+        log.info("lost leadership during a reconcile; the new leader resumes from the API", gang=key)
+
+
+async def _reconcile_gang(rt: Runtime, key: str, w: world.World, now: float) -> None:
+    body = w.gangs.get(key)
+    if body is None:
+        rt.coalescer.forget(key)
+        return
+    plan, view = plan_for(rt, w, now)
+    outcome = gang_reconciler.decide(key, body, w, view=view, plan=plan, now=now, settings=rt.settings)
+    written, _ = await asyncio.to_thread(
+        functools.partial(
+            gang_reconciler.apply, rt.writer, rt.writer, rt.coalescer, key=key, body=body, outcome=outcome, now=now
+        )
+    )
+    if "phase" in written or outcome.victims:
+        log.info(
+            "gang decision",
+            gang=key,
+            previous=(body.get("status") or {}).get("phase", ""),
+            phase=outcome.status.get("phase"),
+            reason=outcome.status.get("reason"),
+            action=getattr(plan.actions.get(key), "kind", None),
+            victims=list(outcome.victims),
+        )
+    if written:
+        rt.metrics.status_writes.inc()
+        rt.metrics.decisions.labels(outcome=str(outcome.status.get("phase", "")).lower()).inc()
+        if "phase" in written or "placement" in written:
+            rt.shared.overlay[key] = (now, overlay_entry(outcome.status, body))
+            rt.touched()
+    if outcome.placed_after_s is not None and written.get("placement"):
+        rt.metrics.wait_seconds.observe(max(0.0, outcome.placed_after_s))
+    for victim in outcome.victims:
+        vo = gang_reconciler.victim_outcome(victim, key, w, rt.settings)
+        if vo is None:
+            continue
+        vbody = w.gangs[victim]
+        vwritten, _ = await asyncio.to_thread(
+            functools.partial(
+                gang_reconciler.apply, rt.writer, rt.writer, rt.coalescer, key=victim, body=vbody, outcome=vo, now=now
+            )
+        )
+        rt.metrics.decisions.labels(outcome="preempted").inc()
+        log.info("gang preempted", gang=victim, preemptor=key, status_written=bool(vwritten))
+        if vwritten:
+            rt.shared.overlay[victim] = (now, {"phase": "Preempted", "placement": None})
+            rt.touched()
+
+
+async def sync_node_label(
+    rt: Runtime, node: str, node_body: Mapping[str, Any] | None, slices: Iterable[Mapping[str, Any]]
+) -> None:
+    """Bring one node's NVLink-domain label in line with its published GPUs."""
+    if node_body is None or not rt.leading():
+        return
+    want = nodelabels.desired(nodelabels.domains_of_node(node, slices))
+    patch = nodelabels.patch_for(node_body, want)
+    if patch is None:
+        return
+    await asyncio.to_thread(rt.writer.patch_node, node, patch)
+    msg = f"NVLink domain label {names.NODE_LABEL_NVLINK_DOMAIN}={want.label or '(none)'}"
+    if want.annotation:
+        msg += f"; GPUs in several domains: {want.annotation}"
+    ref = events.ObjectRef(
+        api_version="v1",
+        kind="Node",
+        name=node,
+        namespace="",
+        uid=str((node_body.get("metadata") or {}).get("uid", "")),
+    )
+    await asyncio.to_thread(rt.writer.event, ref, "Normal", events.NODE_DOMAIN_LABELLED, msg)
+
+
+async def check_claim(
+    rt: Runtime, claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], consumers: Iterable[str]
+) -> None:
+    """Validate a claim's config and its NVLink-domain constraint; record findings once (annotations)."""
+    if not rt.leading() or (not claims.is_ours(claim, classes) and not _has_our_config(claim)):
+        return
+    meta = claim.get("metadata") or {}
+    ns, name = meta.get("namespace", ""), meta.get("name", "")
+    annotations = meta.get("annotations") or {}
+    ref = events.ObjectRef.of(claim, "resource.k8s.io/v1", "ResourceClaim")
+    problems = claims.validate(claim, classes)
+    error = "; ".join(problems) or None
+    updates: dict[str, str | None] = {}
+    if error != annotations.get(names.ANNOTATION_CONFIG_ERROR):
+        updates[names.ANNOTATION_CONFIG_ERROR] = error
+        if error:
+            rt.metrics.claim_findings.labels(finding="invalid-config").inc()
+            await asyncio.to_thread(rt.writer.event, ref, "Warning", events.CLAIM_INVALID_CONFIG, error)
+        for pod in consumers:
+            cond = status.condition(
+                names.POD_CONDITION_CLAIM_CONFIG,
+                error is None,
+                "InvalidDeviceConfig" if error else "Valid",
+                f"ResourceClaim {name}: {error}" if error else "",
+                previous=None,
+                now=status.now_rfc3339(),
+            )
+            try:
+                await asyncio.to_thread(rt.writer.set_pod_condition, ns, pod, cond)
+            except Exception as exc:  # a vanished pod is not an error of the claim
+                log.info("could not set pod condition", pod=pod, error=str(exc))
+    warning = claims.domain_warning(claim, classes)
+    if warning and annotations.get(names.ANNOTATION_DOMAIN_WARNING) != "warned":
+        updates[names.ANNOTATION_DOMAIN_WARNING] = "warned"
+        rt.metrics.claim_findings.labels(finding="no-domain-constraint").inc()
+        await asyncio.to_thread(rt.writer.event, ref, "Warning", events.CLAIM_NO_DOMAIN_CONSTRAINT, warning)
+    if updates:
+        await asyncio.to_thread(rt.writer.annotate_claim, ns, name, updates)
+
+
+def _has_our_config(claim: Mapping[str, Any]) -> bool:
+    cfgs = ((claim.get("spec") or {}).get("devices") or {}).get("config") or []
+    return any((c.get("opaque") or {}).get("driver") == dn.DRIVER_NAME for c in cfgs)
+
+
+async def explain_claim(
+    rt: Runtime, claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], w: world.World, now: float
+) -> None:
+    """For a claim that stays unallocated, say why in an Event (once per distinct reason)."""
+    meta = claim.get("metadata") or {}
+    if not rt.leading() or (claim.get("status") or {}).get("allocation") or not claims.is_ours(claim, classes):
+        return
+    age = now - (status.parse_time(meta.get("creationTimestamp")) or now)
+    if age < rt.cfg.claim_explain_after_s:
+        return
+    _, view = plan_for(rt, w, now)
+    reason = claims.explain_unallocated(claim, classes, view)
+    if not reason or (meta.get("annotations") or {}).get(names.ANNOTATION_EXPLAINED) == reason[:250]:
+        return
+    rt.metrics.claim_findings.labels(finding="unallocated").inc()
+    ref = events.ObjectRef.of(claim, "resource.k8s.io/v1", "ResourceClaim")
+    await asyncio.to_thread(rt.writer.event, ref, "Warning", events.CLAIM_UNALLOCATED, reason)
+    await asyncio.to_thread(
+        rt.writer.annotate_claim,
+        meta.get("namespace", ""),
+        meta.get("name", ""),
+        {names.ANNOTATION_EXPLAINED: reason[:250]},
+    )

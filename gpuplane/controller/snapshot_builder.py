@@ -1,0 +1,305 @@
+"""ResourceSlices + allocated ResourceClaims + Nodes -> the placement module's immutable Snapshot.
+
+:func:`build_view` reads the API objects once into a :class:`ClusterView`: every
+whole GPU the driver publishes (id ``<node>/<device>``, its NVLink domain and
+attributes), every MIG device mapped onto the placement geometry (compute and
+memory slices read from the device's counter consumption, so no hardware
+table is duplicated here), what allocated claims and not-yet-allocated gang
+reservations hold, and which gang holds what. :meth:`ClusterView.snapshot`
+then builds a Snapshot restricted to the GPUs a gang's selectors admit.
+
+Nothing here talks to the API or mutates its inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from gpuplane.controller import names
+from gpuplane.controller.placement import model, snapshot
+from gpuplane.driver.api import names as dn
+from gpuplane.driver.api import quantity
+
+GpuFilter = Callable[[str, Mapping[str, Any]], bool]  # (driver, attributes) -> admitted
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One whole GPU as published: id ``<node>/<device>``."""
+
+    id: str
+    node: str
+    device: str
+    domain: str
+    attributes: Mapping[str, Any]
+    memory_bytes: int
+    product: str
+
+
+@dataclass(frozen=True)
+class MigInfo:
+    """One published MIG placement, mapped onto the geometry."""
+
+    node: str
+    device: str
+    parent: str  # GpuInfo.id
+    profile: str  # geometry name ("3g")
+    start: int
+    driver_profile: str  # the driver's name ("3g.71gb")
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """Everything placement needs from the API, read once."""
+
+    gpus: tuple[GpuInfo, ...]
+    mig: Mapping[str, MigInfo]
+    taken_whole: frozenset[str]
+    taken_mig: Mapping[str, tuple[model.MigInstance, ...]]
+    holdings: Mapping[str, model.Decision]  # gang key "ns/name" -> what its claims hold or reserve
+    profiles: Mapping[str, str]  # driver MIG profile name -> geometry profile name
+    geometry: model.MigGeometry = model.HOPPER
+    by_id: Mapping[str, GpuInfo] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "by_id", MappingProxyType({g.id: g for g in self.gpus}))
+
+    def driver_profile_names(self, geometry_profile: str) -> tuple[str, ...]:
+        """Driver names that map to a geometry profile (for messages)."""
+        return tuple(sorted({d for d, g in self.profiles.items() if g == geometry_profile}))
+
+    def snapshot(self, admit: GpuFilter | None = None) -> snapshot.Snapshot:
+        """A Snapshot of the GPUs ``admit`` accepts (all when None), with allocations applied."""
+        per_domain: dict[str, dict[str, list[model.Gpu]]] = {}
+        for g in self.gpus:
+            if admit is not None and not admit(dn.DRIVER_NAME, g.attributes):
+                continue
+            gpu = model.Gpu(
+                id=g.id,
+                node=g.node,
+                domain=g.domain,
+                model=g.product,
+                whole=g.id in self.taken_whole,
+                mig=() if g.id in self.taken_whole else self.taken_mig.get(g.id, ()),
+                memory_gib=g.memory_bytes / 2**30 if g.memory_bytes else None,
+            )
+            per_domain.setdefault(g.domain, {}).setdefault(g.node, []).append(gpu)
+        domains = [
+            model.Domain(
+                name=d,
+                nodes=tuple(model.Node(name=n, domain=d, gpus=tuple(nodes[n])) for n in sorted(nodes)),
+            )
+            for d, nodes in sorted(per_domain.items())
+        ]
+        return snapshot.Snapshot.build(domains, self.geometry)
+
+    def node_domains(self) -> Mapping[str, frozenset[str]]:
+        """Node -> the NVLink domains of its GPUs."""
+        out: dict[str, set[str]] = {}
+        for g in self.gpus:
+            out.setdefault(g.node, set()).add(g.domain)
+        return {k: frozenset(v) for k, v in out.items()}
+
+    def gpu_memory(self, gpu_id: str) -> int:
+        """Memory bytes of a GPU (0 if unknown)."""
+        got = self.by_id.get(gpu_id)
+        return got.memory_bytes if got else 0
+
+
+def _attr_value(raw: Mapping[str, Any]) -> Any:
+    for kind in ("string", "int", "bool", "version"):
+        if kind in raw:
+            return raw[kind]
+    return None
+
+
+def qualified_attributes(device: Mapping[str, Any], driver: str) -> dict[str, Any]:
+    """A device's attributes keyed by qualified name (unqualified names belong to the driver's domain)."""
+    out: dict[str, Any] = {}
+    for key, raw in (device.get("attributes") or {}).items():
+        qual = key if "/" in key else f"{driver}/{key}"
+        out[qual] = _attr_value(raw or {})
+    return out
+
+
+def _quantity(raw: Any) -> int:
+    try:
+        return quantity.parse_quantity(str(raw))
+    except ValueError:
+        return 0
+
+
+def _geometry_profile(device: Mapping[str, Any], driver_profile: str, geo: model.MigGeometry) -> tuple[str, int] | None:
+    """(geometry profile, start) of a MIG device from its counter consumption."""
+    consumes = device.get("consumesCounters") or []
+    if not consumes:
+        return None
+    counters = consumes[0].get("counters") or {}
+    slices = sorted(int(k.rsplit("-", 1)[1]) for k in counters if k.startswith("memory-slice-"))
+    compute = _quantity((counters.get("compute-slices") or {}).get("value", "0"))
+    if not slices or not compute:
+        return None
+    exclusive = "+me" in driver_profile
+    for p in geo.profiles:
+        if p.compute == compute and p.memory == len(slices) and p.exclusive == exclusive:
+            return p.name, slices[0]
+    return None
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A gang member placed by the controller whose claim the scheduler has not allocated yet."""
+
+    gang: str  # "ns/name"
+    placement: model.MemberPlacement
+
+
+def build_view(
+    slices: Iterable[Mapping[str, Any]],
+    claims: Iterable[Mapping[str, Any]] = (),
+    nodes: Mapping[str, bool] | None = None,
+    *,
+    reservations: Sequence[Reservation] = (),
+    driver: str = dn.DRIVER_NAME,
+    geometry: model.MigGeometry = model.HOPPER,
+) -> ClusterView:
+    """Read slices, claims and nodes into a :class:`ClusterView`.
+
+    ``nodes`` maps node name -> schedulable; GPUs of unknown or unschedulable
+    nodes are left out (None: every node counts). Only the newest generation of
+    each pool is used, as the scheduler does.
+    """
+    slices = [s for s in slices if (s.get("spec") or {}).get("driver") == driver]
+    newest: dict[str, int] = {}
+    for s in slices:
+        pool = s["spec"].get("pool") or {}
+        newest[pool.get("name", "")] = max(newest.get(pool.get("name", ""), 0), int(pool.get("generation", 0)))
+    gpus: dict[str, GpuInfo] = {}
+    mig: dict[str, MigInfo] = {}
+    profiles: dict[str, str] = {}
+    pending_mig: list[tuple[str, Mapping[str, Any], dict[str, Any]]] = []
+    for s in slices:
+        spec = s["spec"]
+        pool = spec.get("pool") or {}
+        if int(pool.get("generation", 0)) != newest.get(pool.get("name", ""), 0):
+            continue
+        node = spec.get("nodeName")
+        if not node or (nodes is not None and not nodes.get(node, False)):
+            continue
+        for device in spec.get("devices") or []:
+            attrs = qualified_attributes(device, driver)
+            kind = attrs.get(f"{driver}/{dn.ATTR_TYPE}")
+            if kind == dn.DEVICE_TYPE_GPU:
+                gid = f"{node}/{device['name']}"
+                caps = device.get("capacity") or {}
+                gpus[gid] = GpuInfo(
+                    id=gid,
+                    node=node,
+                    device=device["name"],
+                    domain=str(attrs.get(f"{driver}/{dn.ATTR_NVLINK_DOMAIN}") or f"{node}.{device['name']}"),
+                    attributes=MappingProxyType(attrs),
+                    memory_bytes=_quantity((caps.get(dn.CAP_MEMORY) or {}).get("value", "0")),
+                    product=str(attrs.get(f"{driver}/{dn.ATTR_PRODUCT_NAME}") or ""),
+                )
+            elif kind == dn.DEVICE_TYPE_MIG:
+                pending_mig.append((node, device, attrs))
+    for node, device, attrs in pending_mig:
+        driver_profile = str(attrs.get(f"{driver}/{dn.ATTR_MIG_PROFILE}") or "")
+        parent = f"{node}/gpu-{attrs.get(f'{driver}/{dn.ATTR_PARENT_MINOR}')}"
+        got = _geometry_profile(device, driver_profile, geometry)
+        if got is None or parent not in gpus:
+            continue
+        profiles.setdefault(driver_profile, got[0])
+        key = f"{node}/{device['name']}"
+        mig[key] = MigInfo(node, device["name"], parent, got[0], got[1], driver_profile)
+
+    taken_whole: set[str] = set()
+    taken_mig: dict[str, set[model.MigInstance]] = {}
+    held: dict[str, list[model.MemberPlacement]] = {}
+
+    def take(gang: str | None, placement: model.MemberPlacement) -> None:
+        for gid in placement.gpus:
+            if gid in gpus:
+                taken_whole.add(gid)
+        for ms in placement.mig:
+            if ms.gpu in gpus:
+                taken_mig.setdefault(ms.gpu, set()).add(model.MigInstance(ms.profile, ms.start))
+        if gang is not None:
+            held.setdefault(gang, []).append(placement)
+
+    for claim in claims:
+        placement = claim_placement(claim, gpus, mig, driver)
+        if placement is not None:
+            take(owner_gang(claim), placement)
+    for r in reservations:
+        take(r.gang, r.placement)
+    holdings = {
+        gang: model.Decision(request_id=gang, members=tuple(sorted(ms, key=lambda m: m.member)))
+        for gang, ms in held.items()
+    }
+    return ClusterView(
+        gpus=tuple(sorted(gpus.values(), key=lambda g: (g.domain, g.node, _device_order(g.device)))),
+        mig=MappingProxyType(mig),
+        taken_whole=frozenset(taken_whole),
+        taken_mig=MappingProxyType(
+            {k: tuple(sorted(v, key=lambda i: (i.start, i.profile))) for k, v in taken_mig.items()}
+        ),
+        holdings=MappingProxyType(holdings),
+        profiles=MappingProxyType(profiles),
+        geometry=geometry,
+    )
+
+
+def _device_order(device: str) -> tuple[int, str]:
+    tail = device.rsplit("-", 1)[-1]
+    return (int(tail), device) if tail.isdigit() else (1 << 30, device)
+
+
+def owner_gang(claim: Mapping[str, Any]) -> str | None:
+    """ "ns/name" of the GpuGang owning a claim, if any."""
+    meta = claim.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == names.GANG_KIND and str(ref.get("apiVersion", "")).startswith(names.GROUP + "/"):
+            return f"{meta.get('namespace', '')}/{ref.get('name')}"
+    return None
+
+
+def member_index(claim: Mapping[str, Any]) -> int:
+    """The gang member index recorded on a claim (0 when absent)."""
+    labels = (claim.get("metadata") or {}).get("labels") or {}
+    raw = labels.get(names.LABEL_MEMBER_INDEX, "0")
+    return int(raw) if str(raw).isdigit() else 0
+
+
+def claim_placement(
+    claim: Mapping[str, Any],
+    gpus: Mapping[str, GpuInfo],
+    mig: Mapping[str, MigInfo],
+    driver: str = dn.DRIVER_NAME,
+) -> model.MemberPlacement | None:
+    """What an allocated claim holds of this driver's devices, as a MemberPlacement (None: nothing)."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    results = (allocation.get("devices") or {}).get("results") or []
+    whole: list[str] = []
+    slots: list[model.MigSlot] = []
+    node = ""
+    domain = ""
+    for r in results:
+        if r.get("driver") != driver:
+            continue
+        key = f"{r.get('pool')}/{r.get('device')}"
+        if key in gpus:
+            whole.append(key)
+            node, domain = gpus[key].node, gpus[key].domain
+        elif key in mig:
+            m = mig[key]
+            slots.append(model.MigSlot(gpu=m.parent, profile=m.profile, start=m.start))
+            node, domain = m.node, gpus[m.parent].domain
+    if not whole and not slots:
+        return None
+    return model.MemberPlacement(
+        member=member_index(claim), node=node, domain=domain, gpus=tuple(whole), mig=tuple(slots)
+    )

@@ -1,0 +1,165 @@
+"""A consistent read of everything the gang queue needs, as plain dicts, plus the placement view.
+
+The kopf indexes are the cache of API state; :class:`World` copies what they
+hold at one instant (no awaits in between), so a queue pass sees one state.
+Decisions this replica wrote but its indexes have not shown yet are overlaid
+from the memo (a write-through cache keyed by the decision id), so two gangs
+reconciled back to back cannot be placed on the same GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpuplane.controller import gangs as gang_ops
+from gpuplane.controller import gangspec, names, queue_runner, selectors, snapshot_builder, status
+from gpuplane.controller.claims import class_selectors
+
+HOLDING_PHASES = ("Placing", "Placed", "Scheduled", "Running")
+
+
+@dataclass(frozen=True)
+class World:
+    """Plain-dict copies of the indexed objects."""
+
+    gangs: Mapping[str, Mapping[str, Any]]  # "ns/name" -> GpuGang
+    pods: Mapping[str, tuple[Mapping[str, Any], ...]]  # gang key -> member pods
+    claims: Mapping[str, Mapping[str, Any]]  # "ns/name" -> ResourceClaim
+    slices: tuple[Mapping[str, Any], ...]
+    nodes: Mapping[str, bool]  # node -> schedulable
+    classes: Mapping[str, Mapping[str, Any]]  # DeviceClass name -> body
+
+    def gang_claims(self, key: str) -> dict[str, gang_ops.ExistingClaim]:
+        """Member-claim-named claims in the gang's namespace, by claim name."""
+        ns, name = key.split("/", 1)
+        out: dict[str, gang_ops.ExistingClaim] = {}
+        prefix = f"{ns}/"
+        names_ = [k[len(prefix) :] for k in self.claims if k.startswith(prefix)]
+        for cname in gang_ops.gang_claim_names(name, names_):
+            claim = self.claims[f"{ns}/{cname}"]
+            meta = claim.get("metadata") or {}
+            out[cname] = gang_ops.ExistingClaim(
+                name=cname,
+                decision=(meta.get("annotations") or {}).get(names.ANNOTATION_DECISION, ""),
+                deleting=bool(meta.get("deletionTimestamp")),
+                owned=snapshot_builder.owner_gang(claim) == key,
+            )
+        return out
+
+
+def overlay(
+    gangs_: Mapping[str, Mapping[str, Any]], written: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Mapping[str, Any]]:
+    """Gang bodies with status fields this replica wrote but has not yet seen come back."""
+    out: dict[str, Mapping[str, Any]] = dict(gangs_)
+    for key, patch in written.items():
+        body = out.get(key)
+        if body is None:
+            continue
+        st = dict(body.get("status") or {})
+        st.update({k: v for k, v in patch.items() if v is not None})
+        out[key] = {**body, "status": st}
+    return out
+
+
+def parse_spec(body: Mapping[str, Any]) -> gangspec.GangSpec | None:
+    """The gang's spec, or None when it is invalid."""
+    try:
+        return gangspec.parse(body.get("spec") or {})
+    except gangspec.SpecError:
+        return None
+
+
+def created_at(body: Mapping[str, Any]) -> float:
+    """Creation time of an object in epoch seconds (0 when unknown)."""
+    return status.parse_time((body.get("metadata") or {}).get("creationTimestamp")) or 0.0
+
+
+def reservations(world: World, base: snapshot_builder.ClusterView) -> list[snapshot_builder.Reservation]:
+    """Members of holding gangs whose claims are not allocated yet, at their decided devices."""
+    domains = {g.id: g.domain for g in base.gpus}
+    out: list[snapshot_builder.Reservation] = []
+    for key, body in world.gangs.items():
+        st = body.get("status") or {}
+        if st.get("phase") not in HOLDING_PHASES:
+            continue
+        decision = gang_ops.decision_from_status(key, st.get("placement"), domains)
+        if decision is None:
+            continue
+        ns, name = key.split("/", 1)
+        for m in decision.members:
+            claim = world.claims.get(f"{ns}/{names.claim_name(name, m.member)}")
+            allocated = bool(((claim or {}).get("status") or {}).get("allocation"))
+            if not allocated:
+                out.append(snapshot_builder.Reservation(gang=key, placement=m))
+    return out
+
+
+def cluster_view(world: World) -> snapshot_builder.ClusterView:
+    """The placement view: published GPUs, allocated claims, and not-yet-allocated gang reservations."""
+    base = snapshot_builder.build_view(world.slices, world.claims.values(), world.nodes)
+    extra = reservations(world, base)
+    if not extra:
+        return base
+    return snapshot_builder.build_view(world.slices, world.claims.values(), world.nodes, reservations=extra)
+
+
+def admit_for(world: World, spec: gangspec.GangSpec) -> selectors.Compiled:
+    """The pre-filter of GPUs a gang may use: its class's selectors and its own (MIG: parents, by class)."""
+    exprs = list(class_selectors(world.classes.get(spec.device_class)))
+    if spec.migProfile:
+        # Class and gang selectors of a MIG gang talk about MIG devices; parents are not filtered.
+        return selectors.compile_all([])
+    exprs.extend(spec.selectors)
+    return selectors.compile_all(exprs)
+
+
+def unfiltered_selectors(world: World, spec: gangspec.GangSpec) -> tuple[str, ...]:
+    """Selectors of the gang (and its class) that the pre-filter could not evaluate (treated as match-all)."""
+    if spec.migProfile:
+        return tuple(spec.selectors)  # a MIG gang's selectors are not pre-filtered at all (see admit_for)
+    return admit_for(world, spec).unsupported
+
+
+def entries(world: World, view: snapshot_builder.ClusterView) -> list[queue_runner.Entry]:
+    """Queue entries for every valid gang."""
+    out: list[queue_runner.Entry] = []
+    for key, body in sorted(world.gangs.items()):
+        spec = parse_spec(body)
+        if spec is None:
+            continue
+        st = body.get("status") or {}
+        phase = st.get("phase", "")
+        ns, name = key.split("/", 1)
+        members = gang_ops.members_of(name, spec.members, world.pods.get(key, ()))
+        complete = members.complete(spec.members)
+        all_gated = all(p.gated for p in members.by_index.values())
+        created = created_at(body)
+        ready = complete and all_gated and phase not in (*HOLDING_PHASES, "TimedOut", "Invalid")
+        out.append(
+            queue_runner.Entry(
+                key=key,
+                namespace=ns,
+                spec=spec,
+                created=created,
+                waiting_since=status.parse_time(st.get("readySince")) or created,
+                ready=ready,
+                holding=phase in HOLDING_PHASES,
+                nominated=tuple(st.get("nominatedVictims") or ()),
+                geometry_profile=view.profiles.get(spec.migProfile) if spec.migProfile else None,
+            )
+        )
+    return out
+
+
+def member_lists(pods: Iterable[Mapping[str, Any]]) -> dict[str, tuple[Mapping[str, Any], ...]]:
+    """Group labelled pods by gang key."""
+    out: dict[str, list[Mapping[str, Any]]] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        gang = (meta.get("labels") or {}).get(names.LABEL_GANG)
+        if gang:
+            out.setdefault(f"{meta.get('namespace', '')}/{gang}", []).append(pod)
+    return {k: tuple(v) for k, v in out.items()}

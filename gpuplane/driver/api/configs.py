@@ -1,0 +1,251 @@
+"""Opaque device configuration (``gpu.gpuplane.dev/v1alpha1``) as strict pydantic models.
+
+Users put these objects in ``DeviceClass.spec.config[].opaque.parameters`` or in
+``ResourceClaim.spec.devices.config[].opaque.parameters``. The driver validates
+them at prepare time and the controller validates them as soon as a claim
+appears, with the same models, so a bad config is reported before a pod ever
+reaches a node.
+
+Merge rule: class configs first, then claim configs; later wins field by field.
+For MPS quotas a class sets a ceiling (a tier): a claim may tighten it but never
+loosen it, which :func:`merge_configs` enforces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gpuplane.driver.api import names, quantity
+
+SharingStrategy = Literal["Exclusive", "TimeSlicing", "MPS"]
+TimeSliceInterval = Literal["Default", "Short", "Medium", "Long"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=False)
+
+
+class TimeSlicingConfig(_Strict):
+    interval: TimeSliceInterval = "Default"
+
+
+class MpsConfig(_Strict):
+    """Per-claim MPS daemon limits.
+
+    ``defaultActiveThreadPercentage`` caps the share of SMs each client may use;
+    ``defaultPinnedDeviceMemoryLimit`` caps pinned device memory per device;
+    ``perDevicePinnedMemoryLimit`` overrides it per allocated device (keyed by
+    the device name in the ResourceSlice, e.g. ``gpu-0``).
+    """
+
+    defaultActiveThreadPercentage: Annotated[int, Field(ge=1, le=100)] | None = None
+    defaultPinnedDeviceMemoryLimit: str | None = None
+    perDevicePinnedMemoryLimit: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("defaultActiveThreadPercentage", mode="before")
+    @classmethod
+    def _check_percentage(cls, value: Any) -> Any:
+        # Before the ge/le constraints, which would name only the bound that was crossed.
+        if isinstance(value, int | float) and not isinstance(value, bool) and not 1 <= value <= 100:
+            raise ValueError("must be in 1..100 (percent of the device's SMs)")
+        return value
+
+    @field_validator("defaultPinnedDeviceMemoryLimit")
+    @classmethod
+    def _check_default_limit(cls, value: str | None) -> str | None:
+        if value is not None and quantity.parse_quantity(value) <= 0:
+            raise ValueError("must be greater than zero")
+        return value
+
+    @field_validator("perDevicePinnedMemoryLimit")
+    @classmethod
+    def _check_per_device(cls, value: dict[str, str]) -> dict[str, str]:
+        for device, limit in value.items():
+            try:
+                if quantity.parse_quantity(limit) <= 0:
+                    raise ValueError("must be greater than zero")
+            except ValueError as exc:
+                raise ValueError(f"limit for device {device!r}: {exc}") from exc
+        return value
+
+    def default_limit_bytes(self) -> int | None:
+        if self.defaultPinnedDeviceMemoryLimit is None:
+            return None
+        return quantity.parse_quantity(self.defaultPinnedDeviceMemoryLimit)
+
+    def limit_bytes_for(self, device_name: str) -> int | None:
+        if device_name in self.perDevicePinnedMemoryLimit:
+            return quantity.parse_quantity(self.perDevicePinnedMemoryLimit[device_name])
+        return self.default_limit_bytes()
+
+
+class Sharing(_Strict):
+    strategy: SharingStrategy = "Exclusive"
+    timeSlicing: TimeSlicingConfig | None = None
+    mps: MpsConfig | None = None
+
+    @pydantic.model_validator(mode="after")
+    def _strategy_matches(self) -> Sharing:
+        if self.timeSlicing is not None and self.strategy != "TimeSlicing":
+            raise ValueError("timeSlicing is set but strategy is not 'TimeSlicing'")
+        if self.mps is not None and self.strategy != "MPS":
+            raise ValueError("mps is set but strategy is not 'MPS'")
+        return self
+
+
+class GpuConfig(_Strict):
+    """Configuration for whole-GPU devices (``type == "gpu"``)."""
+
+    apiVersion: Literal["gpu.gpuplane.dev/v1alpha1"]
+    kind: Literal["GpuConfig"]
+    sharing: Sharing = Field(default_factory=Sharing)
+
+
+class MigDeviceConfig(_Strict):
+    """Configuration for MIG devices (``type == "mig"``). Time-slicing does not apply to MIG."""
+
+    apiVersion: Literal["gpu.gpuplane.dev/v1alpha1"]
+    kind: Literal["MigDeviceConfig"]
+    sharing: Sharing = Field(default_factory=Sharing)
+
+    @field_validator("sharing")
+    @classmethod
+    def _no_timeslicing(cls, value: Sharing) -> Sharing:
+        if value.strategy == "TimeSlicing":
+            raise ValueError("strategy 'TimeSlicing' is not supported on MIG devices; use 'Exclusive' or 'MPS'")
+        return value
+
+
+DeviceConfig = GpuConfig | MigDeviceConfig
+_KINDS: dict[str, type[GpuConfig] | type[MigDeviceConfig]] = {
+    "GpuConfig": GpuConfig,
+    "MigDeviceConfig": MigDeviceConfig,
+}
+
+
+class ConfigError(ValueError):
+    """A user's opaque config is invalid. The message names the field and the allowed values."""
+
+
+def _describe(error: Any) -> str:
+    loc = ".".join(str(part) for part in error.get("loc", ()) if part != "function-after")
+    msg = str(error.get("msg", "invalid"))
+    if error.get("type") == "extra_forbidden":
+        msg = "unknown field"
+    got = error.get("input")
+    text = f"{loc}: {msg}" if loc else msg
+    if error.get("type") not in ("extra_forbidden", "missing") and not isinstance(got, dict):
+        text += f" (got {got!r})"
+    return text
+
+
+def parse_config(parameters: Any, source: str = "config") -> DeviceConfig:
+    """Validate one opaque ``parameters`` object; raise ConfigError naming what is wrong."""
+    if not isinstance(parameters, Mapping):
+        raise ConfigError(f"{source}: parameters must be an object with apiVersion and kind")
+    api_version = parameters.get("apiVersion")
+    if api_version != names.CONFIG_API_VERSION:
+        raise ConfigError(f"{source}: apiVersion must be {names.CONFIG_API_VERSION!r} (got {api_version!r})")
+    kind = parameters.get("kind")
+    model = _KINDS.get(str(kind))
+    if model is None:
+        allowed = ", ".join(repr(k) for k in _KINDS)
+        raise ConfigError(f"{source}: kind must be one of {allowed} (got {kind!r})")
+    try:
+        return model.model_validate(dict(parameters))
+    except pydantic.ValidationError as exc:
+        details = "; ".join(_describe(err) for err in exc.errors())
+        raise ConfigError(f"{source} ({kind}): {details}") from exc
+
+
+@dataclass(frozen=True)
+class SourcedConfig:
+    """One opaque config entry as the allocation reports it."""
+
+    source: Literal["FromClass", "FromClaim"]
+    requests: tuple[str, ...]  # empty: applies to every request
+    parameters: Mapping[str, Any]
+
+    def applies_to(self, request: str) -> bool:
+        # "req/sub" results (firstAvailable) match configs naming the parent request.
+        parent = request.split("/", 1)[0]
+        return not self.requests or request in self.requests or parent in self.requests
+
+
+def _tightened(merged: MpsConfig | None, claim: MpsConfig, ceiling: MpsConfig | None, where: str) -> MpsConfig:
+    """Overlay claim MPS settings on the class ones, refusing anything looser than the class."""
+    base = merged or MpsConfig()
+    if ceiling is not None:
+        pct, cap = claim.defaultActiveThreadPercentage, ceiling.defaultActiveThreadPercentage
+        if pct is not None and cap is not None and pct > cap:
+            raise ConfigError(
+                f"{where}: mps.defaultActiveThreadPercentage {pct} exceeds the device class limit {cap}; "
+                f"a claim may only tighten its class's quota (use a value in 1..{cap} or another class)"
+            )
+        cap_bytes = ceiling.default_limit_bytes()
+        for label, value in [("defaultPinnedDeviceMemoryLimit", claim.defaultPinnedDeviceMemoryLimit)] + [
+            (f"perDevicePinnedMemoryLimit[{k}]", v) for k, v in claim.perDevicePinnedMemoryLimit.items()
+        ]:
+            if value is not None and cap_bytes is not None and quantity.parse_quantity(value) > cap_bytes:
+                raise ConfigError(
+                    f"{where}: mps.{label} {value} exceeds the device class limit "
+                    f"{ceiling.defaultPinnedDeviceMemoryLimit}; a claim may only tighten its class's quota"
+                )
+    return MpsConfig(
+        defaultActiveThreadPercentage=(
+            claim.defaultActiveThreadPercentage
+            if claim.defaultActiveThreadPercentage is not None
+            else base.defaultActiveThreadPercentage
+        ),
+        defaultPinnedDeviceMemoryLimit=(
+            claim.defaultPinnedDeviceMemoryLimit
+            if claim.defaultPinnedDeviceMemoryLimit is not None
+            else base.defaultPinnedDeviceMemoryLimit
+        ),
+        perDevicePinnedMemoryLimit={**base.perDevicePinnedMemoryLimit, **claim.perDevicePinnedMemoryLimit},
+    )
+
+
+def merge_configs(entries: Sequence[SourcedConfig], request: str, device_type: str) -> DeviceConfig:
+    """The effective config for one request: class configs, then claim configs, later wins.
+
+    Entries whose kind does not match the device type are an error (a MigDeviceConfig on a
+    whole GPU is a user mistake, not something to ignore silently).
+    """
+    want: type[GpuConfig] | type[MigDeviceConfig] = (
+        MigDeviceConfig if device_type == names.DEVICE_TYPE_MIG else GpuConfig
+    )
+    merged: DeviceConfig = want(apiVersion=names.CONFIG_API_VERSION, kind=want.__name__)
+    class_mps: MpsConfig | None = None
+    ordered = [e for e in entries if e.source == "FromClass"] + [e for e in entries if e.source == "FromClaim"]
+    for entry in ordered:
+        if not entry.applies_to(request):
+            continue
+        where = f"{'class' if entry.source == 'FromClass' else 'claim'} config for request {request!r}"
+        parsed = parse_config(entry.parameters, where)
+        if not isinstance(parsed, want):
+            raise ConfigError(
+                f"{where}: kind {parsed.kind!r} does not apply to a {device_type!r} device; use {want.__name__!r}"
+            )
+        sharing = parsed.sharing
+        if sharing.strategy == "MPS":
+            mps = sharing.mps or MpsConfig()
+            if entry.source == "FromClass":
+                class_mps = _tightened(class_mps, mps, None, where)
+                new_mps = class_mps
+            else:
+                prior = merged.sharing.mps if merged.sharing.strategy == "MPS" else None
+                new_mps = _tightened(prior, mps, class_mps, where)
+            sharing = Sharing(strategy="MPS", mps=new_mps)
+        elif class_mps is not None and entry.source == "FromClaim":
+            raise ConfigError(
+                f"{where}: strategy {sharing.strategy!r} would drop the device class's MPS quota; "
+                f"a claim may only tighten its class's quota"
+            )
+        merged = want(apiVersion=names.CONFIG_API_VERSION, kind=want.__name__, sharing=sharing)
+    return merged

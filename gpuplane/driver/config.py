@@ -1,0 +1,134 @@
+"""Driver configuration: read once at start (flags, then environment) and passed in."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpuplane.driver.api import names
+
+
+class DriverConfig(BaseModel):
+    """Everything the node driver needs to know about its environment."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    node_name: str
+    driver_name: str = names.DRIVER_NAME
+    kubeconfig: str | None = None  # None: in-cluster service-account credentials
+    backend: Literal["nvml", "sim"] = "nvml"
+    sim_profile: str | None = None
+    sim_state_dir: Path | None = None
+    sim_config_file: Path | None = None
+    registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    plugin_dir: Path = Path(f"/var/lib/kubelet/plugins/{names.DRIVER_NAME}")
+    cdi_root: Path = Path("/var/run/cdi")
+    boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")
+    mps_control_binary: str = "nvidia-cuda-mps-control"
+    dev_root: Path = Path("/dev")  # where /dev/nvidia* live as the container runtime sees them
+    metrics_address: str = ""  # "host:port"; empty disables the metrics server
+    republish_interval_s: float = 30.0
+    cleanup_interval_s: float = 60.0
+    health_poll_interval_s: float = 1.0
+    taint_clear_after_s: float = 60.0
+    benign_xids: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
+    telemetry_interval_s: float = 10.0
+    noisy_bandwidth_threshold: float = 0.5  # a claim's share of the GPU's memory bandwidth
+    noisy_release_threshold: float = 0.4  # the alert clears below this (hysteresis)
+    noisy_sustain_s: float = 30.0
+    cost_flush_interval_s: float = 300.0
+    log_level: str = "INFO"
+    log_format: Literal["auto", "json", "console"] = "auto"
+    extra: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.plugin_dir / "checkpoint.json"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.plugin_dir / "pu.lock"
+
+    @property
+    def cost_ledger_path(self) -> Path:
+        return self.plugin_dir / "cost-ledger.jsonl"
+
+    @property
+    def mps_root(self) -> Path:
+        return self.plugin_dir / "mps"
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"GPUPLANE_{name}", default)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
+    """Build the config from command-line flags with GPUPLANE_* environment fallbacks."""
+    p = argparse.ArgumentParser(
+        prog="gpuplane-driver",
+        description="gpuplane node driver: a kubelet DRA plugin publishing and preparing GPUs.",
+    )
+    p.add_argument("--node-name", default=_env("NODE_NAME") or os.environ.get("NODE_NAME"))
+    p.add_argument("--kubeconfig", default=_env("KUBECONFIG") or os.environ.get("KUBECONFIG"))
+    p.add_argument("--backend", choices=["nvml", "sim"], default=_env("BACKEND", "nvml"))
+    p.add_argument("--sim-profile", default=_env("SIM_PROFILE"))
+    p.add_argument("--sim-state-dir", default=_env("SIM_STATE_DIR"))
+    p.add_argument("--sim-config", default=_env("SIM_CONFIG"), help="YAML/JSON simulator config file")
+    p.add_argument("--registry-dir", default=_env("REGISTRY_DIR", "/var/lib/kubelet/plugins_registry"))
+    p.add_argument("--plugin-dir", default=_env("PLUGIN_DIR", f"/var/lib/kubelet/plugins/{names.DRIVER_NAME}"))
+    p.add_argument("--cdi-root", default=_env("CDI_ROOT", "/var/run/cdi"))
+    p.add_argument("--boot-id-file", default=_env("BOOT_ID_FILE", "/proc/sys/kernel/random/boot_id"))
+    p.add_argument("--mps-control-binary", default=_env("MPS_CONTROL_BINARY", "nvidia-cuda-mps-control"))
+    p.add_argument("--dev-root", default=_env("DEV_ROOT", "/dev"))
+    p.add_argument("--metrics-address", default=_env("METRICS_ADDRESS", ""))
+    p.add_argument("--republish-interval", type=float, default=float(_env("REPUBLISH_INTERVAL", "30") or 30))
+    p.add_argument("--cleanup-interval", type=float, default=float(_env("CLEANUP_INTERVAL", "60") or 60))
+    p.add_argument("--taint-clear-after", type=float, default=float(_env("TAINT_CLEAR_AFTER", "60") or 60))
+    p.add_argument("--health-poll-interval", type=float, default=float(_env("HEALTH_POLL_INTERVAL", "1") or 1))
+    p.add_argument(
+        "--benign-xids",
+        default=_env("BENIGN_XIDS", "13,31,43,45,68,109"),
+        help="comma-separated Xids that never taint a device (application errors)",
+    )
+    p.add_argument("--telemetry-interval", type=float, default=float(_env("TELEMETRY_INTERVAL", "10") or 10))
+    p.add_argument("--noisy-threshold", type=float, default=float(_env("NOISY_THRESHOLD", "0.5") or 0.5))
+    p.add_argument("--noisy-release", type=float, default=float(_env("NOISY_RELEASE", "0.4") or 0.4))
+    p.add_argument("--noisy-sustain", type=float, default=float(_env("NOISY_SUSTAIN", "30") or 30))
+    p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
+    p.add_argument("--log-format", choices=["auto", "json", "console"], default=_env("LOG_FORMAT", "auto"))
+    args = p.parse_args(argv)
+    if not args.node_name:
+        p.error("--node-name (or NODE_NAME) is required: the driver publishes devices for exactly one node")
+    if args.backend == "sim" and not (args.sim_profile or args.sim_config):
+        p.error("--backend=sim needs --sim-profile (e.g. hgx-h100) or --sim-config FILE")
+    return DriverConfig(
+        node_name=args.node_name,
+        kubeconfig=args.kubeconfig,
+        backend=args.backend,
+        sim_profile=args.sim_profile,
+        sim_state_dir=Path(args.sim_state_dir) if args.sim_state_dir else None,
+        sim_config_file=Path(args.sim_config) if args.sim_config else None,
+        registry_dir=Path(args.registry_dir),
+        plugin_dir=Path(args.plugin_dir),
+        cdi_root=Path(args.cdi_root),
+        boot_id_file=Path(args.boot_id_file),
+        mps_control_binary=args.mps_control_binary,
+        dev_root=Path(args.dev_root),
+        metrics_address=args.metrics_address,
+        republish_interval_s=args.republish_interval,
+        cleanup_interval_s=args.cleanup_interval,
+        taint_clear_after_s=args.taint_clear_after,
+        health_poll_interval_s=args.health_poll_interval,
+        benign_xids=tuple(int(x) for x in str(args.benign_xids or "").split(",") if x.strip()),
+        telemetry_interval_s=args.telemetry_interval,
+        noisy_bandwidth_threshold=args.noisy_threshold,
+        noisy_release_threshold=args.noisy_release,
+        noisy_sustain_s=args.noisy_sustain,
+        log_level=args.log_level,
+        log_format=args.log_format,
+    )

@@ -1,0 +1,223 @@
+"""Discovery: turn what the hardware reports into the node's device inventory.
+
+Naming and topology policy live here, above the hardware boundary:
+- device names are derived from the GPU minor number (stable when another GPU
+  falls off the bus, unlike the NVML index);
+- the NVLink domain of a GPU is its fabric clique ``<clusterUuid>.<cliqueId>``
+  when multi-node NVLink is up, else the connected component of NVLink P2P
+  links on this node, else the GPU alone;
+- which MIG placements are offered, and which existing MIG instances are an
+  administrator's (published as fixed devices) versus the driver's own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from gpuplane.driver.hw import interface as hw
+
+MAX_LABEL = 63
+
+
+@dataclass(frozen=True)
+class MigSlot:
+    """One MIG profile at one placement on one GPU: a partitionable device."""
+
+    name: str
+    profile: hw.MigProfile
+    start: int
+    static_instance: hw.GpuInstance | None = None  # an administrator's existing instance
+
+    @property
+    def end(self) -> int:
+        return self.start + self.profile.memory_slices
+
+
+@dataclass(frozen=True)
+class GpuEntry:
+    info: hw.GpuInfo
+    name: str
+    nvlink_domain: str
+    mig_mode: hw.MigMode
+    profiles: tuple[hw.MigProfile, ...]
+    instances: tuple[hw.GpuInstance, ...]
+    # True when the whole-GPU device is offered.
+    offer_whole: bool
+    # True when dynamic MIG placements (with shared counters) are offered.
+    offer_dynamic_mig: bool
+    mig_slots: tuple[MigSlot, ...]
+
+
+@dataclass(frozen=True)
+class Inventory:
+    node_name: str
+    gpus: tuple[GpuEntry, ...]
+
+    def gpu(self, name: str) -> GpuEntry | None:
+        return next((g for g in self.gpus if g.name == name), None)
+
+    def gpu_by_uuid(self, uuid: str) -> GpuEntry | None:
+        return next((g for g in self.gpus if g.info.uuid == uuid), None)
+
+    def mig_slot(self, device_name: str) -> tuple[GpuEntry, MigSlot] | None:
+        for gpu in self.gpus:
+            for slot in gpu.mig_slots:
+                if slot.name == device_name:
+                    return gpu, slot
+        return None
+
+    def device_names(self) -> set[str]:
+        out: set[str] = set()
+        for gpu in self.gpus:
+            if gpu.offer_whole:
+                out.add(gpu.name)
+            out.update(s.name for s in gpu.mig_slots)
+        return out
+
+
+def gpu_device_name(minor: int) -> str:
+    return f"gpu-{minor}"
+
+
+def profile_slug(profile_name: str) -> str:
+    return profile_name.replace(".", "-").replace("+", "-").lower()
+
+
+def mig_device_name(minor: int, profile_name: str, start: int) -> str:
+    return f"gpu-{minor}-mig-{profile_slug(profile_name)}-{start}"
+
+
+def _short(value: str) -> str:
+    """Keep ids within the 63/64-character attribute and label limits."""
+    if len(value) <= MAX_LABEL:
+        return value
+    digest = hashlib.sha256(value.encode()).hexdigest()[:12]
+    return f"{value[: MAX_LABEL - 13]}-{digest}"
+
+
+def nvlink_domains(node_name: str, backend: hw.GpuBackend, gpus: Sequence[hw.GpuInfo]) -> dict[str, str]:
+    """GPU uuid -> NVLink domain id."""
+    out: dict[str, str] = {}
+    local: list[hw.GpuInfo] = []
+    for gpu in gpus:
+        try:
+            fabric = backend.fabric_info(gpu.uuid)
+        except hw.HardwareError:
+            fabric = hw.FabricInfo(cluster_uuid="", clique_id=0, state=hw.FabricInfo.FABRIC_STATE_NOT_SUPPORTED)
+        if fabric.completed:
+            out[gpu.uuid] = f"{fabric.cluster_uuid}.{fabric.clique_id}"
+        else:
+            local.append(gpu)
+    parent = {g.uuid: g.uuid for g in local}
+
+    def find(u: str) -> str:
+        while parent[u] != u:
+            parent[u] = parent[parent[u]]
+            u = parent[u]
+        return u
+
+    for i, a in enumerate(local):
+        for b in local[i + 1 :]:
+            if find(a.uuid) != find(b.uuid) and _linked(backend, a.uuid, b.uuid):
+                parent[find(b.uuid)] = find(a.uuid)
+    components: dict[str, list[hw.GpuInfo]] = {}
+    for gpu in local:
+        components.setdefault(find(gpu.uuid), []).append(gpu)
+    for members in components.values():
+        low = min(m.minor for m in members)
+        domain = f"{node_name}.nvl{low}" if len(members) > 1 else f"{node_name}.gpu{low}"
+        for m in members:
+            out[m.uuid] = _short(domain)
+    return out
+
+
+def _linked(backend: hw.GpuBackend, a: str, b: str) -> bool:
+    try:
+        return backend.nvlink_p2p(a, b)
+    except hw.HardwareError:
+        return False  # a GPU that stopped answering is not a usable NVLink peer
+
+
+_LOST = (hw.ErrorCode.GPU_IS_LOST, hw.ErrorCode.NOT_FOUND, hw.ErrorCode.UNKNOWN)
+
+
+def _probe(
+    backend: hw.GpuBackend, info: hw.GpuInfo
+) -> tuple[hw.MigMode, tuple[hw.MigProfile, ...], tuple[hw.GpuInstance, ...], bool]:
+    """MIG facts of one GPU; a GPU that stopped answering is reported as lost, not as an error.
+
+    A lost GPU keeps its whole-GPU device (so its name, and the health taint on it, stay
+    published) but offers no MIG placements until it answers again.
+    """
+    if not info.mig_capable:
+        return hw.MigMode(False, False), (), (), False
+    try:
+        mode = backend.mig_mode(info.uuid)
+        profiles = tuple(backend.mig_profiles(info.uuid))
+        instances = tuple(backend.gpu_instances(info.uuid)) if mode.current else ()
+    except hw.HardwareError as exc:
+        if exc.code not in _LOST:
+            raise
+        return hw.MigMode(False, False), (), (), True
+    return mode, profiles, instances, False
+
+
+def _overlaps(a_start: int, a_size: int, b_start: int, b_size: int) -> bool:
+    return a_start < b_start + b_size and b_start < a_start + a_size
+
+
+def discover(
+    node_name: str,
+    backend: hw.GpuBackend,
+    driver_instances: Iterable[tuple[str, int]] = (),
+) -> Inventory:
+    """Build the inventory. ``driver_instances`` are (gpu uuid, gi id) pairs the checkpoint owns."""
+    owned = set(driver_instances)
+    infos = sorted(backend.gpus(), key=lambda g: g.minor)
+    domains = nvlink_domains(node_name, backend, infos)
+    entries: list[GpuEntry] = []
+    for info in infos:
+        name = gpu_device_name(info.minor)
+        mode, profiles, instances, _lost = _probe(backend, info)
+        admin = [gi for gi in instances if (info.uuid, gi.gi_id) not in owned]
+        by_id = {p.profile_id: p for p in profiles}
+        dynamic = info.mig_capable and bool(profiles) and (not info.mig_toggle_needs_reset or mode.current)
+        # A GPU whose MIG toggle needs a reset is offered whole only while MIG is off.
+        offer_whole = not (info.mig_toggle_needs_reset and mode.current) and not admin
+        slots: list[MigSlot] = []
+        if dynamic:
+            for profile in profiles:
+                for start in profile.placements:
+                    blocked = any(
+                        _overlaps(start, profile.memory_slices, gi.placement_start, gi.placement_size) for gi in admin
+                    )
+                    if not blocked:
+                        slots.append(MigSlot(mig_device_name(info.minor, profile.name, start), profile, start))
+        for gi in admin:
+            admin_profile = by_id.get(gi.profile_id)
+            if admin_profile is None or gi.mig_uuid is None:
+                continue  # incomplete admin instance (no compute instance): not usable, not offered
+            slots.append(
+                MigSlot(
+                    mig_device_name(info.minor, admin_profile.name, gi.placement_start),
+                    admin_profile,
+                    gi.placement_start,
+                    gi,
+                )
+            )
+        entries.append(
+            GpuEntry(
+                info=info,
+                name=name,
+                nvlink_domain=domains[info.uuid],
+                mig_mode=mode,
+                profiles=profiles,
+                instances=instances,
+                offer_whole=offer_whole,
+                offer_dynamic_mig=dynamic,
+                mig_slots=tuple(slots),
+            )
+        )
+    return Inventory(node_name=node_name, gpus=tuple(entries))

@@ -1,0 +1,195 @@
+"""gpuplane-driver: wire configuration, hardware, API, state, slices and the kubelet sockets together."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from types import FrameType
+
+import structlog
+
+from gpuplane.driver import config as config_mod
+from gpuplane.driver import cost, health, logs, noisy, telemetry
+from gpuplane.driver.checkpoint import read_boot_id
+from gpuplane.driver.health_watcher import HealthMetrics, HealthWatcher
+from gpuplane.driver.hw.select import make_backend
+from gpuplane.driver.hw.sim import SimConfig
+from gpuplane.driver.kube import KubeApi, make_api_client
+from gpuplane.driver.metrics import DriverMetrics
+from gpuplane.driver.mps import MpsControl
+from gpuplane.driver.plugin.health_board import HealthBoard
+from gpuplane.driver.plugin.server import PluginServer
+from gpuplane.driver.publisher import SlicePublisher
+from gpuplane.driver.state import DeviceState, StateSettings
+
+log = structlog.get_logger(__name__)
+
+
+def _sim_config(cfg: config_mod.DriverConfig) -> SimConfig | None:
+    if cfg.backend != "sim":
+        return None
+    state_dir = cfg.sim_state_dir or (cfg.plugin_dir / "sim")
+    if cfg.sim_config_file is not None:
+        overrides: dict[str, object] = {"state_dir": state_dir, "node_name": cfg.node_name}
+        if cfg.sim_profile:
+            overrides["profile"] = cfg.sim_profile
+        return SimConfig.from_file(cfg.sim_config_file, **overrides)
+    assert cfg.sim_profile is not None
+    return SimConfig(profile=cfg.sim_profile, state_dir=state_dir, node_name=cfg.node_name)
+
+
+def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
+    backend = make_backend(cfg.backend, _sim_config(cfg))
+    backend.init()
+    try:
+        # The simulator models a node, reboots included: its boot id stands in for the kernel's.
+        sim_boot = getattr(backend, "boot_id", None)
+        boot_id = sim_boot() if callable(sim_boot) else read_boot_id(cfg.boot_id_file)
+        metrics = DriverMetrics()
+        if cfg.metrics_address:
+            port = metrics.serve(cfg.metrics_address)
+            log.info("serving metrics", address=cfg.metrics_address, port=port)
+        api = KubeApi(make_api_client(cfg.kubeconfig))
+        mps = MpsControl(cfg.mps_root, cfg.mps_control_binary, boot_id_file=cfg.boot_id_file)
+        state = DeviceState(
+            StateSettings(
+                node_name=cfg.node_name,
+                driver_name=cfg.driver_name,
+                cdi_root=cfg.cdi_root,
+                checkpoint_path=cfg.checkpoint_path,
+                lock_path=cfg.lock_path,
+                boot_id=boot_id,
+                dev_root=cfg.dev_root,
+                check_host_device_nodes=cfg.backend == "nvml",
+            ),
+            backend,
+            api,
+            mps,
+            observer=metrics,
+        )
+        wake = threading.Event()
+        board = HealthBoard()
+        watcher = HealthWatcher(
+            backend,
+            health.HealthSettings(clear_after_s=cfg.taint_clear_after_s, benign_xids=frozenset(cfg.benign_xids)),
+            board,
+            state.inventory,
+            cfg.node_name,
+            on_change=wake.set,
+            poll_interval_s=cfg.health_poll_interval_s,
+            metrics=HealthMetrics(metrics.registry),
+            state_file=cfg.plugin_dir / "health.json",
+            boot_id=boot_id,
+        )
+        publisher = SlicePublisher(api, cfg.node_name, cfg.driver_name, taints=watcher.taints)
+
+        def on_change(inventory: object) -> None:
+            del inventory
+            wake.set()
+
+        state.on_inventory_change = on_change
+        log.info("recovering state", node=cfg.node_name, backend=cfg.backend)
+        state.recover()
+        watcher.start()
+        publisher.publish(state.inventory())
+        metrics.devices_published.set(publisher.devices_published)
+
+        server = PluginServer(
+            cfg.driver_name,
+            state,
+            registry_dir=cfg.registry_dir,
+            plugin_dir=cfg.plugin_dir,
+            health_source=board,
+            timing=metrics.rpc,
+        )
+        server.start()
+        telemetry_metrics = telemetry.TelemetryMetrics(metrics.registry)
+        sampler = telemetry.TelemetrySampler(
+            backend,
+            telemetry.TelemetrySettings(
+                interval_s=cfg.telemetry_interval_s,
+                hostname=cfg.node_name,
+                noisy=noisy.NoisySettings(
+                    threshold=cfg.noisy_bandwidth_threshold,
+                    release=cfg.noisy_release_threshold,
+                    sustain_s=cfg.noisy_sustain_s,
+                ),
+            ),
+            telemetry_metrics,
+            inventory=state.inventory,
+            checkpoint=state.snapshot,
+            tiers=telemetry.TierResolver(api),
+            daemon_pids=lambda: {d.pid: d.claim_uid for d in mps.list_daemons() if d.pid is not None},
+            events=api,
+            accountant=cost.CostAccountant(
+                cfg.cost_ledger_path,
+                cfg.node_name,
+                flush_interval_s=cfg.cost_flush_interval_s,
+                sink=telemetry_metrics,
+            ),
+        )
+        sampler.start()
+        log.info(
+            "driver ready",
+            registration_socket=str(server.registration_socket),
+            dra_socket=str(server.dra_socket),
+            devices=publisher.devices_published,
+        )
+        next_publish = time.monotonic() + cfg.republish_interval_s
+        next_cleanup = time.monotonic() + cfg.cleanup_interval_s
+        try:
+            while not stop.is_set():
+                wake.wait(timeout=1.0)
+                now = time.monotonic()
+                due = now >= next_publish
+                if wake.is_set() or due:
+                    wake.clear()
+                    try:
+                        # A wake-up comes from a fresh discovery (inventory changed) or from new taints:
+                        # only the periodic tick needs to re-read the hardware.
+                        inventory = state.rediscover() if due else state.inventory()
+                    except Exception:
+                        log.exception("re-reading the GPUs failed; publishing the last known inventory")
+                        inventory = state.inventory()
+                    try:
+                        publisher.publish(inventory)
+                        metrics.devices_published.set(publisher.devices_published)
+                    except Exception:
+                        log.exception("publishing ResourceSlices failed; retrying on the next tick")
+                    if due:
+                        next_publish = now + cfg.republish_interval_s
+                if now >= next_cleanup:
+                    try:
+                        state.cleanup()
+                    except Exception:
+                        log.exception("periodic cleanup failed; retrying on the next tick")
+                    next_cleanup = now + cfg.cleanup_interval_s
+        finally:
+            sampler.stop()
+            watcher.stop()
+            server.stop(grace=5.0)
+            log.info("driver stopped")
+        return 0
+    finally:
+        backend.shutdown()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cfg = config_mod.parse_args(argv)
+    logs.configure(cfg.log_level, cfg.log_format)
+    stop = threading.Event()
+
+    def _signal(signum: int, frame: FrameType | None) -> None:
+        del frame
+        log.info("signal received, stopping", signal=signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _signal)
+    signal.signal(signal.SIGINT, _signal)
+    return run(cfg, stop)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,172 @@
+"""Plan a claim before anything is touched: device lookup, configs, sharing rules, co-tenants.
+
+Pure functions over the inventory and the checkpoint's records: a claim that cannot be
+prepared is refused here with a message naming what is wrong and what to do, and the
+state machine (driver.state) only executes plans that passed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from gpuplane.driver.api import configs, names, quantity
+from gpuplane.driver.checkpoint import ClaimRecord, SharingRecord
+from gpuplane.driver.claims import AllocatedDevice, ClaimAllocation, ClaimError
+from gpuplane.driver.inventory import GpuEntry, Inventory, MigSlot
+
+
+@dataclass
+class Plan:
+    """What a claim needs: its devices in the inventory and the sharing to apply."""
+
+    alloc: ClaimAllocation
+    devices: list[tuple[AllocatedDevice, GpuEntry, MigSlot | None]]
+    sharing: SharingRecord
+
+
+def plan_claim(
+    inv: Inventory, claims: Mapping[str, ClaimRecord], alloc: ClaimAllocation, node_name: str, driver_name: str
+) -> Plan:
+    """Validate an allocation against the inventory, the configs and the co-tenants; decide what to do.
+
+    Pure: raises ClaimError/ConfigError naming what is wrong, touches nothing.
+    """
+    devices: list[tuple[AllocatedDevice, GpuEntry, MigSlot | None]] = []
+    effective: list[tuple[AllocatedDevice, GpuEntry, MigSlot | None, configs.DeviceConfig]] = []
+    for dev in alloc.devices:
+        found = inv.mig_slot(dev.device)
+        if found is not None:
+            gpu, slot = found
+            dtype = names.DEVICE_TYPE_MIG
+        else:
+            entry = inv.gpu(dev.device)
+            if entry is None or not entry.offer_whole:
+                raise ClaimError(
+                    f"device {dev.device} is not published by node {node_name} "
+                    "(it may have been removed); delete the pod so the claim is allocated again"
+                )
+            gpu, slot = entry, None
+            dtype = names.DEVICE_TYPE_GPU
+        if dev.admin_access:
+            raise ClaimError(f"device {dev.device}: adminAccess is not supported by {driver_name}")
+        cfg = configs.merge_configs(alloc.configs, dev.request, dtype)
+        devices.append((dev, gpu, slot))
+        effective.append((dev, gpu, slot, cfg))
+    strategies = {cfg.sharing.strategy for *_, cfg in effective}
+    if len(strategies) > 1:
+        raise ClaimError(
+            f"claim {alloc.namespace}/{alloc.name} mixes sharing strategies {sorted(strategies)}; "
+            "use one strategy per claim (split it into several claims)"
+        )
+    strategy = strategies.pop() if strategies else "Exclusive"
+    if strategy == "Exclusive":
+        for dev, _gpu, slot in devices:
+            share = consumed_percent(dev)
+            if slot is None and share is not None and share < 100:
+                raise ClaimError(
+                    f"device {dev.device} was allocated with sharePercent {share} but the claim's sharing "
+                    "strategy is Exclusive; a partial share needs strategy MPS or TimeSlicing (e.g. class "
+                    "mps-bronze.gpu.gpuplane.dev), or drop the capacity request to hold the whole GPU"
+                )
+    sharing = SharingRecord(strategy=strategy)
+    if strategy == "TimeSlicing":
+        intervals = {
+            (cfg.sharing.timeSlicing.interval if cfg.sharing.timeSlicing else "Default") for *_, cfg in effective
+        }
+        if len(intervals) > 1:
+            raise ClaimError(f"requests ask for different time-slice intervals {sorted(intervals)}; pick one")
+        sharing.timeslice_interval = intervals.pop()
+    if strategy == "MPS":
+        _plan_mps(alloc, effective, sharing)
+    _check_co_tenants(claims, alloc, devices, sharing)
+    return Plan(alloc=alloc, devices=devices, sharing=sharing)
+
+
+def _plan_mps(
+    alloc: ClaimAllocation,
+    effective: Sequence[tuple[AllocatedDevice, GpuEntry, MigSlot | None, configs.DeviceConfig]],
+    sharing: SharingRecord,
+) -> None:
+    percentages: set[int] = set()
+    for dev, gpu, slot, cfg in effective:
+        mps = cfg.sharing.mps or configs.MpsConfig()
+        pct = mps.defaultActiveThreadPercentage
+        share = consumed_percent(dev)
+        if share is not None:
+            pct = min(pct, share) if pct is not None else share
+        if pct is not None:
+            percentages.add(pct)
+        device_memory = slot.profile.memory_bytes if slot is not None else gpu.info.memory_bytes
+        limit = mps.limit_bytes_for(dev.device)
+        consumed_mem = consumed_bytes(dev)
+        if consumed_mem:
+            limit = min(limit, consumed_mem) if limit is not None else consumed_mem
+        if limit is not None:
+            if limit > device_memory:
+                raise ClaimError(
+                    f"device {dev.device}: MPS pinned memory limit {limit} bytes exceeds the device's memory "
+                    f"{device_memory} bytes; lower mps.defaultPinnedDeviceMemoryLimit"
+                )
+            uuid = device_uuid_hint(gpu, slot)
+            sharing.mps_pinned_limits[uuid] = limit
+    if len(percentages) > 1:
+        raise ClaimError(
+            f"requests of claim {alloc.namespace}/{alloc.name} ask for different MPS thread percentages "
+            f"{sorted(percentages)}; one MPS daemon serves the claim, so use one value"
+        )
+    sharing.mps_active_thread_percentage = percentages.pop() if percentages else None
+
+
+def _check_co_tenants(
+    claims: Mapping[str, ClaimRecord],
+    alloc: ClaimAllocation,
+    devices: Sequence[tuple[AllocatedDevice, GpuEntry, MigSlot | None]],
+    sharing: SharingRecord,
+) -> None:
+    """Refuse to mix an exclusive holder with sharers on one physical GPU, or time-slice intervals."""
+    strategy = sharing.strategy
+    for dev, gpu, slot in devices:
+        if slot is not None:
+            continue
+        for other in claims.values():
+            if other.uid == alloc.uid:
+                continue
+            if not any(d.kind == "gpu" and d.gpu_uuid == gpu.info.uuid for d in other.devices):
+                continue
+            theirs = other.sharing.strategy
+            if theirs == "Exclusive" or strategy == "Exclusive" or theirs != strategy:
+                raise ClaimError(
+                    f"device {dev.device} is already held by claim {other.namespace}/{other.name} "
+                    f"with sharing strategy {theirs}; a {strategy} claim cannot share it "
+                    "(only MPS with MPS, or time-slicing with time-slicing, may share a GPU)"
+                )
+            if strategy == "TimeSlicing" and other.sharing.timeslice_interval != sharing.timeslice_interval:
+                raise ClaimError(
+                    f"device {dev.device} is time-sliced with interval {other.sharing.timeslice_interval} "
+                    f"by claim {other.namespace}/{other.name}; this claim asks for "
+                    f"{sharing.timeslice_interval}. One GPU has one interval: use the same one"
+                )
+
+
+def limit_key(gpu_uuid: str, mig_start: int | None) -> str:
+    """Key of a device's MPS memory limit, known before a MIG device has its own uuid."""
+    return gpu_uuid if mig_start is None else f"{gpu_uuid}/{mig_start}"
+
+
+def device_uuid_hint(gpu: GpuEntry, slot: MigSlot | None) -> str:
+    return limit_key(gpu.info.uuid, slot.start if slot is not None else None)
+
+
+def consumed_percent(dev: AllocatedDevice) -> int | None:
+    value = dev.consumed_capacity.get(names.CAP_SHARE_PERCENT)
+    if value is None:
+        return None
+    return max(1, min(100, quantity.parse_quantity(str(value))))
+
+
+def consumed_bytes(dev: AllocatedDevice) -> int | None:
+    value = dev.consumed_capacity.get(names.CAP_MEMORY)
+    if value is None:
+        return None
+    return quantity.parse_quantity(str(value)) or None
