@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any, cast
 
 from gpuplane.driver.api import names
-from gpuplane.driver.checkpoint import CheckpointStore, atomic_write, decode
 from gpuplane.driver.plugin.kubelet_client import KubeletPluginClient
-from gpuplane.driver.plugin.types import ClaimRef
+from gpuplane.driver.prepare.checkpoint import CheckpointStore, atomic_write, decode
+from gpuplane.driver.prepare.contract import ClaimRef
 from tests.driverkit import FakeClaims, make_claim, ref
 
 REPO = Path(__file__).resolve().parent.parent

@@ -51,9 +51,9 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from e2e import nodes
-from gpuplane.driver import cdi
 from gpuplane.driver.plugin import kubelet_client
-from gpuplane.driver.plugin.types import ClaimRef, PrepareResult
+from gpuplane.driver.prepare import cdi
+from gpuplane.driver.prepare.contract import ClaimRef, PrepareResult
 
 _log = logging.getLogger("e2e.kubelet")
 

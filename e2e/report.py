@@ -16,8 +16,8 @@ from typing import Any, cast
 from kubernetes import client
 
 from e2e import simnodes
-from gpuplane.driver import checkpoint
 from gpuplane.driver.api import names
+from gpuplane.driver.prepare import checkpoint
 
 GROUP, VERSION = "resource.k8s.io", "v1"
 _D = names.DRIVER_NAME

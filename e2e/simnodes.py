@@ -55,7 +55,7 @@ from kubernetes import client, config
 from e2e import controlplane, nodes, pki, procs
 from gpuplane.driver.api import names
 from gpuplane.driver.hw import sim_profiles
-from gpuplane.driver.mps import MpsControl
+from gpuplane.driver.sharing.mps import MpsControl
 
 Printer = Callable[[str], None]
 

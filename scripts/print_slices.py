@@ -24,8 +24,8 @@ import yaml
 
 from gpuplane.driver.hw import sim_profiles
 from gpuplane.driver.hw.sim import SimConfig, Simulator
-from gpuplane.driver.inventory import discover
-from gpuplane.driver.slices import build_pool, render_slices, validate_pool
+from gpuplane.driver.publish.inventory import discover
+from gpuplane.driver.publish.slices import build_pool, render_slices, validate_pool
 
 EXAMPLE_CLUSTER_UUID = "6f1c2d3e-4b5a-4978-8a9b-0c1d2e3f4a5b"
 

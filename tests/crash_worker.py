@@ -40,10 +40,10 @@ from gpuplane.driver import logs
 from gpuplane.driver.api import names
 from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.kube import KubeApi, make_api_client
-from gpuplane.driver.mps import MpsControl, MpsDaemon, MpsSpec
 from gpuplane.driver.plugin.server import PluginServer
-from gpuplane.driver.plugin.types import ClaimRef, PrepareResult, UnprepareResult
-from gpuplane.driver.state import ClaimSource, DeviceState, StateSettings
+from gpuplane.driver.prepare.contract import ClaimRef, PrepareResult, UnprepareResult
+from gpuplane.driver.prepare.state import ClaimSource, DeviceState, StateSettings
+from gpuplane.driver.sharing.mps import MpsControl, MpsDaemon, MpsSpec
 from tests.driverkit import STANDIN_MPS, FakeClaims
 
 

@@ -22,10 +22,10 @@ from typing import Any
 from gpuplane.driver.api import names
 from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.kube import NotFound
-from gpuplane.driver.mps import MpsControl
 from gpuplane.driver.plugin.server import PluginServer
-from gpuplane.driver.plugin.types import ClaimRef
-from gpuplane.driver.state import DeviceState, StateSettings
+from gpuplane.driver.prepare.contract import ClaimRef
+from gpuplane.driver.prepare.state import DeviceState, StateSettings
+from gpuplane.driver.sharing.mps import MpsControl
 
 STANDIN_MPS = str(Path(__file__).resolve().parent / "fakes" / "nvidia-cuda-mps-control")
 

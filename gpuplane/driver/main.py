@@ -11,18 +11,19 @@ from types import FrameType
 import structlog
 
 from gpuplane.driver import config as config_mod
-from gpuplane.driver import cost, health, logs, noisy, telemetry
-from gpuplane.driver.checkpoint import read_boot_id
-from gpuplane.driver.health_watcher import HealthMetrics, HealthWatcher
+from gpuplane.driver import logs
 from gpuplane.driver.hw.select import make_backend
 from gpuplane.driver.hw.sim import SimConfig
 from gpuplane.driver.kube import KubeApi, make_api_client
 from gpuplane.driver.metrics import DriverMetrics
-from gpuplane.driver.mps import MpsControl
-from gpuplane.driver.plugin.health_board import HealthBoard
+from gpuplane.driver.observe import cost, health, noisy, telemetry
+from gpuplane.driver.observe.health_board import HealthBoard
+from gpuplane.driver.observe.health_watcher import HealthMetrics, HealthWatcher
 from gpuplane.driver.plugin.server import PluginServer
-from gpuplane.driver.publisher import SlicePublisher
-from gpuplane.driver.state import DeviceState, StateSettings
+from gpuplane.driver.prepare.checkpoint import read_boot_id
+from gpuplane.driver.prepare.state import DeviceState, StateSettings
+from gpuplane.driver.publish.publisher import SlicePublisher
+from gpuplane.driver.sharing.mps import MpsControl
 
 log = structlog.get_logger(__name__)
 

@@ -34,7 +34,7 @@ from typing import Any, TypeVar, cast
 import pytest
 
 from e2e import build, cluster, components, controlplane, nodes, simnodes
-from gpuplane.driver import checkpoint
+from gpuplane.driver.prepare import checkpoint
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "manifests" / "examples"

@@ -23,8 +23,8 @@ from kubernetes import client
 
 from e2e import cluster, nodes, simnodes
 from gpuplane.driver.hw.sim import gpu_uuid
-from gpuplane.driver.mps import MpsControl
 from gpuplane.driver.plugin.kubelet_client import KubeletPluginClient
+from gpuplane.driver.sharing.mps import MpsControl
 
 pytestmark = pytest.mark.e2e
 

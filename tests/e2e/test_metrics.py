@@ -22,7 +22,7 @@ import pytest
 
 from e2e import cluster, driverproc, identity, install, nodes
 from e2e.driverproc import metric_value
-from gpuplane.driver.plugin.types import ClaimRef
+from gpuplane.driver.prepare.contract import ClaimRef
 
 pytestmark = pytest.mark.e2e
 

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from e2e import components, identity, procs, report, simnodes
-from gpuplane.driver import cdi
 from gpuplane.driver.api import names
-from gpuplane.driver.mps import MpsControl
+from gpuplane.driver.prepare import cdi
+from gpuplane.driver.sharing.mps import MpsControl
 from tests.e2e.conftest import GpuCluster, eventually
 
 pytestmark = pytest.mark.e2e

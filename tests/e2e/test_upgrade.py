@@ -40,7 +40,7 @@ from kubernetes import client
 
 from e2e import build, cluster, controlplane, driverproc, identity, install, nodes
 from e2e.driverproc import metric_value
-from gpuplane.driver.plugin.types import ClaimRef, PrepareResult
+from gpuplane.driver.prepare.contract import ClaimRef, PrepareResult
 
 pytestmark = pytest.mark.e2e
 

@@ -31,8 +31,8 @@ from gpuplane.controller import (
     world,
 )
 from gpuplane.controller.placement.policies import make as make_policy
-from gpuplane.driver import inventory, slices
 from gpuplane.driver.hw.sim import SimConfig, Simulator
+from gpuplane.driver.publish import inventory, slices
 
 T0 = 1_700_000_000.0
 CLUSTER = "6a1c4a2e-9a53-4a44-9a3c-3a1c4a2e9a53"

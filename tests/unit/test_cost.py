@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuplane.driver import cost
-from gpuplane.driver.checkpoint import Checkpoint, ClaimRecord, DeviceRecord, MigRecord, SharingRecord
+from gpuplane.driver.observe import cost
+from gpuplane.driver.prepare.checkpoint import Checkpoint, ClaimRecord, DeviceRecord, MigRecord, SharingRecord
 
 H = 3600.0
 DAY0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z

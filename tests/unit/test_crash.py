@@ -35,13 +35,13 @@ from typing import Any
 import grpc
 import pytest
 
-from gpuplane.driver import cdi
 from gpuplane.driver.api import names
-from gpuplane.driver.checkpoint import CheckpointStore, decode
 from gpuplane.driver.hw.sim import SimConfig, Simulator
-from gpuplane.driver.mps import MpsControl
 from gpuplane.driver.plugin.kubelet_client import KubeletPluginClient
-from gpuplane.driver.plugin.types import PrepareResult
+from gpuplane.driver.prepare import cdi
+from gpuplane.driver.prepare.checkpoint import CheckpointStore, decode
+from gpuplane.driver.prepare.contract import PrepareResult
+from gpuplane.driver.sharing.mps import MpsControl
 from tests.driverkit import STANDIN_MPS, FakeClaims, build_driver, make_claim, ref, short_tmpdir
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuplane.driver import cdi
 from gpuplane.driver.api import names
 from gpuplane.driver.plugin.kubelet_client import KubeletPluginClient
+from gpuplane.driver.prepare import cdi
 from tests.driverkit import DriverUnderTest, driver_env, make_claim, ref, serving
 
 GPU_CONFIG = {"apiVersion": names.CONFIG_API_VERSION, "kind": "GpuConfig"}

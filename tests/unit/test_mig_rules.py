@@ -23,13 +23,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuplane.driver import cdi
 from gpuplane.driver.api import names
 from gpuplane.driver.hw import interface as hw
 from gpuplane.driver.hw import mig_tables as mt
 from gpuplane.driver.hw.sim import SimConfig, Simulator
-from gpuplane.driver.inventory import discover, mig_device_name
-from gpuplane.driver.slices import build_pool, render_slices
+from gpuplane.driver.prepare import cdi
+from gpuplane.driver.publish.inventory import discover, mig_device_name
+from gpuplane.driver.publish.slices import build_pool, render_slices
 from tests.driverkit import DriverUnderTest, build_driver, make_claim, ref, short_tmpdir
 
 GIB = 1024**3

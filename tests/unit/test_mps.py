@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from gpuplane.driver import mps
+from gpuplane.driver.sharing import mps
 
 STANDIN = Path(__file__).resolve().parents[1] / "fakes" / "nvidia-cuda-mps-control"
 GPU = "GPU-6f2a1e4c-3b7d-4e8a-9c1f-2d5b8a7e6c01"
@@ -357,7 +357,7 @@ def test_stop_escalates_to_signals_when_quit_gets_no_answer(root: Path) -> None:
 _DRIVER = """
 import sys
 from pathlib import Path
-from driver import mps
+from gpuplane.driver.sharing import mps
 control = mps.MpsControl(Path(sys.argv[1]), sys.argv[2], start_timeout_s=5, command_timeout_s=5)
 print("go", flush=True)
 control.start(mps.MpsSpec(sys.argv[3], (sys.argv[4],), 60, {sys.argv[4]: 6 * 1024**3}))

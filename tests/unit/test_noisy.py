@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuplane.driver.noisy import NoisyNeighbourDetector, NoisySettings, Tenant
+from gpuplane.driver.observe.noisy import NoisyNeighbourDetector, NoisySettings, Tenant
 
 GOLD = Tenant("g", "prod", "serve", "gold")
 SILVER = Tenant("s", "dev", "tune", "silver")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import threading
 
-from gpuplane.driver.plugin import health_board, health_servicer, types
+from gpuplane.driver.observe import health_board, health_view
+from gpuplane.driver.plugin import health_servicer
 
 
-def _view(name: str, healthy: bool | None, message: str = "") -> types.DeviceHealthView:
-    return types.DeviceHealthView("pool", name, healthy, message)
+def _view(name: str, healthy: bool | None, message: str = "") -> health_view.DeviceHealthView:
+    return health_view.DeviceHealthView("pool", name, healthy, message)
 
 
 def test_snapshot_sorted_and_generation_rises_only_on_change() -> None:
@@ -37,7 +38,7 @@ def test_wait_changed_times_out_and_wakes() -> None:
 def test_wire_status_round_trip() -> None:
     for healthy in (True, False, None):
         assert health_servicer.from_wire_status(health_servicer.to_wire_status(healthy)) is healthy
-    snapshot = types.HealthSnapshot(1, (types.DeviceHealthView("p", "d", False, "hot", 5, 60),))
+    snapshot = health_view.HealthSnapshot(1, (health_view.DeviceHealthView("p", "d", False, "hot", 5, 60),))
     wire = health_servicer.to_response(snapshot).devices[0]
     assert (wire.device.pool_name, wire.device.device_name, wire.message) == ("p", "d", "hot")
     assert (wire.last_updated_time, wire.health_check_timeout_seconds) == (5, 60)

@@ -15,20 +15,22 @@ import pytest
 from gpuplane.driver._proto.dra.v1 import api_pb2 as v1_pb2
 from gpuplane.driver._proto.grpc.health.v1 import health_pb2
 from gpuplane.driver._proto.pluginregistration.v1 import api_pb2 as reg_pb2
-from gpuplane.driver.plugin import dra_servicer, health_board, kubelet_client, server, types, wire
+from gpuplane.driver.observe import health_board, health_view
+from gpuplane.driver.plugin import dra_servicer, kubelet_client, server, wire
+from gpuplane.driver.prepare import contract
 
 DRIVER = "gpu.gpuplane.dev"
 V1 = "v1.DRAPlugin"
 V1BETA1 = "v1beta1.DRAPlugin"
 
 
-def _claim(i: int) -> types.ClaimRef:
-    return types.ClaimRef(namespace="ns", uid=f"uid-{i}", name=f"claim-{i}")
+def _claim(i: int) -> contract.ClaimRef:
+    return contract.ClaimRef(namespace="ns", uid=f"uid-{i}", name=f"claim-{i}")
 
 
-def _devices(n: int, share: bool) -> tuple[types.PreparedDevice, ...]:
+def _devices(n: int, share: bool) -> tuple[contract.PreparedDevice, ...]:
     return tuple(
-        types.PreparedDevice(
+        contract.PreparedDevice(
             request_names=("gpu",) if i % 2 else ("gpu", "extra"),
             pool_name="node-a",
             device_name=f"gpu-{i}",
@@ -43,28 +45,28 @@ class FakePreparer:
     """Answers from a table; can fail claims, omit them, or raise for a whole batch."""
 
     def __init__(self) -> None:
-        self.prepared: dict[str, types.PrepareResult] = {}
+        self.prepared: dict[str, contract.PrepareResult] = {}
         self.unprepare_errors: dict[str, str] = {}
         self.omit: set[str] = set()
         self.raise_on_call = False
-        self.calls: list[tuple[str, list[types.ClaimRef]]] = []
+        self.calls: list[tuple[str, list[contract.ClaimRef]]] = []
 
-    def prepare(self, claims: Sequence[types.ClaimRef]) -> Mapping[str, types.PrepareResult]:
+    def prepare(self, claims: Sequence[contract.ClaimRef]) -> Mapping[str, contract.PrepareResult]:
         self.calls.append(("prepare", list(claims)))
         if self.raise_on_call:
             raise RuntimeError("apiserver unreachable")
         return {
-            c.uid: self.prepared.get(c.uid, types.PrepareResult(error=f"unknown claim {c.uid}"))
+            c.uid: self.prepared.get(c.uid, contract.PrepareResult(error=f"unknown claim {c.uid}"))
             for c in claims
             if c.uid not in self.omit
         }
 
-    def unprepare(self, claims: Sequence[types.ClaimRef]) -> Mapping[str, types.UnprepareResult]:
+    def unprepare(self, claims: Sequence[contract.ClaimRef]) -> Mapping[str, contract.UnprepareResult]:
         self.calls.append(("unprepare", list(claims)))
         if self.raise_on_call:
             raise RuntimeError("apiserver unreachable")
         return {
-            c.uid: types.UnprepareResult(error=self.unprepare_errors.get(c.uid, ""))
+            c.uid: contract.UnprepareResult(error=self.unprepare_errors.get(c.uid, ""))
             for c in claims
             if c.uid not in self.omit
         }
@@ -87,7 +89,7 @@ def preparer() -> FakePreparer:
 @pytest.fixture
 def board() -> health_board.HealthBoard:
     return health_board.HealthBoard(
-        [types.DeviceHealthView("node-a", "gpu-0", True, "ok", last_updated=100, timeout_s=30)]
+        [health_view.DeviceHealthView("node-a", "gpu-0", True, "ok", last_updated=100, timeout_s=30)]
     )
 
 
@@ -200,13 +202,13 @@ def test_prepare_unprepare_round_trip(
     n_devices: int,
 ) -> None:
     claim = _claim(1)
-    preparer.prepared[claim.uid] = types.PrepareResult(devices=_devices(n_devices, share=True))
+    preparer.prepared[claim.uid] = contract.PrepareResult(devices=_devices(n_devices, share=True))
     with _connect(plugin, version) as client:
         assert client.version == version
         got = client.prepare([claim])
         expected = _devices(n_devices, share=version == V1)  # v1beta1 has no share_id
-        assert got == {claim.uid: types.PrepareResult(devices=expected)}
-        assert client.unprepare([claim]) == {claim.uid: types.UnprepareResult()}
+        assert got == {claim.uid: contract.PrepareResult(devices=expected)}
+        assert client.unprepare([claim]) == {claim.uid: contract.UnprepareResult()}
     assert preparer.calls == [("prepare", [claim]), ("unprepare", [claim])]
     assert [(op, errors) for op, _, errors in timings] == [("prepare", 0), ("unprepare", 0)]
     assert all(seconds >= 0 for _, seconds, _ in timings)
@@ -214,13 +216,13 @@ def test_prepare_unprepare_round_trip(
 
 def test_share_id_absent_stays_absent(plugin: server.PluginServer, preparer: FakePreparer) -> None:
     claim = _claim(1)
-    preparer.prepared[claim.uid] = types.PrepareResult(devices=_devices(2, share=False))
+    preparer.prepared[claim.uid] = contract.PrepareResult(devices=_devices(2, share=False))
     with _connect(plugin, V1) as client:
         assert client.prepare([claim])[claim.uid].devices == _devices(2, share=False)
 
 
 def test_raw_v1_method_path_and_share_id_on_wire(plugin: server.PluginServer, preparer: FakePreparer) -> None:
-    preparer.prepared["u"] = types.PrepareResult(devices=_devices(1, share=True))
+    preparer.prepared["u"] = contract.PrepareResult(devices=_devices(1, share=True))
     with grpc.insecure_channel(f"unix:{plugin.dra_socket}") as channel:
         call = channel.unary_unary(
             "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
@@ -243,20 +245,20 @@ def test_one_failing_claim_does_not_fail_the_batch(
 ) -> None:
     claims = [_claim(i) for i in range(4)]
     for c in claims:
-        preparer.prepared[c.uid] = types.PrepareResult(devices=_devices(1, share=False))
-    preparer.prepared["uid-2"] = types.PrepareResult(error="MIG instance creation failed")
+        preparer.prepared[c.uid] = contract.PrepareResult(devices=_devices(1, share=False))
+    preparer.prepared["uid-2"] = contract.PrepareResult(error="MIG instance creation failed")
     preparer.unprepare_errors["uid-3"] = "device busy"
     with _connect(plugin, version) as client:
         prepared = client.prepare(claims)
         unprepared = client.unprepare(claims)
     assert set(prepared) == {c.uid for c in claims}
-    assert prepared["uid-2"] == types.PrepareResult(error="MIG instance creation failed")
+    assert prepared["uid-2"] == contract.PrepareResult(error="MIG instance creation failed")
     assert all(prepared[u].devices and not prepared[u].error for u in ("uid-0", "uid-1", "uid-3"))
     assert unprepared == {
-        "uid-0": types.UnprepareResult(),
-        "uid-1": types.UnprepareResult(),
-        "uid-2": types.UnprepareResult(),
-        "uid-3": types.UnprepareResult(error="device busy"),
+        "uid-0": contract.UnprepareResult(),
+        "uid-1": contract.UnprepareResult(),
+        "uid-2": contract.UnprepareResult(),
+        "uid-3": contract.UnprepareResult(error="device busy"),
     }
     assert [(op, errors) for op, _, errors in timings] == [("prepare", 1), ("unprepare", 1)]
 
@@ -264,7 +266,7 @@ def test_one_failing_claim_does_not_fail_the_batch(
 def test_omitted_claim_gets_an_error(plugin: server.PluginServer, preparer: FakePreparer) -> None:
     claims = [_claim(i) for i in range(3)]
     for c in claims:
-        preparer.prepared[c.uid] = types.PrepareResult(devices=_devices(1, share=False))
+        preparer.prepared[c.uid] = contract.PrepareResult(devices=_devices(1, share=False))
     preparer.omit = {"uid-1"}
     with _connect(plugin, V1) as client:
         prepared = client.prepare(claims)
@@ -272,7 +274,7 @@ def test_omitted_claim_gets_an_error(plugin: server.PluginServer, preparer: Fake
     assert prepared["uid-1"].error == dra_servicer.OMITTED_ERROR
     assert prepared["uid-0"].devices and prepared["uid-2"].devices
     assert unprepared["uid-1"].error == dra_servicer.OMITTED_ERROR
-    assert unprepared["uid-0"] == unprepared["uid-2"] == types.UnprepareResult()
+    assert unprepared["uid-0"] == unprepared["uid-2"] == contract.UnprepareResult()
 
 
 def test_raising_preparer_errors_every_claim_not_the_call(
@@ -290,9 +292,9 @@ def test_raising_preparer_errors_every_claim_not_the_call(
 
 
 def test_malformed_result_fails_only_its_claim(plugin: server.PluginServer, preparer: FakePreparer) -> None:
-    preparer.prepared["uid-0"] = types.PrepareResult(devices=_devices(1, share=False))
-    bad = types.PreparedDevice(("gpu",), "pool", "dev", (42,), None)  # type: ignore[arg-type]
-    preparer.prepared["uid-1"] = types.PrepareResult(devices=(bad,))
+    preparer.prepared["uid-0"] = contract.PrepareResult(devices=_devices(1, share=False))
+    bad = contract.PreparedDevice(("gpu",), "pool", "dev", (42,), None)  # type: ignore[arg-type]
+    preparer.prepared["uid-1"] = contract.PrepareResult(devices=(bad,))
     with _connect(plugin, V1) as client:
         prepared = client.prepare([_claim(0), _claim(1)])
     assert prepared["uid-0"].devices
@@ -301,7 +303,7 @@ def test_malformed_result_fails_only_its_claim(plugin: server.PluginServer, prep
 
 def test_duplicate_uids_and_empty_request(plugin: server.PluginServer, preparer: FakePreparer) -> None:
     claim = _claim(7)
-    preparer.prepared[claim.uid] = types.PrepareResult(devices=_devices(1, share=False))
+    preparer.prepared[claim.uid] = contract.PrepareResult(devices=_devices(1, share=False))
     with _connect(plugin, V1) as client:
         assert set(client.prepare([claim, claim])) == {claim.uid}
         assert client.prepare([]) == {}
@@ -314,7 +316,7 @@ def test_failing_timing_hook_does_not_fail_the_call(short_dir: Path, preparer: F
 
     srv = server.PluginServer(DRIVER, preparer, registry_dir=short_dir / "r", plugin_dir=short_dir / "p", timing=broken)
     with srv, kubelet_client.KubeletPluginClient(str(srv.dra_socket), timeout=10) as client:
-        assert client.unprepare([_claim(1)]) == {"uid-1": types.UnprepareResult()}
+        assert client.unprepare([_claim(1)]) == {"uid-1": contract.UnprepareResult()}
 
 
 # --- health ----------------------------------------------------------------------------------------
@@ -333,14 +335,14 @@ def test_health_stream_delivers_updates(plugin: server.PluginServer, board: heal
     with _connect(plugin, V1) as client:
         stream = client.watch_health(timeout=20)
         first = next(stream)
-        assert first == [types.DeviceHealthView("node-a", "gpu-0", True, "ok", last_updated=100, timeout_s=30)]
-        board.update([types.DeviceHealthView("node-a", "gpu-1", False, "XID 79", last_updated=101)])
+        assert first == [health_view.DeviceHealthView("node-a", "gpu-0", True, "ok", last_updated=100, timeout_s=30)]
+        board.update([health_view.DeviceHealthView("node-a", "gpu-1", False, "XID 79", last_updated=101)])
         second = next(stream)
         assert [(d.device_name, d.healthy, d.message) for d in second] == [
             ("gpu-0", True, "ok"),
             ("gpu-1", False, "XID 79"),
         ]
-        board.update([types.DeviceHealthView("node-a", "gpu-1", None, "lost", last_updated=102)])
+        board.update([health_view.DeviceHealthView("node-a", "gpu-1", None, "lost", last_updated=102)])
         assert next(stream)[1].healthy is None
         stream.close()
 

@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from gpuplane.driver import cdi, mps
 from gpuplane.driver.api import names
 from gpuplane.driver.hw import mig_tables
+from gpuplane.driver.prepare import cdi
+from gpuplane.driver.sharing import mps
 from tests.driverkit import DriverUnderTest, driver_env, make_claim, ref
 
 GIB = 1024**3

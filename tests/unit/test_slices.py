@@ -21,8 +21,8 @@ import pytest
 from gpuplane.driver.api import names
 from gpuplane.driver.hw import mig_tables
 from gpuplane.driver.hw.sim import SimConfig, Simulator
-from gpuplane.driver.inventory import Inventory, discover
-from gpuplane.driver.slices import DeviceTaint, SliceLimitError, build_pool, render_slices, validate_pool
+from gpuplane.driver.publish.inventory import Inventory, discover
+from gpuplane.driver.publish.slices import DeviceTaint, SliceLimitError, build_pool, render_slices, validate_pool
 from tests.driverkit import short_tmpdir
 
 CLUSTER = "6f1c2d3e-4b5a-4978-8a9b-0c1d2e3f4a5b"

@@ -8,10 +8,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gpuplane.driver import cost, noisy, telemetry
-from gpuplane.driver.checkpoint import Checkpoint, ClaimRecord, DeviceRecord, MigRecord, SharingRecord
 from gpuplane.driver.hw.sim import SimConfig, Simulator
-from gpuplane.driver.inventory import discover
+from gpuplane.driver.observe import cost, noisy, telemetry
+from gpuplane.driver.prepare.checkpoint import Checkpoint, ClaimRecord, DeviceRecord, MigRecord, SharingRecord
+from gpuplane.driver.publish.inventory import discover
 
 
 def rec(

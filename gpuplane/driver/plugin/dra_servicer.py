@@ -20,7 +20,8 @@ import structlog
 
 from gpuplane.driver._proto.dra.v1 import api_pb2 as v1_pb2
 from gpuplane.driver._proto.dra.v1beta1 import api_pb2 as v1beta1_pb2
-from gpuplane.driver.plugin import types, wire
+from gpuplane.driver.plugin import wire
+from gpuplane.driver.prepare import contract
 
 _log = structlog.get_logger(__name__)
 
@@ -37,7 +38,7 @@ TimingHook = Callable[[str, float, int], None]
 
 OMITTED_ERROR = "driver returned no result for this claim"
 
-_R = TypeVar("_R", types.PrepareResult, types.UnprepareResult)
+_R = TypeVar("_R", contract.PrepareResult, contract.UnprepareResult)
 
 
 class _ClaimMessage(Protocol):
@@ -54,15 +55,15 @@ class _ClaimsRequest(Protocol):
     def claims(self) -> Iterable[_ClaimMessage]: ...
 
 
-def claim_refs(request: _ClaimsRequest) -> list[types.ClaimRef]:
+def claim_refs(request: _ClaimsRequest) -> list[contract.ClaimRef]:
     """The request's claims as plain references, first occurrence of each uid kept."""
     seen: set[str] = set()
-    refs: list[types.ClaimRef] = []
+    refs: list[contract.ClaimRef] = []
     for claim in request.claims:
         if claim.uid in seen:
             continue
         seen.add(claim.uid)
-        refs.append(types.ClaimRef(namespace=claim.namespace, uid=claim.uid, name=claim.name))
+        refs.append(contract.ClaimRef(namespace=claim.namespace, uid=claim.uid, name=claim.name))
     return refs
 
 
@@ -71,8 +72,8 @@ def _describe(exc: BaseException) -> str:
 
 
 def complete_results(
-    claims: Sequence[types.ClaimRef],
-    call: Callable[[Sequence[types.ClaimRef]], Mapping[str, _R]],
+    claims: Sequence[contract.ClaimRef],
+    call: Callable[[Sequence[contract.ClaimRef]], Mapping[str, _R]],
     failed: Callable[[str], _R],
     op: str,
 ) -> dict[str, _R]:
@@ -104,7 +105,7 @@ class DRAServicer:
 
     def __init__(
         self,
-        preparer: types.ClaimPreparer,
+        preparer: contract.ClaimPreparer,
         *,
         messages: ModuleType,
         api_version: str,
@@ -125,7 +126,7 @@ class DRAServicer:
             op="prepare", api=self._api_version, claim_uids=[c.uid for c in claims]
         ):
             results = complete_results(
-                claims, self._preparer.prepare, lambda msg: types.PrepareResult(error=msg), "prepare"
+                claims, self._preparer.prepare, lambda msg: contract.PrepareResult(error=msg), "prepare"
             )
             response = self._messages.NodePrepareResourcesResponse()
             for uid, result in list(results.items()):
@@ -133,7 +134,7 @@ class DRAServicer:
                     entry = self._prepare_entry(result)
                 except Exception as exc:  # a malformed result fails its claim, not the call
                     _log.exception("cannot encode prepare result", claim_uid=uid)
-                    results[uid] = types.PrepareResult(error=f"invalid prepare result: {_describe(exc)}")
+                    results[uid] = contract.PrepareResult(error=f"invalid prepare result: {_describe(exc)}")
                     entry = self._prepare_entry(results[uid])
                 response.claims[uid].CopyFrom(entry)
             n_errors = sum(1 for result in results.values() if result.error)
@@ -148,7 +149,7 @@ class DRAServicer:
             op="unprepare", api=self._api_version, claim_uids=[c.uid for c in claims]
         ):
             results = complete_results(
-                claims, self._preparer.unprepare, lambda msg: types.UnprepareResult(error=msg), "unprepare"
+                claims, self._preparer.unprepare, lambda msg: contract.UnprepareResult(error=msg), "unprepare"
             )
             response = self._messages.NodeUnprepareResourcesResponse()
             for uid, result in results.items():
@@ -157,7 +158,7 @@ class DRAServicer:
             self._finish("unprepare", started, len(results), n_errors)
         return response
 
-    def _prepare_entry(self, result: types.PrepareResult) -> Any:
+    def _prepare_entry(self, result: contract.PrepareResult) -> Any:
         entry = self._messages.NodePrepareResourceResponse()
         if result.error:
             entry.error = result.error  # kubelet ignores devices on error; send none
@@ -189,7 +190,7 @@ class DRAServicer:
 
 def add_dra_services(
     server: grpc.Server,
-    preparer: types.ClaimPreparer,
+    preparer: contract.ClaimPreparer,
     timing: TimingHook | None = None,
 ) -> tuple[str, ...]:
     """Register the v1 and v1beta1 DRAPlugin services; return their advertised names, v1 first."""

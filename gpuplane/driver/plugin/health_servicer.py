@@ -17,7 +17,8 @@ import grpc
 import structlog
 
 from gpuplane.driver._proto.drahealth.v1alpha1 import api_pb2 as health_pb2
-from gpuplane.driver.plugin import types, wire
+from gpuplane.driver.observe import health_view
+from gpuplane.driver.plugin import wire
 
 _log = structlog.get_logger(__name__)
 
@@ -41,7 +42,7 @@ def from_wire_status(status: int) -> bool | None:
     return None
 
 
-def to_response(snapshot: types.HealthSnapshot) -> Any:
+def to_response(snapshot: health_view.HealthSnapshot) -> Any:
     """Build one NodeWatchResourcesResponse that lists every device in ``snapshot``."""
     response = health_pb2.NodeWatchResourcesResponse()
     for device in snapshot.devices:
@@ -58,7 +59,7 @@ def to_response(snapshot: types.HealthSnapshot) -> Any:
 class ResourceHealthServicer:
     """Serves ``v1alpha1.DRAResourceHealth`` from one :class:`~driver.plugin.types.HealthSource`."""
 
-    def __init__(self, source: types.HealthSource, *, poll_interval: float = 0.5) -> None:
+    def __init__(self, source: health_view.HealthSource, *, poll_interval: float = 0.5) -> None:
         self._source = source
         self._poll_interval = poll_interval
         self._stopping = threading.Event()

@@ -23,7 +23,9 @@ from gpuplane.driver._proto.dra.v1beta1 import api_pb2 as v1beta1_pb2
 from gpuplane.driver._proto.drahealth.v1alpha1 import api_pb2 as health_pb2
 from gpuplane.driver._proto.grpc.health.v1 import health_pb2 as grpc_health_pb2
 from gpuplane.driver._proto.pluginregistration.v1 import api_pb2 as reg_pb2
-from gpuplane.driver.plugin import dra_servicer, health_servicer, registration, types, wire
+from gpuplane.driver.observe import health_view
+from gpuplane.driver.plugin import dra_servicer, health_servicer, registration, wire
+from gpuplane.driver.prepare import contract
 
 DEFAULT_CALL_TIMEOUT = 45.0
 """Kubelet's per-call timeout for DRA plugin calls."""
@@ -94,11 +96,11 @@ def choose_version(supported: Sequence[str], force_version: str | None = None) -
     raise RegistrationError(f"none of the plugin's versions {list(supported)} is known ({list(KNOWN_VERSIONS)})")
 
 
-def _prepare_result(entry: Any, with_share_id: bool) -> types.PrepareResult:
+def _prepare_result(entry: Any, with_share_id: bool) -> contract.PrepareResult:
     if entry.error:
-        return types.PrepareResult(error=entry.error)
+        return contract.PrepareResult(error=entry.error)
     devices = tuple(
-        types.PreparedDevice(
+        contract.PreparedDevice(
             request_names=tuple(device.request_names),
             pool_name=device.pool_name,
             device_name=device.device_name,
@@ -107,7 +109,7 @@ def _prepare_result(entry: Any, with_share_id: bool) -> types.PrepareResult:
         )
         for device in entry.devices
     )
-    return types.PrepareResult(devices=devices)
+    return contract.PrepareResult(devices=devices)
 
 
 class KubeletPluginClient:
@@ -157,26 +159,26 @@ class KubeletPluginClient:
         notify_registration_status(registration_socket, True, "", timeout)
         return client
 
-    def prepare(self, claims: Sequence[types.ClaimRef]) -> dict[str, types.PrepareResult]:
+    def prepare(self, claims: Sequence[contract.ClaimRef]) -> dict[str, contract.PrepareResult]:
         """NodePrepareResources; results keyed by claim uid."""
         request = self._messages.NodePrepareResourcesRequest(claims=[self._claim(c) for c in claims])
         response = self._dra.NodePrepareResources(request, timeout=self.timeout)
         with_share_id = self.version == dra_servicer.V1_SERVICE
         return {uid: _prepare_result(entry, with_share_id) for uid, entry in response.claims.items()}
 
-    def unprepare(self, claims: Sequence[types.ClaimRef]) -> dict[str, types.UnprepareResult]:
+    def unprepare(self, claims: Sequence[contract.ClaimRef]) -> dict[str, contract.UnprepareResult]:
         """NodeUnprepareResources; results keyed by claim uid."""
         request = self._messages.NodeUnprepareResourcesRequest(claims=[self._claim(c) for c in claims])
         response = self._dra.NodeUnprepareResources(request, timeout=self.timeout)
-        return {uid: types.UnprepareResult(error=entry.error) for uid, entry in response.claims.items()}
+        return {uid: contract.UnprepareResult(error=entry.error) for uid, entry in response.claims.items()}
 
-    def watch_health(self, timeout: float | None = None) -> Generator[list[types.DeviceHealthView], None, None]:
+    def watch_health(self, timeout: float | None = None) -> Generator[list[health_view.DeviceHealthView], None, None]:
         """Follow NodeWatchResources; close the generator to cancel the stream."""
         call = self._health.NodeWatchResources(health_pb2.NodeWatchResourcesRequest(), timeout=timeout)
         try:
             for response in call:
                 yield [
-                    types.DeviceHealthView(
+                    health_view.DeviceHealthView(
                         pool_name=item.device.pool_name,
                         device_name=item.device.device_name,
                         healthy=health_servicer.from_wire_status(item.health),
@@ -209,5 +211,5 @@ class KubeletPluginClient:
     ) -> None:
         self.close()
 
-    def _claim(self, claim: types.ClaimRef) -> Any:
+    def _claim(self, claim: contract.ClaimRef) -> Any:
         return self._messages.Claim(namespace=claim.namespace, uid=claim.uid, name=claim.name)

@@ -26,7 +26,9 @@ from types import TracebackType
 import grpc
 import structlog
 
-from gpuplane.driver.plugin import dra_servicer, grpc_health, health_servicer, registration, types
+from gpuplane.driver.observe import health_view
+from gpuplane.driver.plugin import dra_servicer, grpc_health, health_servicer, registration
+from gpuplane.driver.prepare import contract
 
 _log = structlog.get_logger(__name__)
 
@@ -64,11 +66,11 @@ class PluginServer:
     def __init__(
         self,
         driver_name: str,
-        preparer: types.ClaimPreparer,
+        preparer: contract.ClaimPreparer,
         *,
         registry_dir: str | os.PathLike[str] = DEFAULT_REGISTRY_DIR,
         plugin_dir: str | os.PathLike[str] | None = None,
-        health_source: types.HealthSource | None = None,
+        health_source: health_view.HealthSource | None = None,
         timing: dra_servicer.TimingHook | None = None,
         max_workers: int = 8,
         socket_mode: int = 0o600,

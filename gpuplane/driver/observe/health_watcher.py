@@ -25,12 +25,12 @@ from pathlib import Path
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gpuplane.driver import health
-from gpuplane.driver.checkpoint import atomic_write
 from gpuplane.driver.hw import interface as hw
-from gpuplane.driver.inventory import Inventory
-from gpuplane.driver.plugin.health_board import HealthBoard
-from gpuplane.driver.slices import DeviceTaint
+from gpuplane.driver.observe import health
+from gpuplane.driver.observe.health_board import HealthBoard
+from gpuplane.driver.prepare.checkpoint import atomic_write
+from gpuplane.driver.publish.inventory import Inventory
+from gpuplane.driver.publish.slices import DeviceTaint
 
 log = structlog.get_logger(__name__)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from gpuplane.driver.api import names
 from gpuplane.driver.hw import interface as hw
-from gpuplane.driver.inventory import GpuEntry, Inventory, MigSlot
+from gpuplane.driver.publish.inventory import GpuEntry, Inventory, MigSlot
 
 MAX_DEVICES = 128
 MAX_DEVICES_ADVANCED = 64

@@ -1,8 +1,10 @@
-"""Plain values and interfaces shared by the kubelet-facing gRPC layer and the rest of the driver.
+"""What the kubelet-facing gRPC layer and the prepare core agree on: plain claim values and ``ClaimPreparer``.
 
 Nothing here knows about protobuf or gRPC: the servicers translate between
-these dataclasses and the wire messages, so the prepare/unprepare state and
-the health monitor can be written and tested without either.
+these dataclasses and the wire messages, so the prepare/unprepare state can be
+written and tested without either. The core owns these types; the gRPC layer
+(:mod:`gpuplane.driver.plugin`) imports them, never the other way round. The
+health counterparts live in :mod:`gpuplane.driver.observe.health_view`.
 """
 
 from __future__ import annotations
@@ -62,48 +64,4 @@ class ClaimPreparer(Protocol):
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, UnprepareResult]:
         """Undo :meth:`prepare` (idempotently) and return one result per claim uid."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceHealthView:
-    """The health of one published device, as the kubelet health stream reports it."""
-
-    pool_name: str
-    device_name: str
-    healthy: bool | None
-    """True healthy, False unhealthy, None unknown."""
-    message: str = ""
-    last_updated: int = 0
-    """Unix time in seconds when the status was last determined."""
-    timeout_s: int = 0
-    """How long kubelet may trust this status; 0 lets kubelet use its default."""
-
-
-@dataclass(frozen=True, slots=True)
-class HealthSnapshot:
-    """All devices' health at one moment; ``generation`` rises with every change."""
-
-    generation: int
-    devices: tuple[DeviceHealthView, ...]
-
-
-class HealthSource(Protocol):
-    """A changing view of device health that the DRAResourceHealth stream follows.
-
-    The stream sends :meth:`snapshot` once, then again after every change
-    :meth:`wait_changed` reports. :class:`driver.plugin.health_board.HealthBoard`
-    is the in-memory implementation the driver's health monitor writes to.
-    """
-
-    def snapshot(self) -> HealthSnapshot:
-        """Return the current health of every device."""
-        ...
-
-    def wait_changed(self, generation: int, timeout: float) -> bool:
-        """Block until the generation differs from ``generation`` or ``timeout`` passes.
-
-        Returns True when it changed. Must return promptly (within ``timeout``)
-        so that streams notice a client that went away.
-        """
         ...

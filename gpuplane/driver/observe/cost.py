@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpuplane.driver.checkpoint import Checkpoint, ClaimRecord, DeviceRecord
+from gpuplane.driver.prepare.checkpoint import Checkpoint, ClaimRecord, DeviceRecord
 
 MIG_MEMORY_SLICES = 8
 LEDGER_FILE = "cost-ledger.jsonl"

@@ -21,15 +21,22 @@ from typing import Any, Protocol
 
 import structlog
 
-from gpuplane.driver import cdi, planning
 from gpuplane.driver.api import configs
-from gpuplane.driver.checkpoint import Checkpoint, CheckpointStore, ClaimRecord, DeviceRecord, MigRecord, file_lock
-from gpuplane.driver.claims import AllocatedDevice, ClaimError, parse_allocation
 from gpuplane.driver.hw import interface as hw
-from gpuplane.driver.inventory import GpuEntry, Inventory, MigSlot, discover
 from gpuplane.driver.kube import NotFound
-from gpuplane.driver.mps import MpsControl, MpsError, MpsSpec
-from gpuplane.driver.plugin.types import ClaimRef, PreparedDevice, PrepareResult, UnprepareResult
+from gpuplane.driver.prepare import cdi, planning
+from gpuplane.driver.prepare.checkpoint import (
+    Checkpoint,
+    CheckpointStore,
+    ClaimRecord,
+    DeviceRecord,
+    MigRecord,
+    file_lock,
+)
+from gpuplane.driver.prepare.claims import AllocatedDevice, ClaimError, parse_allocation
+from gpuplane.driver.prepare.contract import ClaimRef, PreparedDevice, PrepareResult, UnprepareResult
+from gpuplane.driver.publish.inventory import GpuEntry, Inventory, MigSlot, discover
+from gpuplane.driver.sharing.mps import MpsControl, MpsError, MpsSpec
 
 log = structlog.get_logger(__name__)
 

@@ -43,10 +43,10 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpuplane.driver import cost, noisy
-from gpuplane.driver.checkpoint import Checkpoint, ClaimRecord
 from gpuplane.driver.hw import interface as hw
-from gpuplane.driver.inventory import Inventory
+from gpuplane.driver.observe import cost, noisy
+from gpuplane.driver.prepare.checkpoint import Checkpoint, ClaimRecord
+from gpuplane.driver.publish.inventory import Inventory
 
 log = structlog.get_logger(__name__)
 

@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuplane.driver.api import configs, names, quantity
-from gpuplane.driver.checkpoint import ClaimRecord, SharingRecord
-from gpuplane.driver.claims import AllocatedDevice, ClaimAllocation, ClaimError
-from gpuplane.driver.inventory import GpuEntry, Inventory, MigSlot
+from gpuplane.driver.prepare.checkpoint import ClaimRecord, SharingRecord
+from gpuplane.driver.prepare.claims import AllocatedDevice, ClaimAllocation, ClaimError
+from gpuplane.driver.publish.inventory import GpuEntry, Inventory, MigSlot
 
 
 @dataclass

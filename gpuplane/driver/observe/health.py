@@ -51,8 +51,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpuplane.driver.hw.interface import DeviceSample, HealthEvent, HealthEventKind
-from gpuplane.driver.plugin.types import DeviceHealthView
-from gpuplane.driver.slices import DeviceTaint
+from gpuplane.driver.observe.health_view import DeviceHealthView
+from gpuplane.driver.publish.slices import DeviceTaint
 
 TAINT_DOMAIN = "gpu.gpuplane.dev"
 KEY_XID = f"{TAINT_DOMAIN}/xid"

@@ -1,0 +1,7 @@
+"""From hardware to ResourceSlices: what this node offers the scheduler.
+
+- ``inventory``: discovery, the hardware backend's answers turned into the node's device inventory
+  (whole GPUs, MIG placements, NVLink domains); reads the backend, nothing else.
+- ``slices``: inventory -> ResourceSlices (resource.k8s.io/v1) within every API limit; pure.
+- ``publisher``: keeps the node's ResourceSlices equal to the desired pool (API writes).
+"""
