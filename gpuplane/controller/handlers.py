@@ -16,7 +16,8 @@ from typing import Any
 
 import kopf
 
-from gpuplane.controller import claims, config, names, runtime
+from gpuplane.controller import config, names, runtime
+from gpuplane.controller.claim import checks as claims
 from gpuplane.driver.api import names as dn
 
 RESOURCE = ("resource.k8s.io", "v1")

@@ -20,7 +20,8 @@ import structlog
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from gpuplane.controller import events, gangs, names
+from gpuplane.controller import events, names
+from gpuplane.controller.gang import ops as gangs
 
 log = structlog.get_logger(__name__)
 

@@ -23,21 +23,13 @@ from typing import Any
 
 import structlog
 
-from gpuplane.controller import (
-    claims,
-    config,
-    events,
-    gang_reconciler,
-    kube,
-    leader,
-    names,
-    nodelabels,
-    queue_runner,
-    snapshot_builder,
-    status,
-    world,
-)
+from gpuplane.controller import config, events, kube, leader, names
 from gpuplane.controller import metrics as metrics_mod
+from gpuplane.controller.claim import checks as claims
+from gpuplane.controller.gang import queue_runner, status, world
+from gpuplane.controller.gang import reconciler as gang_reconciler
+from gpuplane.controller.node import labels as nodelabels
+from gpuplane.controller.node import snapshot_builder
 from gpuplane.controller.placement.policies import base as policy_base
 from gpuplane.controller.placement.policies import make as make_policy
 from gpuplane.driver.api import names as dn

@@ -17,19 +17,15 @@ from typing import Any
 
 import pytest
 
-from gpuplane.controller import (
-    claims,
-    gang_reconciler,
-    gangs,
-    gangspec,
-    names,
-    nodelabels,
-    queue_runner,
-    selectors,
-    snapshot_builder,
-    status,
-    world,
-)
+from gpuplane.controller import names
+from gpuplane.controller.claim import checks as claims
+from gpuplane.controller.claim import selectors
+from gpuplane.controller.gang import ops as gangs
+from gpuplane.controller.gang import queue_runner, status, world
+from gpuplane.controller.gang import reconciler as gang_reconciler
+from gpuplane.controller.gang import spec as gangspec
+from gpuplane.controller.node import labels as nodelabels
+from gpuplane.controller.node import snapshot_builder
 from gpuplane.controller.placement.policies import make as make_policy
 from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.publish import inventory, slices

@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
-from gpuplane.controller import config, events, gangs, handlers, kube, metrics, runtime, world
+from gpuplane.controller import config, events, handlers, kube, metrics, runtime
+from gpuplane.controller.gang import ops as gangs
+from gpuplane.controller.gang import world
 
 
 def test_config_reads_flags_then_environment() -> None:

@@ -13,7 +13,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuplane.controller import names, selectors, snapshot_builder
+from gpuplane.controller import names
+from gpuplane.controller.claim import selectors
+from gpuplane.controller.node import snapshot_builder
 from gpuplane.driver.api import configs, quantity
 from gpuplane.driver.api import names as dn
 

@@ -28,7 +28,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuplane.controller import gangspec, names
+from gpuplane.controller import names
+from gpuplane.controller.gang import spec as gangspec
 from gpuplane.controller.placement import model
 from gpuplane.driver.api import names as dn
 

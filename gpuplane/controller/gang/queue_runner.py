@@ -40,7 +40,8 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuplane.controller import gangspec, snapshot_builder
+from gpuplane.controller.gang import spec as gangspec
+from gpuplane.controller.node import snapshot_builder
 from gpuplane.controller.placement import model, place, snapshot
 from gpuplane.controller.placement import queue as pq
 from gpuplane.controller.placement.policies import base

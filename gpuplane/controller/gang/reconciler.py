@@ -27,7 +27,11 @@ from typing import Any
 
 import structlog
 
-from gpuplane.controller import events, gangs, gangspec, kube, names, queue_runner, snapshot_builder, status, world
+from gpuplane.controller import events, kube, names
+from gpuplane.controller.gang import ops as gangs
+from gpuplane.controller.gang import queue_runner, status, world
+from gpuplane.controller.gang import spec as gangspec
+from gpuplane.controller.node import snapshot_builder
 
 log = structlog.get_logger(__name__)
 

@@ -13,9 +13,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuplane.controller import gangs as gang_ops
-from gpuplane.controller import gangspec, names, queue_runner, selectors, snapshot_builder, status
-from gpuplane.controller.claims import class_selectors
+from gpuplane.controller import names
+from gpuplane.controller.claim import selectors
+from gpuplane.controller.claim.checks import class_selectors
+from gpuplane.controller.gang import ops as gang_ops
+from gpuplane.controller.gang import queue_runner, status
+from gpuplane.controller.gang import spec as gangspec
+from gpuplane.controller.node import snapshot_builder
 
 HOLDING_PHASES = ("Placing", "Placed", "Scheduled", "Running")
 

@@ -1,0 +1,11 @@
+"""GpuGangs: from member pods to an all-or-nothing placement, queued, written, and followed to the end.
+
+- ``spec``: the GpuGang spec as a frozen pydantic model, and its placement request; pure.
+- ``world``: one consistent read of the kopf indexes for a queue pass, plus the placement view; pure.
+- ``queue_runner``: the gang queue over :mod:`gpuplane.controller.placement.queue` (order,
+  fairness, preemption): gangs in, one action per gang out; pure.
+- ``ops``: member pods in, the idempotent API steps of a placement or a release out; pure.
+- ``reconciler``: one gang's reconcile, ``decide`` (pure) and ``apply`` (the ordered API writes,
+  through :mod:`gpuplane.controller.kube`).
+- ``status``: gang status as merge patches of changed fields, coalesced per gang; pure.
+"""
