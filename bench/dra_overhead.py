@@ -60,7 +60,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from e2e import build, cluster, controlplane, kubelet, nodes, procs, simnodes  # noqa: E402
+from e2e.cluster import build, controlplane, procs  # noqa: E402
+from e2e.cluster import handle as cluster  # noqa: E402
+from e2e.plane import kubelet, nodes, simnodes  # noqa: E402
 
 NAMESPACE = "dra-overhead"
 PAUSE = "registry.k8s.io/pause:3.10"

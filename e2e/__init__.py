@@ -1,14 +1,30 @@
-"""End-to-end harness: a real Kubernetes control plane on loopback, without Docker.
+"""End-to-end harness: a real Kubernetes control plane on loopback, without Docker, and gpuplane on it.
 
-Modules, each importing only downward:
+Two packages, the second built on the first (nothing in ``cluster`` imports ``plane``):
+
+``e2e.cluster``: a generic Kubernetes cluster, nothing gpuplane-specific.
 
 - ``build``: builds (once) and caches etcd and the Kubernetes binaries from the
-  pinned Go module in ``e2e/k8sbuild``.
+  pinned Go module in ``e2e/cluster/k8sbuild``.
 - ``pki``: the certificates, keys and kubeconfigs the control plane needs.
 - ``procs``: starting, pidfile-tracking and stopping of component processes.
 - ``controlplane``: etcd, kube-apiserver, kube-controller-manager and
   kube-scheduler wired together.
-- ``nodes``: Node objects kept Ready by a heartbeat, standing in for kubelets.
-- ``cluster``: a handle on a running cluster (kubeconfig, kubectl, API client).
-- ``__main__``: the ``python -m e2e`` command line (build, up, down).
+- ``handle``: ``Cluster``, a handle on a running cluster (kubeconfig, kubectl, API client).
+
+``e2e.plane``: gpuplane on that cluster.
+
+- ``nodes``: Node objects kept Ready by a heartbeat, standing in for kubelets; the ``--nodes`` spec.
+- ``kubelet``: the kubelet stand-in (plugin registration, pods, prepare/unprepare), run as
+  ``python -m e2e.plane.kubelet``.
+- ``driverproc``: one ``gpuplane-driver`` process on the simulator, for tests.
+- ``simnodes``: simulated GPU nodes, a driver plus a kubelet stand-in per node.
+- ``identity``: the driver's and the controller's ServiceAccount identities (TokenRequest).
+- ``install``: rendering and applying ``manifests/``, CRD storage migration.
+- ``components``: gpuplane installed from ``manifests/overlays/e2e``, the drivers' credentials
+  and the ``gpuplane-controller`` replicas.
+- ``report``: what happened to a pod's claims, read back from the API and the node.
+- ``demo``: apply every example and print where each pod landed.
+
+``__main__``: the ``python -m e2e`` command line (build, up, down, status, demo).
 """

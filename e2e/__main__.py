@@ -35,7 +35,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
-from e2e import build, cluster, components, controlplane, demo, identity, nodes, procs, simnodes
+from e2e.cluster import build, controlplane, procs
+from e2e.cluster import handle as cluster
+from e2e.plane import components, demo, identity, nodes, simnodes
 
 Printer = Callable[[str], None]
 

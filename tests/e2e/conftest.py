@@ -33,7 +33,9 @@ from typing import Any, TypeVar, cast
 
 import pytest
 
-from e2e import build, cluster, components, controlplane, nodes, simnodes
+from e2e.cluster import build, controlplane
+from e2e.cluster import handle as cluster
+from e2e.plane import components, nodes, simnodes
 from gpuplane.driver.prepare import checkpoint
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

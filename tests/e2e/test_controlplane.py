@@ -19,7 +19,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e import cluster, nodes
+from e2e.cluster import handle as cluster
+from e2e.plane import nodes
 
 pytestmark = pytest.mark.e2e
 

@@ -31,7 +31,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e import cluster, controlplane, nodes, procs, simnodes
+from e2e.cluster import controlplane, procs
+from e2e.cluster import handle as cluster
+from e2e.plane import nodes, simnodes
 
 pytestmark = pytest.mark.e2e
 

@@ -17,7 +17,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from e2e import build, controlplane, nodes, pki, procs
+from e2e.cluster import build, controlplane, pki, procs
+from e2e.plane import nodes
 
 
 def test_version_key_comes_from_the_pinned_go_mod() -> None:
@@ -207,7 +208,7 @@ def test_die_with_parent_kills_the_component_when_its_starter_is_killed(tmp_path
         [sys.executable, "-c", textwrap.dedent(f"""\
             import sys, time
             from pathlib import Path
-            from e2e import procs
+            from e2e.cluster import procs
             proc, record = procs.spawn("sleeper", ["/bin/sleep", "300"], log=Path({str(tmp_path / "log")!r}),
                                        pid_dir=Path({str(tmp_path / "pids")!r}), die_with_parent=True)
             print(proc.pid, flush=True)

@@ -21,7 +21,8 @@ from typing import Any, TypeVar
 import pytest
 from kubernetes import client
 
-from e2e import cluster, nodes, simnodes
+from e2e.cluster import handle as cluster
+from e2e.plane import nodes, simnodes
 from gpuplane.driver.hw.sim import gpu_uuid
 from gpuplane.driver.plugin.kubelet_client import KubeletPluginClient
 from gpuplane.driver.sharing.mps import MpsControl

@@ -23,7 +23,9 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e import build, cluster, install
+from e2e.cluster import build
+from e2e.cluster import handle as cluster
+from e2e.plane import install
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"

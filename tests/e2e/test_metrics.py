@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from e2e import cluster, driverproc, identity, install, nodes
-from e2e.driverproc import metric_value
+from e2e.cluster import handle as cluster
+from e2e.plane import driverproc, identity, install, nodes
+from e2e.plane.driverproc import metric_value
 from gpuplane.driver.prepare.contract import ClaimRef
 
 pytestmark = pytest.mark.e2e

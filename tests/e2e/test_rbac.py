@@ -29,7 +29,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e import cluster, identity, install, nodes
+from e2e.cluster import handle as cluster
+from e2e.plane import identity, install, nodes
 
 pytestmark = pytest.mark.e2e
 
@@ -368,9 +369,9 @@ def test_controller_cannot_read_secrets(installed: cluster.Cluster, controller: 
 
 def test_controller_runs_under_its_own_identity(installed: cluster.Cluster, controller: identity.Identity) -> None:
     """The real controller process (kopf, Lease leader election) under its own token: leads, serves metrics, no 403."""
-    from e2e import procs
-    from e2e.controlplane import free_port
-    from e2e.driverproc import REPO
+    from e2e.cluster import procs
+    from e2e.cluster.controlplane import free_port
+    from e2e.plane.driverproc import REPO
 
     taken: set[int] = set()
     metrics_port, health_port = free_port(taken), free_port(taken)

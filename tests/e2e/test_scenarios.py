@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from e2e import components, identity, procs, report, simnodes
+from e2e.cluster import procs
+from e2e.plane import components, identity, report, simnodes
 from gpuplane.driver.api import names
 from gpuplane.driver.prepare import cdi
 from gpuplane.driver.sharing.mps import MpsControl

@@ -38,8 +38,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from e2e import build, cluster, controlplane, driverproc, identity, install, nodes
-from e2e.driverproc import metric_value
+from e2e.cluster import build, controlplane
+from e2e.cluster import handle as cluster
+from e2e.plane import driverproc, identity, install, nodes
+from e2e.plane.driverproc import metric_value
 from gpuplane.driver.prepare.contract import ClaimRef, PrepareResult
 
 pytestmark = pytest.mark.e2e

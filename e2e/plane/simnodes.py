@@ -7,7 +7,7 @@ and starts per node
 * ``driver-<node>``: ``gpuplane-driver --backend sim`` with its own registry,
   plugin, CDI and simulator state directories, the repository's MPS stand-in
   (``tests/fakes/nvidia-cuda-mps-control``) and a metrics port;
-* ``kubelet-<node>``: ``python -m e2e.kubelet`` with a node client certificate
+* ``kubelet-<node>``: ``python -m e2e.plane.kubelet`` with a node client certificate
   (``system:node:<name>``), which registers the driver, keeps the Node Ready and
   runs the pods bound to it;
 
@@ -52,7 +52,8 @@ from typing import Any, cast
 import yaml
 from kubernetes import client, config
 
-from e2e import controlplane, nodes, pki, procs
+from e2e.cluster import controlplane, pki, procs
+from e2e.plane import nodes
 from gpuplane.driver.api import names
 from gpuplane.driver.hw import sim_profiles
 from gpuplane.driver.sharing.mps import MpsControl
@@ -68,7 +69,7 @@ GB200_RACK_NODES = 18  # compute trays of 4 GPUs in one NVL72 rack
 MAX_SOCKET_PATH = 107
 # The longest socket path under a node's socket dir: p/mps/<claim uid>/pipe/control.
 _LONGEST_SOCKET_SUFFIX = len("/p/mps/") + 36 + len("/pipe/control")
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 MPS_STANDIN = REPO_ROOT / "tests" / "fakes" / "nvidia-cuda-mps-control"
 PROFILE_LABEL = "gpuplane.dev/sim-profile"
 READY_TIMEOUT_S = 180.0
@@ -317,7 +318,7 @@ def kubelet_argv(node: SimNode) -> list[str]:
     argv = [
         sys.executable,
         "-m",
-        "e2e.kubelet",
+        "e2e.plane.kubelet",
         f"--node-name={node.name}",
         f"--kubeconfig={node.kubelet_kubeconfig}",
         f"--registry-dir={node.registry_dir}",

@@ -1,6 +1,6 @@
 """Kubelet stand-in: what kubelet does for DRA on one node, and nothing else.
 
-    python -m e2e.kubelet --node-name N --kubeconfig NODE_KUBECONFIG \\
+    python -m e2e.plane.kubelet --node-name N --kubeconfig NODE_KUBECONFIG \\
         --registry-dir DIR --cdi-root DIR [--label K=V ...] [--host-ip 127.0.0.2] [--status-file F]
 
 * **Plugins**: watches ``--registry-dir`` for ``*-reg.sock`` and registers each
@@ -50,12 +50,12 @@ from typing import Any, cast
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from e2e import nodes
+from e2e.plane import nodes
 from gpuplane.driver.plugin import kubelet_client
 from gpuplane.driver.prepare import cdi
 from gpuplane.driver.prepare.contract import ClaimRef, PrepareResult
 
-_log = logging.getLogger("e2e.kubelet")
+_log = logging.getLogger("e2e.plane.kubelet")
 
 GROUP, VERSION = "resource.k8s.io", "v1"
 REGISTRATION_SUFFIX = "-reg.sock"
@@ -695,7 +695,9 @@ def _labels(items: Sequence[str]) -> dict[str, str]:
 
 def parser() -> argparse.ArgumentParser:
     """Command-line flags."""
-    p = argparse.ArgumentParser(prog="python -m e2e.kubelet", description=__doc__.split("\n")[0] if __doc__ else None)
+    p = argparse.ArgumentParser(
+        prog="python -m e2e.plane.kubelet", description=__doc__.split("\n")[0] if __doc__ else None
+    )
     p.add_argument("--node-name", required=True)
     p.add_argument("--kubeconfig", required=True, help="the node's own credentials (system:node:<name>)")
     p.add_argument("--registry-dir", required=True, type=Path, help="where plugins put their *-reg.sock")

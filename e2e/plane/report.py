@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from kubernetes import client
 
-from e2e import simnodes
+from e2e.plane import simnodes
 from gpuplane.driver.api import names
 from gpuplane.driver.prepare import checkpoint
 

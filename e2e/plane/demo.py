@@ -24,11 +24,13 @@ from typing import Any, cast
 
 import yaml
 
-from e2e import build, cluster, report, simnodes
+from e2e.cluster import build
+from e2e.cluster import handle as cluster
+from e2e.plane import report, simnodes
 
 Printer = Callable[[str], None]
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO_ROOT / "manifests"
 EXAMPLES = MANIFESTS / "examples"
 GANG_GROUP, GANG_VERSION, GANG_PLURAL = "gpuplane.dev", "v1alpha1", "gpugangs"

@@ -24,8 +24,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 
-from e2e import pki, procs
-from e2e.build import BinPaths
+from e2e.cluster import pki, procs
+from e2e.cluster.build import BinPaths
 
 Printer = Callable[[str], None]
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from kubernetes import client, config
 
-from e2e.build import BinPaths
+from e2e.cluster.build import BinPaths
 
 
 class KubectlError(RuntimeError):

@@ -22,12 +22,12 @@ from typing import Any, cast
 
 from kubernetes import client
 
-from e2e import procs
-from e2e.controlplane import free_port
+from e2e.cluster import procs
+from e2e.cluster.controlplane import free_port
 from gpuplane.driver.api import names
 from gpuplane.driver.plugin.kubelet_client import KubeletPluginClient
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 STANDIN_MPS = REPO / "tests" / "fakes" / "nvidia-cuda-mps-control"
 
 

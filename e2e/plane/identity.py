@@ -33,7 +33,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from e2e.cluster import Cluster
+from e2e.cluster.handle import Cluster
 
 NAMESPACE = "gpuplane-system"
 DRIVER_SA = "gpuplane-driver"

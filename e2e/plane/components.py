@@ -36,14 +36,15 @@ from pathlib import Path
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e import identity, procs, simnodes
-from e2e import install as installer
-from e2e.cluster import Cluster
-from e2e.controlplane import free_port
+from e2e.cluster import procs
+from e2e.cluster.controlplane import free_port
+from e2e.cluster.handle import Cluster
+from e2e.plane import identity, simnodes
+from e2e.plane import install as installer
 
 Printer = Callable[[str], None]
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 OVERLAY = REPO_ROOT / "manifests" / "overlays" / "e2e"
 LEASE_NAME = "gpuplane-controller"
 CONTROLLER_PREFIX = "controller-"
