@@ -5,7 +5,7 @@
 
 Starts its own loopback control plane and ``--nodes`` simulated ``hgx-h100``
 nodes (each a real ``gpuplane-driver`` and a kubelet stand-in, see
-``e2e.simnodes``), then, per round, applies ``--pods`` pods without claims
+``e2e.plane.simnodes``), then, per round, applies ``--pods`` pods without claims
 with one ``kubectl apply``, waits until all run and deletes them, then does
 the same with ``--pods`` pods that each get a GPU claim from a
 ResourceClaimTemplate. Per pod, latency = time from the start of the

@@ -11,11 +11,11 @@ session, tracked by pidfiles in the state directory): the control plane;
 gpuplane installed with ``kubectl apply -k manifests/overlays/e2e`` (everything
 in ``manifests/``, its DaemonSet and Deployment pinned off the simulated nodes,
 which have no container runtime); the simulated GPU nodes of ``--nodes``
-(default ``e2e.simnodes.DEFAULT_NODE_SPEC``; ``--nodes ''`` for none), each a
+(default ``e2e.plane.simnodes.DEFAULT_NODE_SPEC``; ``--nodes ''`` for none), each a
 ``gpuplane-driver`` under the ``gpuplane-driver`` ServiceAccount (a token bound
 to a pod on its node) plus a kubelet stand-in; and ``--controllers`` (default 2)
 ``gpuplane-controller`` replicas under the ``gpuplane-controller``
-ServiceAccount, electing a leader on a Lease (see ``e2e.components``; the tokens
+ServiceAccount, electing a leader on a Lease (see ``e2e.plane.components``; the tokens
 last 24 h). It prints ``KUBECONFIG=<path>`` as its last line. ``demo``
 (``scripts/demo.sh``) brings the same cluster up (or reuses it), applies every
 scenario in ``manifests/examples`` and prints where each pod landed. The

@@ -6,8 +6,9 @@
                                              # gpu-0's counter slice and the named devices
     python scripts/print_slices.py --summary             # a Markdown table over every profile
 
-The pool is built the production way: simulator -> driver.inventory.discover -> driver.slices.build_pool
--> render_slices, and checked with validate_pool before it is printed.
+The pool is built the production way: simulator -> gpuplane.driver.publish.inventory.discover
+-> gpuplane.driver.publish.slices.build_pool -> render_slices, and checked with validate_pool
+before it is printed.
 """
 
 from __future__ import annotations

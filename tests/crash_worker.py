@@ -1,12 +1,12 @@
 """A node driver in its own process, for crash tests and the benchmark: production code on the simulator.
 
 Run ``python -m tests.crash_worker --root DIR``. It builds the production
-:class:`~driver.state.DeviceState` on the file-backed simulator (state under
+:class:`~gpuplane.driver.prepare.state.DeviceState` on the file-backed simulator (state under
 ``DIR/sim``, so MIG instances outlive this process like hardware), a
 file-backed :class:`~tests.driverkit.FakeClaims` (``DIR/claims.json``) or the
 real API (``--kubeconfig``), and the MPS manager with the stand-in binary;
 runs ``state.recover()`` as ``gpuplane-driver`` does at start; serves the real
-kubelet sockets (:class:`~driver.plugin.server.PluginServer`); prints one JSON
+kubelet sockets (:class:`~gpuplane.driver.plugin.server.PluginServer`); prints one JSON
 line ``{"ready": true, "pid": ..., "recover": {...}, "registration_socket": ...}``
 and serves until SIGTERM.
 

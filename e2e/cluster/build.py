@@ -1,6 +1,6 @@
 """Build etcd and the Kubernetes binaries from the pinned Go module, once, into a cache.
 
-The Go module in ``e2e/k8sbuild`` pins ``k8s.io/kubernetes`` (with every staging
+The Go module in ``e2e/cluster/k8sbuild`` pins ``k8s.io/kubernetes`` (with every staging
 module replaced) and ``go.etcd.io/etcd/server/v3``. The cache directory is
 named after those pins plus ``RECIPE_REVISION`` (the build recipe: flags,
 version stamps), so changing a pin or the recipe builds into a fresh directory.

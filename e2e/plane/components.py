@@ -11,11 +11,11 @@ credentials its pod would have:
   waits for the CRDs and both service accounts;
 * ``driver_credentials(cluster, dir)``: the ``simnodes.DriverCredentials`` that
   gives each node's ``gpuplane-driver`` a ``gpuplane-driver`` token bound to a
-  stand-in pod on that node (``e2e.identity``), so the admission policy sees the
+  stand-in pod on that node (``e2e.plane.identity``), so the admission policy sees the
   node's name as it would for a DaemonSet pod;
 * ``Controllers(state_dir, cluster)``: ``gpuplane-controller`` replicas
   (processes ``controller-<i>``, pidfiles and logs in the state directory, as
-  ``e2e.procs`` keeps them) under one ``gpuplane-controller`` token, electing
+  ``e2e.cluster.procs`` keeps them) under one ``gpuplane-controller`` token, electing
   their leader on the Lease ``gpuplane-system/gpuplane-controller``;
   ``stop_controllers(state_dir)`` stops them from another process (``down``).
 

@@ -1,7 +1,7 @@
 """The main job after ``up``: apply every example, wait, show where each pod landed.
 
 ``up`` (``e2e.__main__.bring_up``) has installed gpuplane from ``manifests/``
-and started the node drivers and the controller (``e2e.components``).
+and started the node drivers and the controller (``e2e.plane.components``).
 ``run(state_dir, kubeconfig)``:
 
 1. ``kubectl apply -f manifests/examples/<scenario>/`` for every scenario
@@ -196,7 +196,10 @@ def run(
         out(f"  {bins.kubectl} get nodes,resourceslices")
         out(f"  {bins.kubectl} get pods,resourceclaims -A -o wide")
         out(f"  {bins.kubectl} get gpugangs -A")
-        out("  python -m driver.hw.sim_cli --state-dir <state>/nodes/<node>/sim show   # a node's simulated GPUs")
+        out(
+            "  python -m gpuplane.driver.hw.sim_cli --state-dir <state>/nodes/<node>/sim show"
+            "   # a node's simulated GPUs"
+        )
         out(f"  logs: {state_dir / 'logs'}   (controller-<i>, driver-<node>, kubelet-<node>, the control plane)")
         out(f"  identities: {state_dir / 'identities'}   (ServiceAccount token kubeconfigs, valid 24 h)")
         out("Stop it: scripts/demo.sh down")

@@ -1,9 +1,9 @@
-"""One real node-driver process (``python -m driver.main``) on the simulator, for e2e tests.
+"""One real node-driver process (``python -m gpuplane.driver.main``) on the simulator, for e2e tests.
 
 ``DriverProcess(node, kubeconfig, root)`` lays out a node's host paths under
 ``root`` (plugin registry, plugin dir, CDI dir, simulator state), starts the
 driver with the given kubeconfig (the driver's own service-account identity,
-see ``e2e.identity``), and offers what the tests need around it: waiting for
+see ``e2e.plane.identity``), and offers what the tests need around it: waiting for
 its ResourceSlices, a kubelet-side gRPC client (``connect``), a ``/metrics``
 scrape, and a clean stop. ``stop`` then ``start`` again is a driver restart on
 the same node: the simulator's state and the checkpoint survive it, as a

@@ -7,7 +7,7 @@
   plugin the way kubelet's plugin manager does (GetInfo, version choice,
   NotifyRegistrationStatus) through ``KubeletPluginClient.discover``; a socket
   that is replaced (driver restart) is registered again.
-* **Node**: owns the node heartbeat (``e2e.nodes.NodeHeartbeat``): the Node is
+* **Node**: owns the node heartbeat (``e2e.plane.nodes.NodeHeartbeat``): the Node is
   created with ``--label``s and stays Ready while this process lives.
 * **Pods** bound to the node (watch with ``spec.nodeName=N``): for each claim of
   a new pod, the claim name (``resourceClaimName``, or for a template the name

@@ -11,7 +11,7 @@ and starts per node
   (``system:node:<name>``), which registers the driver, keeps the Node Ready and
   runs the pods bound to it;
 
-both through ``e2e.procs`` (pidfiles in ``state_dir/pids``, logs in
+both through ``e2e.cluster.procs`` (pidfiles in ``state_dir/pids``, logs in
 ``state_dir/logs``), so ``python -m e2e down`` stops them with the control
 plane. ``start`` returns once every Node is Ready, every driver is registered
 with its stand-in and every node's ResourceSlice pool is complete.
@@ -30,7 +30,7 @@ AF_UNIX's 107 bytes. The plan is kept in ``state_dir/nodes.json``.
 The driver's API credentials come from a ``DriverCredentials`` function
 called once per node before its driver starts. ``python -m e2e up``/``demo`` and
 the scenario tests' ``gpu_cluster`` fixture pass
-``e2e.components.driver_credentials``: the ``gpuplane-driver`` ServiceAccount's
+``e2e.plane.components.driver_credentials``: the ``gpuplane-driver`` ServiceAccount's
 token, bound to a stand-in pod on the node, so the admission policy in
 ``manifests/policies`` confines the driver to its own node's ResourceSlices.
 The default, ``admin_credentials``, hands it the admin kubeconfig, for tests
@@ -150,7 +150,7 @@ class SimNode:
         return {PROFILE_LABEL: self.profile}
 
     def sim_cli(self, *args: str) -> list[str]:
-        """argv for ``python -m driver.hw.sim_cli`` on this node's simulator."""
+        """argv for ``python -m gpuplane.driver.hw.sim_cli`` on this node's simulator."""
         return [sys.executable, "-m", "gpuplane.driver.hw.sim_cli", "--state-dir", str(self.sim_state_dir), *args]
 
     def to_json(self) -> dict[str, Any]:

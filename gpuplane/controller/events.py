@@ -1,7 +1,7 @@
 """Kubernetes Events for every decision: what they refer to and how they are recorded.
 
 :class:`ObjectRef` is the involved object; :class:`Recorder` is what the
-reconcilers call (the API-backed one lives in :mod:`controller.kube`; tests use
+reconcilers call (the API-backed one lives in :mod:`gpuplane.controller.kube`; tests use
 a list). An Event's name is derived from its object, reason and message, so
 the same message repeated is one Event with a rising count, as client-go's
 aggregation does, and a reconcile loop can never flood the API with Events.

@@ -1,7 +1,7 @@
 """kopf registrations: indexes of what the controller reads, and thin handlers that delegate.
 
 Every handler translates kopf's arguments into plain data and calls one
-function of :mod:`controller.runtime`; none fetches, parses, decides and
+function of :mod:`gpuplane.controller.runtime`; none fetches, parses, decides and
 writes by itself. The registry is built by :func:`make_registry` (no
 module-level registry, so tests and main() each get their own).
 """
@@ -33,7 +33,7 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
 
     @kopf.on.startup(registry=reg)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.peering.standalone = True  # no kopf peering: leadership is a Lease (controller.leader)
+        settings.peering.standalone = True  # no kopf peering: leadership is a Lease (gpuplane.controller.leader)
         settings.posting.level = logging.ERROR  # our own Events say what happened
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=names.GROUP)

@@ -2,7 +2,7 @@
 
 Two or more replicas run the same kopf handlers, so every replica's indexes
 (its caches of API state) stay warm. Only the replica holding the
-``coordination.k8s.io/v1`` Lease (:mod:`controller.leader`, renewed in a
+``coordination.k8s.io/v1`` Lease (:mod:`gpuplane.controller.leader`, renewed in a
 background thread) makes placement decisions and writes claims, pods, status,
 labels and Events; the others return early from every handler. When the leader
 dies its Lease expires after ``--lease-duration`` seconds and a standby takes

@@ -1,7 +1,7 @@
 """Names the controller owns: the GpuGang API, labels, the scheduling gate, annotations, reasons.
 
 Device-facing names (driver name, attribute keys, the node label for the
-NVLink domain) come from :mod:`driver.api.names`; this module only adds the
+NVLink domain) come from :mod:`gpuplane.driver.api.names`; this module only adds the
 controller's own vocabulary, so a user reading a pod or an Event can grep for
 every string here.
 """

@@ -9,7 +9,7 @@ seen by this replica's indexes) and rate-limits (status coalescing).
 Every entry point first asks :meth:`Runtime.leading`: a standby replica keeps
 its indexes warm but decides and writes nothing. The caches are dropped
 whenever this replica starts a new leadership term, and a write refused
-mid-reconcile (:class:`controller.kube.NotLeader`) ends the reconcile quietly.
+mid-reconcile (:class:`gpuplane.controller.kube.NotLeader`) ends the reconcile quietly.
 """
 
 from __future__ import annotations

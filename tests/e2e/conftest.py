@@ -3,16 +3,16 @@
 ``control_plane`` builds the binaries if they are not cached (run
 ``python -m e2e build`` beforehand: a cold build takes far longer than a test
 timeout), starts etcd, kube-apiserver, kube-controller-manager and
-kube-scheduler in a temporary state directory, yields an ``e2e.cluster.Cluster``
+kube-scheduler in a temporary state directory, yields an ``e2e.cluster.handle.Cluster``
 (``kubeconfig``, ``kubectl(*args)``, ``api``), and stops every process at the end.
 SIGTERM to pytest becomes KeyboardInterrupt so teardown still runs, and the
 components die with the pytest process if it is killed outright.
 
 ``gpu_cluster`` installs gpuplane on that control plane as ``python -m e2e up``
-does (``e2e.components``: ``kubectl apply -k manifests/overlays/e2e``), adds
+does (``e2e.plane.components``: ``kubectl apply -k manifests/overlays/e2e``), adds
 simulated GPU nodes (``GPU_NODES``: each a real ``gpuplane-driver`` under the
 ``gpuplane-driver`` ServiceAccount, bound to its node, and a kubelet stand-in,
-see ``e2e.simnodes``) and ``CONTROLLER_REPLICAS`` real ``gpuplane-controller``
+see ``e2e.plane.simnodes``) and ``CONTROLLER_REPLICAS`` real ``gpuplane-controller``
 processes under the ``gpuplane-controller`` ServiceAccount; it yields a
 ``GpuCluster`` and, at the end, stops the controllers and the nodes and asserts
 that none of their processes (drivers, stand-ins, MPS daemons, controllers) is left.
@@ -170,7 +170,7 @@ class GpuCluster:
         return checkpoint.decode(node.checkpoint.read_bytes())
 
     def sim_state(self, node: simnodes.SimNode) -> dict[str, Any]:
-        """``python -m driver.hw.sim_cli --state-dir <node sim> show``."""
+        """``python -m gpuplane.driver.hw.sim_cli --state-dir <node sim> show``."""
         done = subprocess.run(node.sim_cli("show"), capture_output=True, text=True, check=True, timeout=60)
         return cast(dict[str, Any], json.loads(done.stdout))
 

@@ -2,7 +2,7 @@
 
 Nodes: ``hgx-h100:2`` (two 8-GPU NVLink domains) and ``gb200-nvl72:4`` (one
 16-GPU clique across four nodes), each a real ``gpuplane-driver`` on the
-simulator plus the kubelet stand-in (``e2e.simnodes``). The controller runs as
+simulator plus the kubelet stand-in (``e2e.plane.simnodes``). The controller runs as
 two real ``gpuplane-controller`` processes; the real
 kube-scheduler allocates the claims the controller creates.
 The replicas elect a leader with the Lease ``default/gpuplane-controller``

@@ -1,7 +1,7 @@
 """End to end: health taints and the real scheduler, the dra-health stream, MPS telemetry, the noisy-neighbour Event.
 
 One simulated ``hgx-h100`` node (a real ``gpuplane-driver`` on the simulator plus the kubelet
-stand-in, from ``e2e.simnodes``) against the real control plane. The driver runs with short
+stand-in, from ``e2e.plane.simnodes``) against the real control plane. The driver runs with short
 timings through its environment: taints clear 3 s after recovery, telemetry every second, a
 noisy neighbour must persist 3 s.
 """

@@ -1,4 +1,4 @@
-"""Unit tests for driver.hw.mig_tables: the MIG profile tables and the pure placement rules."""
+"""Unit tests for gpuplane.driver.hw.mig_tables: the MIG profile tables and the pure placement rules."""
 
 from __future__ import annotations
 

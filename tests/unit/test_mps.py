@@ -2,7 +2,7 @@
 
 The stand-in (tests/fakes) speaks the real binary's protocol (``-d``, client
 mode on stdin, ``quit``) and records what each daemon was told in
-``<log dir>/standin-record.json``; driver.mps runs its production code path
+``<log dir>/standin-record.json``; gpuplane.driver.sharing.mps runs its production code path
 against it. Every test checks, through the ``root`` fixture, that no daemon
 outlives it.
 """

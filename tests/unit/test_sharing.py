@@ -1,6 +1,6 @@
 """Issue 3, must-show 3 and bad input: MPS and time-slicing through DeviceState on the simulator.
 
-MPS daemons are the production :mod:`driver.mps` code running the stand-in ``nvidia-cuda-mps-control``
+MPS daemons are the production :mod:`gpuplane.driver.sharing.mps` code running the stand-in ``nvidia-cuda-mps-control``
 (tests/fakes), which records what each daemon was told in ``<log dir>/standin-record.json``.
 """
 

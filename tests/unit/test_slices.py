@@ -28,7 +28,7 @@ from tests.driverkit import short_tmpdir
 CLUSTER = "6f1c2d3e-4b5a-4978-8a9b-0c1d2e3f4a5b"
 ALL_MIG_ON = {i: True for i in range(8)}
 
-# --- the rules, restated independently of driver/slices.py (resource.k8s.io/v1, Kubernetes 1.36) ------------
+# --- the rules, restated independently of gpuplane/driver/publish/slices.py (resource.k8s.io/v1, Kubernetes 1.36) ---
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_SUBDOMAIN_PART = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -51,7 +51,7 @@ def _qualified_name_ok(key: str) -> bool:
 
 
 def api_violations(slices: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Every rule the brief lists, stated from the API docs rather than from driver/slices.py."""
+    """Every rule the brief lists, stated from the API docs rather than from gpuplane/driver/publish/slices.py."""
     out: list[str] = []
     generations = {s["spec"]["pool"]["generation"] for s in slices}
     if len(generations) != 1:

@@ -2,7 +2,7 @@
 
 All pure: a claim body, the DeviceClasses and (for explanations) a cluster view
 in; messages out. The opaque configs are checked with the very models and
-merge rules the node driver uses at prepare time (:mod:`driver.api.configs`),
+merge rules the node driver uses at prepare time (:mod:`gpuplane.driver.api.configs`),
 so a claim the driver would refuse is flagged before any pod reaches a node.
 """
 

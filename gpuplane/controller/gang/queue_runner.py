@@ -1,19 +1,19 @@
-"""The gang queue as a thin adapter over :mod:`controller.placement.queue`: gangs in, one action per gang out.
+"""The gang queue as a thin adapter over :mod:`gpuplane.controller.placement.queue`: gangs in, one action per gang out.
 
 The queue *policy* is the placement module's; this module translates gangs
-into :class:`~controller.placement.model.Request` values and the cluster view
+into :class:`~gpuplane.controller.placement.model.Request` values and the cluster view
 into snapshots, calls the placement API, and turns its answers into actions
 the reconciler applies:
 
-* order: :func:`controller.placement.queue.order` (effective priority with
-  :class:`~controller.placement.queue.Aging`, then arrival, then id); a gang's
+* order: :func:`gpuplane.controller.placement.queue.order` (effective priority with
+  :class:`~gpuplane.controller.placement.queue.Aging`, then arrival, then id); a gang's
   arrival is when it became ready (``readySince``), so aging counts waiting;
 * fairness: among gangs of equal effective priority, the namespace with the
-  smallest :func:`~controller.placement.queue.dominant_share` (of
-  :func:`~controller.placement.queue.demand` over
-  :func:`~controller.placement.queue.capacity`) goes first, recomputed as the
+  smallest :func:`~gpuplane.controller.placement.queue.dominant_share` (of
+  :func:`~gpuplane.controller.placement.queue.demand` over
+  :func:`~gpuplane.controller.placement.queue.capacity`) goes first, recomputed as the
   pass places gangs;
-* preemption: :func:`controller.placement.queue.select_victims` (the fewest
+* preemption: :func:`gpuplane.controller.placement.queue.select_victims` (the fewest
   strictly-lower-priority gangs in one NVLink domain; never for equal priority).
   The plan only nominates them; the gang is placed by a later pass, from the
   real allocations, once their capacity is really free.
@@ -22,7 +22,7 @@ What the adapter adds, because placement's queue API has no place for it:
 
 * a device filter per gang (DeviceClass and CEL selectors): each gang is
   decided on the working snapshot restricted to the GPUs it admits. That is
-  why :func:`~controller.placement.queue.drf_schedule`, which places every
+  why :func:`~gpuplane.controller.placement.queue.drf_schedule`, which places every
   request on one snapshot and orders tenants by share before priority, is not
   called: the loop below applies the same share rule per gang, priority first;
 * per-gang outcomes with reasons (can never fit vs waits), ``await-victims``

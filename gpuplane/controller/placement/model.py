@@ -49,7 +49,8 @@ class MigGeometry:
         return any(p.name == name for p in self.profiles)
 
 
-# Rows of /shared/reference/gpu-hardware.md (H200/B200 assumed equal to H100).
+# The Hopper rows of the MIG User Guide's "Supported MIG Profiles" tables, as in
+# gpuplane/driver/hw/mig_tables.py (H200/B200 assumed equal to H100).
 HOPPER = MigGeometry(
     name="hopper-7c8m",
     compute_slices=7,

@@ -1,7 +1,7 @@
 """The hardware boundary: everything the driver asks of the GPU layer.
 
-Two implementations exist: :mod:`driver.hw.nvml` (the real one, on nvidia-ml-py)
-and :mod:`driver.hw.sim` (a simulator faithful to NVML, configured by named node
+Two implementations exist: :mod:`gpuplane.driver.hw.nvml` (the real one, on nvidia-ml-py)
+and :mod:`gpuplane.driver.hw.sim` (a simulator faithful to NVML, configured by named node
 profiles). Everything above this module is the production code path; it only
 sees the dataclasses and the :class:`GpuBackend` protocol defined here.
 

@@ -5,8 +5,9 @@ model (what ``nvidia-smi mig -lgip`` / ``-lgipp`` print) and the pure functions 
 accept or refuse a GPU-instance creation the way NVML does. The real backend reads the same facts from
 NVML at run time; these tables are for the simulator and for tests.
 
-Sources (see the report of the change that added this file):
-- Profile names, instance counts and placements: NVIDIA MIG User Guide "Supported MIG Profiles" and
+Sources:
+- Profile names, instance counts and placements: the NVIDIA Multi-Instance GPU User Guide
+  (docs.nvidia.com/datacenter/tesla/mig-user-guide, "Supported MIG Profiles") and
   ``nvidia-smi mig -lgip/-lgipp`` transcripts (A100-80GB, H100-80GB, H100 NVL 94GB, GH200).
 - SM, copy-engine, NVDEC, JPEG and OFA counts: the same transcripts for A100 and Hopper.
 - Values marked ``# unverified`` are assumptions (no primary source found): H200 memory sizes,

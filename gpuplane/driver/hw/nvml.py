@@ -1,9 +1,9 @@
-"""The real :class:`~driver.hw.interface.GpuBackend`, on NVIDIA's NVML through nvidia-ml-py (``pynvml``).
+"""The real :class:`~gpuplane.driver.hw.interface.GpuBackend`, on NVIDIA's NVML through nvidia-ml-py (``pynvml``).
 
 This is the only module that touches ``pynvml``. It is importable and type-checkable without a GPU or
 the library: the module is loaded in :meth:`NvmlBackend.__init__`, and tests pass a fake module in.
 
-Rules it follows (see /work/shared/reference/gpu-hardware.md):
+Rules it follows (NVML API reference, docs.nvidia.com/deploy/nvml-api, and nvidia-ml-py behaviour):
 - every call is serialized by one lock (concurrent NVML calls on a handle can be very slow);
 - ``init``/``shutdown`` map to ``nvmlInit``/``nvmlShutdown``; the backend is a context manager;
 - ``pynvml.NVMLError`` becomes :class:`HardwareError` with the matching :class:`ErrorCode`;

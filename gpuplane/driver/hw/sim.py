@@ -1,16 +1,16 @@
-"""A GPU simulator that implements :class:`~driver.hw.interface.GpuBackend` the way NVML behaves.
+"""A GPU simulator that implements :class:`~gpuplane.driver.hw.interface.GpuBackend` the way NVML behaves.
 
-Configured by :class:`SimConfig` (a named node profile from :mod:`driver.hw.sim_profiles` plus node
+Configured by :class:`SimConfig` (a named node profile from :mod:`gpuplane.driver.hw.sim_profiles` plus node
 identity). Its state behaves like hardware state: MIG mode, GPU/compute instances, time-slice
 settings, injected processes, pending health events and telemetry overrides live in
 ``<state_dir>/sim-state.json``. Every operation re-reads that file under an ``fcntl`` lock on
 ``<state_dir>/sim-state.lock`` and writes it back atomically (temp file, fsync, rename), so
 
 - MIG instances survive a SIGKILL and restart of the driver process, like real hardware;
-- another process (a test, :mod:`driver.hw.sim_cli`) can inject events or processes while the
+- another process (a test, :mod:`gpuplane.driver.hw.sim_cli`) can inject events or processes while the
   driver runs, and the driver sees them on its next call (no stale in-memory cache).
 
-Errors follow NVML's return codes (see :mod:`driver.hw.mig_tables` for the placement rules).
+Errors follow NVML's return codes (see :mod:`gpuplane.driver.hw.mig_tables` for the placement rules).
 Simulator-only operations (``reset_gpu``, ``reboot``, ``inject_event``, ...) are plain methods
 that the production interface does not have.
 """

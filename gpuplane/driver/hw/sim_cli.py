@@ -1,9 +1,9 @@
 """Command line for poking a running simulator from outside.
 
-Usage: ``python -m driver.hw.sim_cli --state-dir DIR <cmd>``.
+Usage: ``python -m gpuplane.driver.hw.sim_cli --state-dir DIR <cmd>``.
 
 Tests and the e2e harness use it to inject faults, processes and telemetry, or to make MIG instances
-behind the driver's back. It builds a :class:`~driver.hw.sim.Simulator` on the same state dir (the
+behind the driver's back. It builds a :class:`~gpuplane.driver.hw.sim.Simulator` on the same state dir (the
 configuration is read from the state file, where the driver's simulator recorded it, or from
 ``--config``) and calls the same methods; output is JSON on stdout. Exit status 2 on a hardware
 error, with ``{"error": code, "message": ...}`` printed.
@@ -46,7 +46,7 @@ def _parse_value(text: str) -> Any:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m driver.hw.sim_cli", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m gpuplane.driver.hw.sim_cli", description=__doc__)
     p.add_argument("--state-dir", required=True, type=Path)
     p.add_argument("--config", help="SimConfig YAML/JSON, when the state dir has none recorded yet")
     sub = p.add_subparsers(dest="cmd", required=True)

@@ -2,7 +2,7 @@
 
 Pure data. Each profile lists its GPUs by minor number (static facts NVML would report), the NVLink
 peer groups, and whether the GPUs report multi-node fabric (GB200 NVL72). Identity that depends on the
-node (UUIDs) and on configuration (driver version, fabric cluster) is added by :mod:`driver.hw.sim`.
+node (UUIDs) and on configuration (driver version, fabric cluster) is added by :mod:`gpuplane.driver.hw.sim`.
 Numbers marked ``# unverified`` are plausible values without a primary source.
 """
 

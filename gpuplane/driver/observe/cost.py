@@ -24,10 +24,10 @@ Results go two ways:
   segment of constant fraction, at most ``flush_interval_s`` long, with ``start``, ``end``,
   ``fraction`` and ``gpu_seconds``.
 
-``python -m driver.cost summary --ledger FILE [--ledger FILE ...] --window 24h [--end T]
+``python -m gpuplane.driver.observe.cost summary --ledger FILE [--ledger FILE ...] --window 24h [--end T]
 [--by namespace,tier|claim]`` prints a table over a window (segments that straddle the window
 edge are pro-rated). From a cluster: ``kubectl exec -n gpuplane ds/gpuplane-driver -- python -m
-driver.cost summary --window 24h`` per node, or copy the ledgers out and pass them all.
+gpuplane.driver.observe.cost summary --window 24h`` per node, or copy the ledgers out and pass them all.
 """
 
 from __future__ import annotations
@@ -347,7 +347,9 @@ def _parse_time(text: str) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m driver.cost", description="GPU cost attribution from driver ledgers")
+    p = argparse.ArgumentParser(
+        prog="python -m gpuplane.driver.observe.cost", description="GPU cost attribution from driver ledgers"
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("summary", help="GPU-hours per group over a window")
     s.add_argument(

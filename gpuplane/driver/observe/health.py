@@ -1,6 +1,6 @@
 """Health policy: hardware health observations -> per-GPU conditions -> device taints and health views.
 
-Pure: no threads, no clock, no I/O. :mod:`driver.health_watcher` feeds it events from the
+Pure: no threads, no clock, no I/O. :mod:`gpuplane.driver.observe.health_watcher` feeds it events from the
 hardware boundary (``GpuBackend.wait_health_events``) and probe results (``GpuBackend.sample``),
 passes ``now`` in, and publishes what it returns.
 

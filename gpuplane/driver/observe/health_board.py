@@ -1,4 +1,4 @@
-"""An in-memory, thread-safe :class:`~driver.plugin.types.HealthSource`.
+"""An in-memory, thread-safe :class:`~gpuplane.driver.observe.health_view.HealthSource`.
 
 The driver's health monitor writes device health here; each kubelet health
 stream reads from it. A ``threading.Condition`` wakes waiting streams on change.

@@ -7,11 +7,11 @@ Loop (every ``poll_interval_s`` at most):
 2. probe every GPU with ``backend.sample``: throttle reasons re-observe thermal/power conditions,
    ``GPU_IS_LOST`` re-observes ``unhealthy``, a GPU that answers is recovery evidence for it;
 3. let the policy drop conditions gone for ``clear_after_s``;
-4. push the health views to the :class:`~driver.plugin.health_board.HealthBoard` (the kubelet's
+4. push the health views to the :class:`~gpuplane.driver.observe.health_board.HealthBoard` (the kubelet's
    ``dra-health`` stream) and, when taints changed, call ``on_change`` (main sets the publisher's
    wake event, so the ResourceSlices are rewritten with the new taints).
 
-:meth:`HealthWatcher.taints` is the callable the :class:`~driver.publisher.SlicePublisher` reads.
+:meth:`HealthWatcher.taints` is the callable the :class:`~gpuplane.driver.publish.publisher.SlicePublisher` reads.
 ``stop`` ends the thread within one poll interval.
 """
 

@@ -1,7 +1,7 @@
 """Noisy-neighbour detection on MPS-shared GPUs: a pure detector with hysteresis.
 
 Input per GPU and tick: the MPS claims on it (with their tiers) and each claim's share of the
-GPU's memory bandwidth (0..1, attributed from per-process samples by :mod:`driver.telemetry`).
+GPU's memory bandwidth (0..1, attributed from per-process samples by :mod:`gpuplane.driver.observe.telemetry`).
 
 Rule: claim H is a *hog* on GPU g when its share stays at or above ``threshold`` for
 ``sustain_s`` seconds while at least one co-located claim of a strictly higher tier (``tier_ranks``:

@@ -3,12 +3,12 @@
 Every ``interval_s`` the :class:`TelemetrySampler`
 
 1. samples every GPU through the hardware boundary (``GpuBackend.sample``);
-2. reads what is held from the checkpoint (:func:`driver.cost.holdings`), with each claim's tier;
+2. reads what is held from the checkpoint (:func:`gpuplane.driver.observe.cost.holdings`), with each claim's tier;
 3. rebuilds the metric families that :class:`TelemetryCollector` serves on ``/metrics``;
 4. attributes per-process memory-bandwidth samples to MPS claims and feeds the
-   :class:`~driver.noisy.NoisyNeighbourDetector`; a raised alert becomes a Warning Event on the
+   :class:`~gpuplane.driver.observe.noisy.NoisyNeighbourDetector`; a raised alert becomes a Warning Event on the
    hog's ResourceClaim and on each higher-tier claim, plus a counter;
-5. ticks the :class:`~driver.cost.CostAccountant`.
+5. ticks the :class:`~gpuplane.driver.observe.cost.CostAccountant`.
 
 Metric names: the device gauges keep **dcgm-exporter's names exactly** (``DCGM_FI_DEV_GPU_TEMP``,
 ...) and its label names where they exist (``gpu``, ``UUID``, ``device``, ``modelName``,

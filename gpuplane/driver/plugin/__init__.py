@@ -1,8 +1,10 @@
 """The kubelet-facing gRPC layer of the node driver.
 
-``types`` holds the plain values and interfaces the rest of the driver uses;
-``server.PluginServer`` serves them to kubelet over unix sockets through thin
-servicers (``registration``, ``dra_servicer``, ``health_servicer``,
-``grpc_health``); ``kubelet_client`` is kubelet's side, for tests and the e2e
-stand-in. Generated protobuf code lives apart, in ``driver._proto``.
+``server.PluginServer`` serves kubelet over unix sockets through thin servicers
+(``registration``, ``dra_servicer``, ``health_servicer``, ``grpc_health``) that
+translate between wire messages and the core's plain values
+(:mod:`gpuplane.driver.prepare.contract`, :mod:`gpuplane.driver.observe.health_view`);
+``kubelet_client`` is kubelet's side, for tests and the e2e stand-in. ``wire``
+holds typed handles on the generated protobuf code, which lives apart, in
+``gpuplane.driver._proto``.
 """

@@ -2,7 +2,7 @@
 
 One class serves both API versions; they differ only in the generated message
 module and in whether ``Device.share_id`` exists (v1 only). The servicer
-times the call, hands plain :class:`~driver.plugin.types.ClaimRef` values to
+times the call, hands plain :class:`~gpuplane.driver.prepare.contract.ClaimRef` values to
 the preparer, and answers exactly one entry per requested claim uid: a claim
 the preparer omitted, or a whole batch whose preparer raised, gets an error
 string, so kubelet retries those claims and the call itself never fails.

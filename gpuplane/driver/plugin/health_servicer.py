@@ -57,7 +57,7 @@ def to_response(snapshot: health_view.HealthSnapshot) -> Any:
 
 
 class ResourceHealthServicer:
-    """Serves ``v1alpha1.DRAResourceHealth`` from one :class:`~driver.plugin.types.HealthSource`."""
+    """Serves ``v1alpha1.DRAResourceHealth`` from one :class:`~gpuplane.driver.observe.health_view.HealthSource`."""
 
     def __init__(self, source: health_view.HealthSource, *, poll_interval: float = 0.5) -> None:
         self._source = source

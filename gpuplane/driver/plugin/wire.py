@@ -1,4 +1,4 @@
-"""Typed handles on the generated gRPC modules in ``driver._proto``.
+"""Typed handles on the generated gRPC modules in ``gpuplane.driver._proto``.
 
 grpcio-tools writes ``*_pb2_grpc.py`` without annotations, so mypy --strict
 refuses to call into them. This module names each generated function the

@@ -2,7 +2,7 @@
 
 Pure functions over the inventory and the checkpoint's records: a claim that cannot be
 prepared is refused here with a message naming what is wrong and what to do, and the
-state machine (driver.state) only executes plans that passed.
+state machine (gpuplane.driver.prepare.state) only executes plans that passed.
 """
 
 from __future__ import annotations
