@@ -142,6 +142,7 @@ class Elector:
         self._reported = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._stepped_at: float | None = None  # clock() when the thread last finished a step
 
     # --- what the decision path asks --------------------------------------------------------------
     def is_leader(self) -> bool:
@@ -260,6 +261,8 @@ class Elector:
         if self._thread is not None:
             return
         self._stop.clear()
+        with self._lock:
+            self._stepped_at = self._clock()
         self._thread = threading.Thread(target=self._run, name="leader-election", daemon=True)
         self._thread.start()
 
@@ -271,6 +274,30 @@ class Elector:
             except Exception:  # the loop must survive anything; the deadline fences us
                 log.exception("leader election step failed")
                 delay = self.timing.retry_period_s
+            with self._lock:
+                self._stepped_at = self._clock()
+
+    def stalled(self) -> str | None:
+        """Why the election thread is not working (for the liveness probe), or None while it is.
+
+        A thread that never started is not stalled (``start`` may still come); one that
+        has died, or whose last step finished more than two lease durations ago (a
+        call that never returns), is.
+        """
+        thread = self._thread
+        if thread is None:
+            return None
+        if not thread.is_alive():
+            return "the leader-election thread has exited"
+        with self._lock:
+            stepped_at = self._stepped_at
+            now = self._clock()
+        limit = 2 * self.timing.lease_duration_s + self.timing.retry_period_s
+        if stepped_at is not None and now - stepped_at > limit:  # stepped_at: set by start()
+            return (
+                f"the leader-election thread has not finished a step for {now - stepped_at:.0f}s (limit {limit:.0f}s)"
+            )
+        return None
 
     def stop(self, *, release: bool = True, timeout: float = 10.0) -> None:
         """Stop the thread, then release the Lease if we hold it."""

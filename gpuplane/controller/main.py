@@ -23,7 +23,7 @@ from typing import Any
 import kopf
 import structlog
 
-from gpuplane.controller import config, handlers, kube, leader, metrics, runtime
+from gpuplane.controller import config, handlers, kube, leader, metrics, probes, runtime
 from gpuplane.driver import logs
 
 log = structlog.get_logger(__name__)
@@ -68,6 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     m.is_leader.set_function(lambda: float(leadership.is_leader()))
     memo = runtime.Runtime.create(cfg, kube.KubeWriter(api, guard=leadership.is_leader), m, leadership)
     registry = handlers.make_registry(cfg)
+    probes.add_probes(registry, elector)
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:

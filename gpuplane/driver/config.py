@@ -31,7 +31,8 @@ class DriverConfig(BaseModel):
     boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")
     mps_control_binary: str = "nvidia-cuda-mps-control"
     dev_root: Path = Path("/dev")  # where /dev/nvidia* live as the container runtime sees them
-    metrics_address: str = ""  # "host:port"; empty disables the metrics server
+    metrics_address: str = ""  # "host:port" of /metrics, /healthz and /readyz; empty disables the server
+    liveness_stale_after_s: float = Field(default=60.0, gt=0)  # /healthz fails when a loop stops this long
     republish_interval_s: float = 30.0
     cleanup_interval_s: float = 60.0
     health_poll_interval_s: float = 1.0
@@ -86,6 +87,12 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
     p.add_argument("--mps-control-binary", default=_env("MPS_CONTROL_BINARY", "nvidia-cuda-mps-control"))
     p.add_argument("--dev-root", default=_env("DEV_ROOT", "/dev"))
     p.add_argument("--metrics-address", default=_env("METRICS_ADDRESS", ""))
+    p.add_argument(
+        "--liveness-stale-after",
+        type=float,
+        default=float(_env("LIVENESS_STALE_AFTER", "60") or 60),
+        help="seconds without a pass of a driver loop after which /healthz fails",
+    )
     p.add_argument("--republish-interval", type=float, default=float(_env("REPUBLISH_INTERVAL", "30") or 30))
     p.add_argument("--cleanup-interval", type=float, default=float(_env("CLEANUP_INTERVAL", "60") or 60))
     p.add_argument("--taint-clear-after", type=float, default=float(_env("TAINT_CLEAR_AFTER", "60") or 60))
@@ -120,6 +127,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
         mps_control_binary=args.mps_control_binary,
         dev_root=Path(args.dev_root),
         metrics_address=args.metrics_address,
+        liveness_stale_after_s=args.liveness_stale_after,
         republish_interval_s=args.republish_interval,
         cleanup_interval_s=args.cleanup_interval,
         taint_clear_after_s=args.taint_clear_after,

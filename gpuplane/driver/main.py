@@ -11,7 +11,7 @@ from types import FrameType
 import structlog
 
 from gpuplane.driver import config as config_mod
-from gpuplane.driver import logs
+from gpuplane.driver import logs, probes
 from gpuplane.driver.hw.select import make_backend
 from gpuplane.driver.hw.sim import SimConfig
 from gpuplane.driver.kube import KubeApi, make_api_client
@@ -26,6 +26,10 @@ from gpuplane.driver.publish.publisher import SlicePublisher
 from gpuplane.driver.sharing.mps import MpsControl
 
 log = structlog.get_logger(__name__)
+
+# The loops /healthz watches (gpuplane.driver.probes).
+MAIN_LOOP = "main-loop"
+HEALTH_LOOP = "health-watcher"
 
 
 def _sim_config(cfg: config_mod.DriverConfig) -> SimConfig | None:
@@ -49,9 +53,16 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
         sim_boot = getattr(backend, "boot_id", None)
         boot_id = sim_boot() if callable(sim_boot) else read_boot_id(cfg.boot_id_file)
         metrics = DriverMetrics()
-        if cfg.metrics_address:
-            port = metrics.serve(cfg.metrics_address)
-            log.info("serving metrics", address=cfg.metrics_address, port=port)
+        published = threading.Event()
+        # Not ready until the slices are out and kubelet has registered the plugin (the check is
+        # replaced by the server's own once it runs).
+        checks = probes.Probes(
+            stale_after_s=cfg.liveness_stale_after_s,
+            ready_checks={"slices-published": published.is_set, "kubelet-registered": lambda: False},
+        )
+        http = probes.serve(cfg.metrics_address, metrics.registry, checks) if cfg.metrics_address else None
+        if http is not None:
+            log.info("serving /metrics, /healthz, /readyz", address=cfg.metrics_address, port=http.port)
         api = KubeApi(make_api_client(cfg.kubeconfig))
         mps = MpsControl(cfg.mps_root, cfg.mps_control_binary, boot_id_file=cfg.boot_id_file)
         state = DeviceState(
@@ -83,6 +94,7 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
             metrics=HealthMetrics(metrics.registry),
             state_file=cfg.plugin_dir / "health.json",
             boot_id=boot_id,
+            heartbeat=lambda: checks.beat(HEALTH_LOOP),
         )
         publisher = SlicePublisher(api, cfg.node_name, cfg.driver_name, taints=watcher.taints)
 
@@ -96,6 +108,7 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
         watcher.start()
         publisher.publish(state.inventory())
         metrics.devices_published.set(publisher.devices_published)
+        published.set()
 
         server = PluginServer(
             cfg.driver_name,
@@ -106,6 +119,7 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
             timing=metrics.rpc,
         )
         server.start()
+        checks.add_check("kubelet-registered", server.registered.is_set)
         telemetry_metrics = telemetry.TelemetryMetrics(metrics.registry)
         sampler = telemetry.TelemetrySampler(
             backend,
@@ -140,8 +154,10 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
         )
         next_publish = time.monotonic() + cfg.republish_interval_s
         next_cleanup = time.monotonic() + cfg.cleanup_interval_s
+        checks.watch([MAIN_LOOP, HEALTH_LOOP])
         try:
             while not stop.is_set():
+                checks.beat(MAIN_LOOP)
                 wake.wait(timeout=1.0)
                 now = time.monotonic()
                 due = now >= next_publish
@@ -171,6 +187,8 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
             sampler.stop()
             watcher.stop()
             server.stop(grace=5.0)
+            if http is not None:
+                http.stop()
             log.info("driver stopped")
         return 0
     finally:

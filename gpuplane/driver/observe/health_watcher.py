@@ -78,8 +78,10 @@ class HealthWatcher:
         clock: Callable[[], float] = time.time,
         state_file: Path | None = None,
         boot_id: str = "",
+        heartbeat: Callable[[], None] = lambda: None,
     ) -> None:
         self.backend = backend
+        self.heartbeat = heartbeat  # called once per pass of the watcher's loop (liveness)
         self.policy = health.HealthPolicy(settings)
         self.state_file = state_file
         self.boot_id = boot_id
@@ -142,6 +144,7 @@ class HealthWatcher:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            self.heartbeat()
             try:
                 self.step(self.backend.wait_health_events(self.poll_interval_s))
             except Exception:
