@@ -1,6 +1,7 @@
 """End-to-end harness: a real Kubernetes control plane on loopback, without Docker, and gpuplane on it.
 
-Two packages, the second built on the first (nothing in ``cluster`` imports ``plane``):
+Three packages: ``plane`` built on ``cluster`` (nothing in ``cluster`` imports ``plane``), and
+``images``, which needs neither but the cache root of ``cluster.build``:
 
 ``e2e.cluster``: a generic Kubernetes cluster, nothing gpuplane-specific.
 
@@ -25,6 +26,12 @@ Two packages, the second built on the first (nothing in ``cluster`` imports ``pl
   and the ``gpuplane-controller`` replicas.
 - ``report``: what happened to a pod's claims, read back from the API and the node.
 - ``demo``: apply every example and print where each pod landed.
+- ``helm``: helm built (once) from its Go module and cached by version; ``helm template`` /
+  ``helm lint`` of ``charts/gpuplane``.
 
-``__main__``: the ``python -m e2e`` command line (build, up, down, status, demo).
+``e2e.images``: gpuplane's container images, built here from the project's own Dockerfiles
+(buildah, an offline Python base from Debian's packages, OCI archives cached by hash); its
+modules are listed in :mod:`e2e.images`.
+
+``__main__``: the ``python -m e2e`` command line (build, images, up, down, status, demo).
 """

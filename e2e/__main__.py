@@ -1,6 +1,7 @@
 """``python -m e2e``: build the control-plane binaries, bring a cluster up, take it down, run the demo.
 
     python -m e2e build
+    python -m e2e images
     python -m e2e up [--state-dir DIR] [--nodes hgx-h100:2,gb200-nvl72:2,a100-40gb:1] [--controllers 2]
     python -m e2e down [--state-dir DIR]
     python -m e2e status [--state-dir DIR]
@@ -187,6 +188,22 @@ def cmd_build(args: argparse.Namespace, out: Printer) -> int:
     return 0
 
 
+def cmd_images(args: argparse.Namespace, out: Printer) -> int:
+    """Build (or find cached) the driver and controller images from their Dockerfiles (e2e.images)."""
+    from e2e.images import build as images
+
+    started = time.monotonic()
+    built = images.ensure_images(out=out)
+    for image in built:
+        state = "cached" if image.cached else f"built in {image.seconds:.1f}s"
+        out(
+            f"{image.ref:40} {state:18} {image.sizes.uncompressed / 1e6:6.0f} MB unpacked "
+            f"{image.sizes.compressed / 1e6:6.0f} MB compressed  {image.archive}"
+        )
+    out(f"images ready in {time.monotonic() - started:.1f}s")
+    return 0
+
+
 def cmd_up(args: argparse.Namespace, out: Printer) -> int:
     """Start the control plane and the simulated nodes and leave them running."""
     state_dir: Path = args.state_dir.resolve()
@@ -243,6 +260,9 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="python -m e2e", description=__doc__.split("\n")[0] if __doc__ else None)
     sub = top.add_subparsers(dest="command", required=True)
     sub.add_parser("build", help="build the control-plane binaries into the cache").set_defaults(func=cmd_build)
+    sub.add_parser(
+        "images", help="build the driver and controller images from their Dockerfiles (buildah) into the cache"
+    ).set_defaults(func=cmd_images)
     state_help = "state directory (default: $GPUPLANE_STATE or ~/.local/state/gpuplane/e2e)"
     nodes_help = f"simulated GPU nodes, PROFILE[:COUNT],... ('' for none; default {simnodes.DEFAULT_NODE_SPEC})"
     controllers_help = f"gpuplane-controller replicas (default {components.DEFAULT_REPLICAS}; 0 for none)"
