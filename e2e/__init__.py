@@ -28,6 +28,8 @@ Three packages: ``plane`` built on ``cluster`` (nothing in ``cluster`` imports `
 - ``demo``: apply every example and print where each pod landed.
 - ``helm``: helm built (once) from its Go module and cached by version; ``helm template`` /
   ``helm lint`` of ``charts/gpuplane``.
+- ``objectsets``: two rendered object sets (kustomize's and helm's) compared after removing what
+  legitimately differs between the tools; pure.
 
 ``e2e.images``: gpuplane's container images, built here from the project's own Dockerfiles
 (buildah, an offline Python base from Debian's packages, OCI archives cached by hash); its

@@ -2,6 +2,7 @@
 
     python -m e2e build
     python -m e2e images
+    python -m e2e helm
     python -m e2e up [--state-dir DIR] [--nodes hgx-h100:2,gb200-nvl72:2,a100-40gb:1] [--controllers 2]
     python -m e2e down [--state-dir DIR]
     python -m e2e status [--state-dir DIR]
@@ -204,6 +205,14 @@ def cmd_images(args: argparse.Namespace, out: Printer) -> int:
     return 0
 
 
+def cmd_helm(args: argparse.Namespace, out: Printer) -> int:
+    """Build (or find cached) helm from its Go module (e2e.plane.helm)."""
+    from e2e.plane import helm
+
+    out(f"helm ready: {helm.ensure_helm(out=out)}")
+    return 0
+
+
 def cmd_up(args: argparse.Namespace, out: Printer) -> int:
     """Start the control plane and the simulated nodes and leave them running."""
     state_dir: Path = args.state_dir.resolve()
@@ -263,6 +272,7 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     sub.add_parser(
         "images", help="build the driver and controller images from their Dockerfiles (buildah) into the cache"
     ).set_defaults(func=cmd_images)
+    sub.add_parser("helm", help="build helm from its Go module into the cache").set_defaults(func=cmd_helm)
     state_help = "state directory (default: $GPUPLANE_STATE or ~/.local/state/gpuplane/e2e)"
     nodes_help = f"simulated GPU nodes, PROFILE[:COUNT],... ('' for none; default {simnodes.DEFAULT_NODE_SPEC})"
     controllers_help = f"gpuplane-controller replicas (default {components.DEFAULT_REPLICAS}; 0 for none)"

@@ -13,6 +13,10 @@ echo "==> mypy --strict"
 mypy
 echo "==> building (or reusing) Kubernetes binaries"
 python -m e2e build
+echo "==> building (or reusing) helm (Go module) and the images (Dockerfiles, buildah)"
+python -m e2e helm
+bash "$ROOT/scripts/setup-images.sh"
+python -m e2e images
 echo "==> unit tests"
 python -m pytest -q tests/unit "$@"
 echo "==> e2e tests (real etcd, kube-apiserver, kube-scheduler, kube-controller-manager)"

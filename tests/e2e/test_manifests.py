@@ -34,6 +34,7 @@ KUSTOMIZATIONS = {
     "dev": MANIFESTS / "overlays" / "dev",
     "production": MANIFESTS / "overlays" / "production",
     "e2e": MANIFESTS / "overlays" / "e2e",
+    "local": MANIFESTS / "overlays" / "local",
 }
 VERSION_LABEL = "app.kubernetes.io/version"
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
