@@ -16,10 +16,13 @@ see ``e2e.plane.simnodes``) and ``CONTROLLER_REPLICAS`` real ``gpuplane-controll
 processes under the ``gpuplane-controller`` ServiceAccount; it yields a
 ``GpuCluster`` and, at the end, stops the controllers and the nodes and asserts
 that none of their processes (drivers, stand-ins, MPS daemons, controllers) is left.
+It lasts the whole session; ``running_plane`` is the same for a module of its own
+(one whose processes must be gone before a later module runs).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -183,8 +186,13 @@ class GpuCluster:
             assert gis == {}, f"{node.name}: MIG instances left: {gis}"
 
 
-@pytest.fixture(scope="session")
-def gpu_cluster(control_plane: cluster.Cluster) -> Iterator[GpuCluster]:
+@contextlib.contextmanager
+def running_plane(control_plane: cluster.Cluster, node_spec: str = GPU_NODES) -> Iterator[GpuCluster]:
+    """gpuplane installed, the nodes of ``node_spec`` and the controller replicas, as ``python -m e2e up`` runs them.
+
+    Stops the controllers (they release the Lease) and the nodes (removed from the API) on exit, and
+    fails if any of their processes is left.
+    """
     assert control_plane.state_dir is not None
     state_dir = control_plane.state_dir
     identities = components.identities_dir(state_dir.resolve())
@@ -202,7 +210,7 @@ def gpu_cluster(control_plane: cluster.Cluster) -> Iterator[GpuCluster]:
         str(identities) + "/",
     ]
     try:
-        sim.start(nodes.parse_node_spec(GPU_NODES))
+        sim.start(nodes.parse_node_spec(node_spec))
         controllers.start()
         yield GpuCluster(cluster=control_plane, sim=sim)
     finally:
@@ -212,3 +220,9 @@ def gpu_cluster(control_plane: cluster.Cluster) -> Iterator[GpuCluster]:
         eventually(lambda: not node_processes(markers), 15, "node processes to exit")
     except AssertionError:
         pytest.fail(f"processes left behind: {node_processes(markers)}")
+
+
+@pytest.fixture(scope="session")
+def gpu_cluster(control_plane: cluster.Cluster) -> Iterator[GpuCluster]:
+    with running_plane(control_plane) as plane:
+        yield plane

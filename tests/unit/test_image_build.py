@@ -183,3 +183,22 @@ class TestBase:
         ca.write_text("two")
         assert base.recipe_key([ca]) != first
         assert base.recipe_key([]) != first
+
+
+class TestSteps:
+    def test_a_failing_step_says_what_failed_and_shows_its_output(self, tmp_path: Path) -> None:
+        from e2e.images import steps
+
+        shown: list[str] = []
+        with pytest.raises(steps.StepError) as err:
+            steps.run(
+                ["sh", "-c", "echo 'STEP 1/2: FROM x'; echo boom >&2; exit 3"],
+                label="probe",
+                log=tmp_path / "log",
+                out=shown.append,
+                hint="try again",
+            )
+        text = str(err.value)
+        assert "exit code 3" in text and "try again" in text and "boom" in text and str(tmp_path / "log") in text
+        assert shown == ["  probe: STEP 1/2: FROM x"]  # progress lines are echoed, the rest only logged
+        assert "boom" in (tmp_path / "log").read_text()
