@@ -33,6 +33,7 @@ Printer = Callable[[str], None]
 REPO = Path(__file__).resolve().parent.parent.parent
 REGISTRY = "localhost"
 DEV_TAG = "dev"
+KEEP_ARCHIVES = 4  # per image: the newest archives stay in the cache (older builds for upgrade tests)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +123,8 @@ def build_image(
         oci_archive.name_images(raw, dest, names)
     finally:
         raw.unlink(missing_ok=True)
+        builder.remove_image(names[1])  # the archive is the artifact; buildah's copy would only pile up
+    prune_archives(cache / "images", spec.name, keep=KEEP_ARCHIVES, out=out)
     seconds = time.monotonic() - started
     built = BuiltImage(spec.name, key, dest, names, False, seconds, oci_archive.sizes(dest))
     out(
@@ -129,6 +132,16 @@ def build_image(
         f"{built.sizes.compressed / 1e6:.0f} MB compressed ({dest})"
     )
     return built
+
+
+def prune_archives(directory: Path, name: str, *, keep: int, out: Printer) -> list[Path]:
+    """Delete all but the ``keep`` newest ``<name>-<key>.oci.tar`` archives; return those deleted."""
+    archives = sorted(directory.glob(f"{name}-*.oci.tar"), key=lambda p: p.stat().st_mtime, reverse=True)
+    removed = archives[keep:]
+    for path in removed:
+        path.unlink(missing_ok=True)
+        out(f"{name}: removed an old archive ({path.name})")
+    return removed
 
 
 def ensure_images(

@@ -1,9 +1,10 @@
 """The images built from Dockerfile.driver / Dockerfile.controller with buildah (e2e.images), looked into.
 
 Builds (or finds cached) both images on the offline base, then runs commands in
-them with the same buildah: the entry points start, the driver image carries
-the MPS stand-in off PATH and no compilers, test suites, e2e harness or import
-package but ``gpuplane``, the controller runs as 65532, and the archives name the images for
+containers made from their OCI archives (what containerd imports) with the same
+buildah: the entry points start, the driver image carries the MPS stand-in off
+PATH and no compilers, test suites, e2e harness or import package but
+``gpuplane``, the controller runs as 65532, and the archives name the images for
 containerd. A second ``ensure_images`` is a cache hit.
 """
 
@@ -28,9 +29,11 @@ def built() -> dict[str, images.BuiltImage]:
     return {b.name: b for b in images.ensure_images(out=print)}
 
 
-def run_in(image: str, script: str) -> str:
+def run_in(image: images.BuiltImage, script: str) -> str:
+    """Run ``script`` in a container of the image read back from its archive (the artifact containerd gets)."""
     b = buildah.Buildah.find(k8sbuild.cache_root(os.environ), os.environ)
-    ctr = subprocess.run(b.command("from", image), capture_output=True, text=True, check=True).stdout.strip()
+    source = f"oci-archive:{image.archive}:{image.ref}"
+    ctr = subprocess.run(b.command("from", source), capture_output=True, text=True, check=True).stdout.strip()
     try:
         proc = subprocess.run(
             b.command("run", "--isolation", buildah.ISOLATION, ctr, "--", "sh", "-c", script),
@@ -43,6 +46,7 @@ def run_in(image: str, script: str) -> str:
         return proc.stdout
     finally:
         subprocess.run(b.command("rm", ctr), capture_output=True, check=False)
+        b.remove_image(image.ref)
 
 
 def test_archives_name_both_images(built: dict[str, images.BuiltImage]) -> None:
@@ -54,7 +58,7 @@ def test_archives_name_both_images(built: dict[str, images.BuiltImage]) -> None:
 
 def test_driver_image(built: dict[str, images.BuiltImage]) -> None:
     out = run_in(
-        built["gpuplane-driver"].pinned_ref,
+        built["gpuplane-driver"],
         "gpuplane-driver --help | head -1; "
         "command -v nvidia-cuda-mps-control || echo 'stand-in off PATH'; "
         "test -x /opt/gpuplane/sim/bin/nvidia-cuda-mps-control && echo stand-in present; "
@@ -75,7 +79,7 @@ def test_driver_image(built: dict[str, images.BuiltImage]) -> None:
 
 
 def test_controller_image(built: dict[str, images.BuiltImage]) -> None:
-    out = run_in(built["gpuplane-controller"].pinned_ref, "gpuplane-controller --help | head -1; id -u")
+    out = run_in(built["gpuplane-controller"], "gpuplane-controller --help | head -1; id -u")
     assert "usage: gpuplane-controller" in out
     assert out.strip().endswith("65532")
 

@@ -202,3 +202,20 @@ class TestSteps:
         assert "exit code 3" in text and "try again" in text and "boom" in text and str(tmp_path / "log") in text
         assert shown == ["  probe: STEP 1/2: FROM x"]  # progress lines are echoed, the rest only logged
         assert "boom" in (tmp_path / "log").read_text()
+
+
+class TestPrune:
+    def test_only_the_newest_archives_of_an_image_stay(self, tmp_path: Path) -> None:
+        from e2e.images import build
+
+        for i in range(6):
+            path = tmp_path / f"gpuplane-driver-{i:016x}.oci.tar"
+            path.write_bytes(b"x")
+            os.utime(path, (1000 + i, 1000 + i))
+        other = tmp_path / "gpuplane-controller-0000000000000000.oci.tar"
+        other.write_bytes(b"x")
+        os.utime(other, (1, 1))
+        removed = build.prune_archives(tmp_path, "gpuplane-driver", keep=4, out=lambda _: None)
+        assert sorted(p.name for p in removed) == [f"gpuplane-driver-{i:016x}.oci.tar" for i in (0, 1)]
+        assert other.exists()
+        assert len(list(tmp_path.glob("gpuplane-driver-*.oci.tar"))) == 4
