@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuplane.controller.placement import fragmentation, geometry, model, place, policies, snapshot
+from gpuplane.mig.geometry import HOPPER
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TRACE = REPO.parent / "shared" / "traces" / "alibaba-gpu-v2023"
@@ -506,7 +507,7 @@ def filled_cluster(
     A used GPU is whole or carries 1-3 MIG instances of profiles drawn from ``mix_reqs``.
     """
     rng = random.Random(seed)
-    slots = geometry.slots_for(model.HOPPER)
+    slots = geometry.slots_for(HOPPER)
     npd = topo.nodes_per_domain
     doms = []
     for i in range(max(1, nodes // npd)):

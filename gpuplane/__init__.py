@@ -3,7 +3,8 @@
 One import package with two programs:
 
 - :mod:`gpuplane.driver`: the node driver (``gpuplane-driver``), a kubelet DRA plugin;
-- :mod:`gpuplane.controller`: the operator (``gpuplane-controller``) and the pure placement module.
+- :mod:`gpuplane.controller`: the operator (``gpuplane-controller``) and the pure placement module;
+- :mod:`gpuplane.mig`: the MIG geometry both of them use (pure: no Kubernetes, no I/O).
 
 The repository's top-level ``driver/`` and ``controller/`` are symbolic links to these two
 packages. Import them as ``gpuplane.driver`` and ``gpuplane.controller`` only (ruff's banned-api

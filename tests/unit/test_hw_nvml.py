@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from gpuplane.driver.hw import mig_tables as mt
 from gpuplane.driver.hw.interface import ErrorCode, GpuBackend, HardwareError, HealthEventKind
 from gpuplane.driver.hw.nvml import NvmlBackend, cuda_version_text, normalize_pci_bus_id, parse_mig_minors
+from gpuplane.mig import geometry, models
 
 NS = types.SimpleNamespace
 
@@ -85,9 +85,9 @@ def _fake(tmp_calls: list[tuple[str, Any]], *, p2p_ok: bool = True, fabric: bool
         return uuids.index(u)
 
     def profile_info(h: int, const: int) -> Any:
-        if h != 0 or mt.H100_80GB.profile(const) is None:
+        if h != 0 or models.H100_80GB.profile(const) is None:
             raise_(3)
-        p = mt.H100_80GB.profile(const)
+        p = models.H100_80GB.profile(const)
         assert p is not None
         return NS(
             id=const + 100, sliceCount=p.compute_slices, instanceCount=p.max_count,
@@ -98,7 +98,7 @@ def _fake(tmp_calls: list[tuple[str, Any]], *, p2p_ok: bool = True, fabric: bool
 
     def placements(h: int, info_id: int, arr: Any, count_ref: Any) -> None:
         rec("placements", info_id)
-        p = mt.H100_80GB.profile(info_id - 100)
+        p = models.H100_80GB.profile(info_id - 100)
         assert p is not None
         for i, s in enumerate(p.placements):
             arr[i].start, arr[i].size = s, p.memory_slices
@@ -241,13 +241,15 @@ def test_nvlink_fallback_and_no_fabric(calls: list[tuple[str, Any]]) -> None:
 def test_mig_calls_use_profile_info_id(calls: list[tuple[str, Any]]) -> None:
     with NvmlBackend(_fake(calls)) as b:
         profiles = b.mig_profiles("GPU-aaaa")
-        assert [p.name for p in profiles] == [p.name for p in sorted(mt.H100_80GB.profiles, key=lambda p: p.profile_id)]
+        assert [p.name for p in profiles] == [
+            p.name for p in sorted(models.H100_80GB.profiles, key=lambda p: p.profile_id)
+        ]
         assert all(p.info_id == p.profile_id + 100 for p in profiles)
-        gi = b.create_gpu_instance("GPU-aaaa", mt.GI_PROFILE_3_SLICE, 4)
+        gi = b.create_gpu_instance("GPU-aaaa", geometry.GI_PROFILE_3_SLICE, 4)
         assert ("create_gi", (102, 4, 4)) in calls
         assert (gi.profile_id, gi.placement_start, gi.placement_size) == (2, 4, 4)
         with pytest.raises(HardwareError) as e:
-            b.create_gpu_instance("GPU-aaaa", mt.GI_PROFILE_3_SLICE, 2)
+            b.create_gpu_instance("GPU-aaaa", geometry.GI_PROFILE_3_SLICE, 2)
         assert e.value.code is ErrorCode.INVALID_ARGUMENT
         assert b.gpu_instances("GPU-bbbb") == ()
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuplane.driver.hw import mig_tables as mt
 from gpuplane.driver.hw import sim_cli
 from gpuplane.driver.hw.interface import ErrorCode, HardwareError, HealthEventKind
 from gpuplane.driver.hw.select import make_backend
 from gpuplane.driver.hw.sim import SimConfig, Simulator, gpu_uuid
+from gpuplane.mig import geometry
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,7 @@ def test_mig_state_survives_a_new_simulator(tmp_path: Path) -> None:
     with Simulator(cfg) as first:
         u = first.gpus()[3].uuid
         first.set_mig_mode(u, True)
-        gi = first.create_compute_instance(u, first.create_gpu_instance(u, mt.GI_PROFILE_2_SLICE, 2).gi_id)
+        gi = first.create_compute_instance(u, first.create_gpu_instance(u, geometry.GI_PROFILE_2_SLICE, 2).gi_id)
         first.set_timeslice(first.gpus()[4].uuid, "Long")
     # "SIGKILL": no shutdown of `first` needed for the state to be on disk
     with Simulator(cfg) as second:
@@ -75,13 +75,13 @@ def test_a100_mig_toggle_needs_reset(tmp_path: Path) -> None:
         mode = sim.set_mig_mode(g.uuid, True)
         assert (mode.current, mode.pending) == (False, True)
         with _raises(ErrorCode.NOT_SUPPORTED):
-            sim.create_gpu_instance(g.uuid, mt.GI_PROFILE_7_SLICE, 0)
+            sim.create_gpu_instance(g.uuid, geometry.GI_PROFILE_7_SLICE, 0)
         sim.add_process(g.uuid, 4242, 1 << 30)
         with _raises(ErrorCode.IN_USE):
             sim.reset_gpu(g.uuid)
         sim.clear_processes(g.uuid)
         assert sim.reset_gpu(g.uuid).current is True
-        sim.create_gpu_instance(g.uuid, mt.GI_PROFILE_7_SLICE, 0)
+        sim.create_gpu_instance(g.uuid, geometry.GI_PROFILE_7_SLICE, 0)
 
 
 def test_hopper_toggle_refused_while_processes_run(tmp_path: Path) -> None:
@@ -133,7 +133,7 @@ def test_l4_refuses_mig_and_accepts_timeslice(tmp_path: Path) -> None:
         for call in (
             lambda: sim.mig_mode(g.uuid),
             lambda: sim.set_mig_mode(g.uuid, True),
-            lambda: sim.create_gpu_instance(g.uuid, mt.GI_PROFILE_1_SLICE, 0),
+            lambda: sim.create_gpu_instance(g.uuid, geometry.GI_PROFILE_1_SLICE, 0),
         ):
             with _raises(ErrorCode.NOT_SUPPORTED):
                 call()
@@ -197,14 +197,14 @@ def test_op_latency_is_counted(tmp_path: Path) -> None:
     with Simulator(_cfg(tmp_path, "hgx-h100", durable=False, op_latency_s=0.02, initial_mig_mode={0: True})) as s:
         u = s.gpus()[0].uuid
         before = s.sim_time_s
-        s.destroy_gpu_instance(u, s.create_gpu_instance(u, mt.GI_PROFILE_7_SLICE, 0).gi_id)
+        s.destroy_gpu_instance(u, s.create_gpu_instance(u, geometry.GI_PROFILE_7_SLICE, 0).gi_id)
         assert s.sim_time_s - before >= 0.04
 
 
 def test_reboot_drops_instances_keeps_mig_mode(tmp_path: Path) -> None:
     with Simulator(_cfg(tmp_path, "hgx-h100", initial_mig_mode={0: True})) as sim:
         u = sim.gpus()[0].uuid
-        sim.create_gpu_instance(u, mt.GI_PROFILE_7_SLICE, 0)
+        sim.create_gpu_instance(u, geometry.GI_PROFILE_7_SLICE, 0)
         boot = sim.boot_id()
         assert sim.reboot() != boot
         assert sim.gpu_instances(u) == () and sim.mig_mode(u).current
@@ -263,7 +263,7 @@ def test_cli_subprocess_writes_concurrently(tmp_path: Path) -> None:
             for gi in sim.gpu_instances(u0):
                 sim.destroy_gpu_instance(u0, gi.gi_id)
             for s in range(7):
-                sim.create_gpu_instance(u0, mt.GI_PROFILE_1_SLICE, s)
+                sim.create_gpu_instance(u0, geometry.GI_PROFILE_1_SLICE, s)
             if proc.poll() is not None:
                 break
         assert proc.wait(timeout=60) == 0

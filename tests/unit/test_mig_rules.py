@@ -25,22 +25,22 @@ from hypothesis import strategies as st
 
 from gpuplane.driver.api import names
 from gpuplane.driver.hw import interface as hw
-from gpuplane.driver.hw import mig_tables as mt
 from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.prepare import cdi
 from gpuplane.driver.publish.inventory import discover, mig_device_name
 from gpuplane.driver.publish.slices import build_pool, render_slices
+from gpuplane.mig import geometry, models, rules
 from tests.driverkit import DriverUnderTest, build_driver, make_claim, ref, short_tmpdir
 
 GIB = 1024**3
 S1, S1ME, S1D, S2, S3, S4, S7 = (
-    mt.GI_PROFILE_1_SLICE,
-    mt.GI_PROFILE_1_SLICE_REV1,
-    mt.GI_PROFILE_1_SLICE_REV2,
-    mt.GI_PROFILE_2_SLICE,
-    mt.GI_PROFILE_3_SLICE,
-    mt.GI_PROFILE_4_SLICE,
-    mt.GI_PROFILE_7_SLICE,
+    geometry.GI_PROFILE_1_SLICE,
+    geometry.GI_PROFILE_1_SLICE_REV1,
+    geometry.GI_PROFILE_1_SLICE_REV2,
+    geometry.GI_PROFILE_2_SLICE,
+    geometry.GI_PROFILE_3_SLICE,
+    geometry.GI_PROFILE_4_SLICE,
+    geometry.GI_PROFILE_7_SLICE,
 )
 
 
@@ -48,15 +48,15 @@ S1, S1ME, S1D, S2, S3, S4, S7 = (
 class Model:
     id: str
     profile: str
-    table: mt.MigModel
+    table: models.MigModel
     sim: Mapping[str, Any] = field(default_factory=dict)
     foreign_profile: str = ""  # a real profile name of another model: never published here
 
 
 MODELS = (
-    Model("A100-40GB", "a100-40gb", mt.A100_40GB, {"initial_mig_mode": {0: True, 1: True}}, "1g.10gb+me"),
-    Model("H100-80GB", "hgx-h100", mt.H100_80GB, {}, "1g.18gb"),
-    Model("H200-141GB", "hgx-h200", mt.H200_141GB, {}, "1g.10gb"),
+    Model("A100-40GB", "a100-40gb", models.A100_40GB, {"initial_mig_mode": {0: True, 1: True}}, "1g.10gb+me"),
+    Model("H100-80GB", "hgx-h100", models.H100_80GB, {}, "1g.18gb"),
+    Model("H200-141GB", "hgx-h200", models.H200_141GB, {}, "1g.10gb"),
 )
 # The counter property is also checked (on the pure rules) for the other MIG-capable simulator profiles.
 OTHER_MIG_PROFILES = ("h100-nvl-pcie", "gb200-nvl72")
@@ -409,7 +409,7 @@ def test_counters_match_the_rules_on_other_mig_gpus(profile: str) -> None:
     slots = {s.name: (s.profile.profile_id, s.start) for s in gpu0.mig_slots}
     by_counters = counter_family(capacity, usage, sorted(slots))
     by_rules = {
-        frozenset(combo) for combo in by_counters if mt.layout_is_valid(table, [slots[n] for n in sorted(combo)])
+        frozenset(combo) for combo in by_counters if rules.layout_is_valid(table, [slots[n] for n in sorted(combo)])
     }
     assert by_rules == by_counters and len(by_counters) == 2319
     assert all(p.memory_bytes <= gpu0.info.memory_bytes for p in table.profiles)
@@ -421,7 +421,7 @@ def test_whole_gpu_and_any_mig_device_never_fit_together(model: Model) -> None:
         whole_offered = discover("node-a", sim).gpus[0].offer_whole
     mig = [n for n in usage if n != "gpu-0"]
     assert len(mig) == 25
-    if model.table is mt.A100_40GB:
+    if model.table is models.A100_40GB:
         # MIG on an A100 cannot be switched off without a reset: the whole GPU is not offered at all.
         assert not whole_offered and "gpu-0" not in usage
         return

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from gpuplane.controller.placement import geometry, model
+from gpuplane.controller.placement import geometry
+from gpuplane.mig.geometry import HOPPER
 
 
 @pytest.fixture()
 def slots() -> geometry.Slots:
-    return geometry.slots_for(model.HOPPER)
+    return geometry.slots_for(HOPPER)
 
 
 def test_one_g_at_slot_zero_blocks_4g_and_7g(slots: geometry.Slots) -> None:

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from gpuplane.driver.api import names
-from gpuplane.driver.hw import mig_tables
 from gpuplane.driver.prepare import cdi
 from gpuplane.driver.sharing import mps
+from gpuplane.mig import geometry
 from tests.driverkit import DriverUnderTest, driver_env, make_claim, ref
 
 GIB = 1024**3
@@ -274,7 +274,7 @@ def test_mps_on_a_mig_device(drv: DriverUnderTest) -> None:
     claim, err = prepare(drv, "mig-mps", [MIG_3G], class_config=[mps_config(MIG, defaultActiveThreadPercentage=50)])
     assert err == ""
     (gi,) = drv.sim.gpu_instances(parent)
-    assert (gi.profile_id, gi.placement_start) == (mig_tables.GI_PROFILE_3_SLICE, 4)
+    assert (gi.profile_id, gi.placement_start) == (geometry.GI_PROFILE_3_SLICE, 4)
     assert gi.mig_uuid is not None
     daemon = daemon_of(drv, claim)
     rec = record(daemon)

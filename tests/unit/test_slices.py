@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from gpuplane.driver.api import names
-from gpuplane.driver.hw import mig_tables
 from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.publish.inventory import Inventory, discover
 from gpuplane.driver.publish.slices import DeviceTaint, SliceLimitError, build_pool, render_slices, validate_pool
+from gpuplane.mig import geometry, models
 from tests.driverkit import short_tmpdir
 
 CLUSTER = "6f1c2d3e-4b5a-4978-8a9b-0c1d2e3f4a5b"
@@ -341,10 +341,10 @@ def test_no_gpus_left_still_publishes_an_empty_pool() -> None:
 def test_admin_mig_instance_is_a_fixed_device() -> None:
     with simulated("hgx-h100", initial_mig_mode={0: True}) as sim:
         uuid = sim.uuid_of_minor(0)
-        gi = sim.create_gpu_instance(uuid, mig_tables.GI_PROFILE_3_SLICE, 4)
+        gi = sim.create_gpu_instance(uuid, geometry.GI_PROFILE_3_SLICE, 4)
         gi = sim.create_compute_instance(uuid, gi.gi_id)
         # An incomplete admin GI (no compute instance) blocks its slots and is not offered.
-        sim.create_gpu_instance(uuid, mig_tables.GI_PROFILE_1_SLICE, 0)
+        sim.create_gpu_instance(uuid, geometry.GI_PROFILE_1_SLICE, 0)
         inv = discover("node-a", sim)
         slices = render_slices(build_pool(inv), 1)
     validate_pool(slices)
@@ -359,13 +359,12 @@ def test_admin_mig_instance_is_a_fixed_device() -> None:
     (use,) = fixed["consumesCounters"]
     assert {k for k in use["counters"] if k.startswith("memory-slice-")} == {f"memory-slice-{i}" for i in range(4, 8)}
     # Dynamic placements: exactly those clear of slots 0 (incomplete GI) and 4-7 (admin 3g).
-    model = mig_tables.H100_80GB
+    model = models.H100_80GB
     expected = {
         f"gpu-0-mig-{p.name.replace('.', '-').replace('+', '-')}-{s}"
         for p in model.profiles
         for s in p.placements
-        if not mig_tables.placements_conflict(s, p.memory_slices, 4, 4)
-        and not mig_tables.placements_conflict(s, p.memory_slices, 0, 1)
+        if not set(range(s, s + p.memory_slices)) & {0, 4, 5, 6, 7}
     }
     assert expected == {
         "gpu-0-mig-1g-10gb-1",
@@ -385,7 +384,7 @@ def test_admin_mig_instance_is_a_fixed_device() -> None:
 def test_driver_owned_instance_is_not_an_admin_one() -> None:
     with simulated("hgx-h100", initial_mig_mode={0: True}) as sim:
         uuid = sim.uuid_of_minor(0)
-        gi = sim.create_compute_instance(uuid, sim.create_gpu_instance(uuid, mig_tables.GI_PROFILE_3_SLICE, 4).gi_id)
+        gi = sim.create_compute_instance(uuid, sim.create_gpu_instance(uuid, geometry.GI_PROFILE_3_SLICE, 4).gi_id)
         owned: Inventory = discover("node-a", sim, [(uuid, gi.gi_id)])
     gpu0 = owned.gpus[0]
     assert gpu0.offer_whole and all(s.static_instance is None for s in gpu0.mig_slots)

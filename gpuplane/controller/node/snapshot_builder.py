@@ -22,6 +22,7 @@ from gpuplane.controller import names
 from gpuplane.controller.placement import model, snapshot
 from gpuplane.driver.api import names as dn
 from gpuplane.driver.api import quantity
+from gpuplane.mig.geometry import HOPPER, MigGeometry
 
 GpuFilter = Callable[[str, Mapping[str, Any]], bool]  # (driver, attributes) -> admitted
 
@@ -61,7 +62,7 @@ class ClusterView:
     taken_mig: Mapping[str, tuple[model.MigInstance, ...]]
     holdings: Mapping[str, model.Decision]  # gang key "ns/name" -> what its claims hold or reserve
     profiles: Mapping[str, str]  # driver MIG profile name -> geometry profile name
-    geometry: model.MigGeometry = model.HOPPER
+    geometry: MigGeometry = HOPPER
     by_id: Mapping[str, GpuInfo] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -132,7 +133,7 @@ def _quantity(raw: Any) -> int:
         return 0
 
 
-def _geometry_profile(device: Mapping[str, Any], driver_profile: str, geo: model.MigGeometry) -> tuple[str, int] | None:
+def _geometry_profile(device: Mapping[str, Any], driver_profile: str, geo: MigGeometry) -> tuple[str, int] | None:
     """(geometry profile, start) of a MIG device from its counter consumption."""
     consumes = device.get("consumesCounters") or []
     if not consumes:
@@ -164,7 +165,7 @@ def build_view(
     *,
     reservations: Sequence[Reservation] = (),
     driver: str = dn.DRIVER_NAME,
-    geometry: model.MigGeometry = model.HOPPER,
+    geometry: MigGeometry = HOPPER,
 ) -> ClusterView:
     """Read slices, claims and nodes into a :class:`ClusterView`.
 

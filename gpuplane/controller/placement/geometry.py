@@ -5,6 +5,10 @@ bits) are taken, plus one bit for the once-per-GPU ``+me`` profile. ``EMPTY``
 is 0 and ``WHOLE`` marks a GPU allocated as a whole device. Every answer is
 memoised per state, so policies can score thousands of candidates cheaply:
 a cluster holds only a few dozen distinct states.
+
+The layout and the coexistence rule are :mod:`gpuplane.mig.geometry`'s, the same the node
+driver's create check uses: a placement's bits are its :func:`~gpuplane.mig.geometry.footprint`,
+and the ``+me`` bit is the one row whose ``max_count`` is below its number of placements.
 """
 
 from __future__ import annotations
@@ -12,15 +16,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gpuplane.controller.placement import model
+from gpuplane.mig.geometry import MigGeometry, MigShape, footprint
 
 EMPTY = 0
 WHOLE = 1 << 30
 
 
 class Slots:
-    """Slot arithmetic for one :class:`model.MigGeometry`, memoised per state."""
+    """Slot arithmetic for one :class:`MigGeometry`, memoised per state."""
 
-    def __init__(self, geometry: model.MigGeometry) -> None:
+    def __init__(self, geometry: MigGeometry) -> None:
         self.geometry = geometry
         self._mem = geometry.memory_slices
         self._cmp = geometry.compute_slices
@@ -28,14 +33,14 @@ class Slots:
         self._full = ((1 << self._mem) - 1) | (((1 << self._cmp) - 1) << self._mem)
         self._masks: dict[tuple[str, int], int] = {}
         for p in geometry.profiles:
+            if not p.exclusive and p.max_count < len(p.starts):
+                # The state packs one bit for a once-per-GPU row; other counts are not representable.
+                raise ValueError(f"profile {p.name}: max_count {p.max_count} below its {len(p.starts)} starts")
             for s in p.starts:
-                if s + p.memory > self._mem or s + p.compute > self._cmp:
-                    raise ValueError(f"profile {p.name} start {s} exceeds geometry {geometry.name}")
-                m = (((1 << p.memory) - 1) << s) | ((((1 << p.compute) - 1) << s) << self._mem)
-                self._masks[(p.name, s)] = m
+                self._masks[(p.name, s)] = footprint(geometry, p.compute, p.memory, s)
         self._by_name = {p.name: p for p in geometry.profiles}
         self._starts: dict[tuple[int, str], tuple[int, ...]] = {}
-        self._largest: dict[int, model.MigProfile | None] = {}
+        self._largest: dict[int, MigShape | None] = {}
         self._state_of: dict[tuple[model.MigInstance, ...], int] = {}
         self._placements: dict[int, int] = {}
         self._stranded: dict[int, int] = {}
@@ -43,7 +48,7 @@ class Slots:
         # Profiles that can complete a partly used GPU (7g needs an empty one).
         self._fillers = tuple(p.name for p in geometry.profiles if p.memory < self._mem)
 
-    def profile(self, name: str) -> model.MigProfile:
+    def profile(self, name: str) -> MigShape:
         """The profile called ``name``."""
         return self._by_name[name]
 
@@ -169,11 +174,11 @@ class Slots:
             self._placements[state] = got
         return got
 
-    def largest_free(self, state: int) -> model.MigProfile | None:
+    def largest_free(self, state: int) -> MigShape | None:
         """The largest profile (by compute, then memory) with a free placement: the GPU's largest free block."""
         if state in self._largest:
             return self._largest[state]
-        best: model.MigProfile | None = None
+        best: MigShape | None = None
         for p in self.geometry.profiles:
             if self.can_host(state, p.name) and (best is None or (p.compute, p.memory) > (best.compute, best.memory)):
                 best = p
@@ -184,7 +189,7 @@ class Slots:
 _SLOTS: dict[str, Slots] = {}
 
 
-def slots_for(geometry: model.MigGeometry) -> Slots:
+def slots_for(geometry: MigGeometry) -> Slots:
     """A shared memoising :class:`Slots` per geometry name (pure: the tables depend only on it)."""
     got = _SLOTS.get(geometry.name)
     if got is None or got.geometry != geometry:

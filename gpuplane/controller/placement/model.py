@@ -1,70 +1,15 @@
-"""Frozen value types of the placement module: MIG geometry, cluster parts, requests, decisions.
+"""Frozen value types of the placement module: cluster parts, requests, decisions.
 
 Everything here is an immutable value; the indexed cluster view lives in
-``snapshot``. Names are stable strings (never a GPU index), so a decision can be
-applied by the operator without re-deriving anything.
+``snapshot``, the MIG slice layout in :mod:`gpuplane.mig.geometry`. Names are
+stable strings (never a GPU index), so a decision can be applied by the
+operator without re-deriving anything.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import NamedTuple
-
-
-@dataclass(frozen=True, slots=True)
-class MigProfile:
-    """One GPU-instance profile row: compute and memory slices and valid start slots.
-
-    ``start`` is in memory-slice units (NVML's ``placement.start``); the profile
-    takes memory slices ``start .. start+memory-1`` and compute slices
-    ``start .. start+compute-1``. ``exclusive`` marks a profile allowed once per
-    GPU (the ``+me`` row, which owns the media engines).
-    """
-
-    name: str
-    compute: int
-    memory: int
-    starts: tuple[int, ...]
-    exclusive: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class MigGeometry:
-    """The slice layout of one GPU family (A100/H100/H200/B200: 7 compute, 8 memory slices)."""
-
-    name: str
-    compute_slices: int
-    memory_slices: int
-    profiles: tuple[MigProfile, ...]
-
-    def profile(self, name: str) -> MigProfile:
-        """The profile called ``name``; KeyError if this geometry has none."""
-        for p in self.profiles:
-            if p.name == name:
-                return p
-        raise KeyError(f"unknown MIG profile {name!r} for geometry {self.name}")
-
-    def has_profile(self, name: str) -> bool:
-        """Whether ``name`` is one of this geometry's profiles."""
-        return any(p.name == name for p in self.profiles)
-
-
-# The Hopper rows of the MIG User Guide's "Supported MIG Profiles" tables, as in
-# gpuplane/driver/hw/mig_tables.py (H200/B200 assumed equal to H100).
-HOPPER = MigGeometry(
-    name="hopper-7c8m",
-    compute_slices=7,
-    memory_slices=8,
-    profiles=(
-        MigProfile("1g", 1, 1, (0, 1, 2, 3, 4, 5, 6)),
-        MigProfile("1g+me", 1, 1, (0, 1, 2, 3, 4, 5, 6), exclusive=True),
-        MigProfile("1g.2m", 1, 2, (0, 2, 4, 6)),
-        MigProfile("2g", 2, 2, (0, 2, 4)),
-        MigProfile("3g", 3, 4, (0, 4)),
-        MigProfile("4g", 4, 4, (0,)),
-        MigProfile("7g", 7, 8, (0,)),
-    ),
-)
 
 # GPU memory per model in GiB, for fair share by GPU memory (DRF).
 GPU_MEMORY_GIB: dict[str, float] = {"A100-40GB": 40.0, "A100-80GB": 80.0, "H100": 80.0, "H200": 141.0, "B200": 180.0}

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
 
 from gpuplane.controller.placement import geometry, model
+from gpuplane.mig.geometry import HOPPER, MigGeometry
 
 Signature = tuple[int, ...]
 
@@ -50,7 +51,7 @@ class Snapshot:
         raise AttributeError("Snapshot is immutable")
 
     @classmethod
-    def build(cls, domains: Iterable[model.Domain], geo: model.MigGeometry = model.HOPPER) -> Snapshot:
+    def build(cls, domains: Iterable[model.Domain], geo: MigGeometry = HOPPER) -> Snapshot:
         """Index ``domains`` (kept in the given order, which is the tie-break order)."""
         doms = tuple(domains)
         slots = geometry.slots_for(geo)
@@ -289,7 +290,7 @@ def uniform_cluster(
     *,
     gpu_model: str = "H100",
     prefix: str = "",
-    geo: model.MigGeometry = model.HOPPER,
+    geo: MigGeometry = HOPPER,
 ) -> Snapshot:
     """An empty cluster of equal domains: HGX is (n, 1, 8), NVL72 is (n, 18, 4).
 

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from gpuplane.mig.models import MigProfile
+
 
 class ErrorCode(enum.Enum):
     """NVML return codes the driver distinguishes (names follow NVML_ERROR_*)."""
@@ -43,33 +45,6 @@ class HardwareError(Exception):
         super().__init__(f"{code.value}: {message}")
         self.code = code
         self.message = message
-
-
-@dataclass(frozen=True)
-class MigProfile:
-    """One GPU-instance profile of a GPU model (a row of the MIG table).
-
-    ``profile_id`` is the NVML GPU-instance profile *constant*
-    (NVML_GPU_INSTANCE_PROFILE_1_SLICE == 0, ...); ``info_id`` is the id NVML
-    returns in the profile info and expects in placement/create calls.
-    ``placements`` are the valid start memory-slice slots; every placement
-    occupies ``memory_slices`` consecutive slots from its start.
-    """
-
-    name: str  # e.g. "3g.40gb", "1g.10gb+me"
-    profile_id: int
-    info_id: int
-    compute_slices: int
-    memory_slices: int
-    memory_bytes: int
-    multiprocessors: int
-    max_count: int
-    placements: tuple[int, ...]
-    copy_engines: int = 0
-    decoders: int = 0
-    encoders: int = 0
-    jpegs: int = 0
-    ofas: int = 0
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any
 
-from gpuplane.driver.hw import mig_tables
 from gpuplane.driver.hw.interface import (
     ComputeInstance,
     DeviceSample,
@@ -38,9 +37,10 @@ from gpuplane.driver.hw.interface import (
     HealthEvent,
     HealthEventKind,
     MigMode,
-    MigProfile,
     Process,
 )
+from gpuplane.mig import geometry, models
+from gpuplane.mig.models import MigProfile
 
 _MIB = 1024 * 1024
 
@@ -322,7 +322,7 @@ class NvmlBackend:
         """(GI profile constant, profile info) for every profile the device reports."""
         n = self._nvml
         out: list[tuple[int, Any]] = []
-        for const in range(self._const("NVML_GPU_INSTANCE_PROFILE_COUNT", mig_tables.GI_PROFILE_COUNT)):
+        for const in range(self._const("NVML_GPU_INSTANCE_PROFILE_COUNT", geometry.GI_PROFILE_COUNT)):
             info = self._try(n.nvmlDeviceGetGpuInstanceProfileInfo, h, const)
             if info is not None and int(getattr(info, "instanceCount", 0)) > 0:
                 out.append((const, info))
@@ -364,7 +364,7 @@ class NvmlBackend:
                 )
             if not out and self._try(n.nvmlDeviceGetMigMode, h) is not None:
                 # MIG-capable but MIG is off: NVML reports no profiles; use the static table.
-                model = mig_tables.model_for_product(_text(n.nvmlDeviceGetName(h)))
+                model = models.model_for_product(_text(n.nvmlDeviceGetName(h)))
                 return () if model is None else model.profiles
             return tuple(out)
 
@@ -472,11 +472,11 @@ class NvmlBackend:
             gi = n.nvmlDeviceGetGpuInstanceById(h, gi_id)
             gi_profile = int(n.nvmlGpuInstanceGetInfo(gi).profileId)
             slices = next((int(i.sliceCount) for _, i in self._profile_infos(h) if int(i.id) == gi_profile), None)
-            if slices is None or slices not in mig_tables.CI_PROFILE_BY_SLICES:
+            if slices is None or slices not in geometry.CI_PROFILE_BY_SLICES:
                 raise HardwareError(ErrorCode.NOT_SUPPORTED, f"GPU {uuid} GI {gi_id}: unknown GI profile")
             ci_info = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(
                 gi,
-                mig_tables.CI_PROFILE_BY_SLICES[slices],
+                geometry.CI_PROFILE_BY_SLICES[slices],
                 self._const("NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED", 0),
             )
             n.nvmlGpuInstanceCreateComputeInstance(gi, ci_info.id)

@@ -10,7 +10,7 @@ settings, injected processes, pending health events and telemetry overrides live
 - another process (a test, :mod:`gpuplane.driver.hw.sim_cli`) can inject events or processes while the
   driver runs, and the driver sees them on its next call (no stale in-memory cache).
 
-Errors follow NVML's return codes (see :mod:`gpuplane.driver.hw.mig_tables` for the placement rules).
+Errors follow NVML's return codes (see :mod:`gpuplane.mig.rules` for the placement rules).
 Simulator-only operations (``reset_gpu``, ``reboot``, ``inject_event``, ...) are plain methods
 that the production interface does not have.
 """
@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gpuplane.driver.hw import mig_tables, sim_profiles
+from gpuplane.driver.hw import caps, sim_profiles
 from gpuplane.driver.hw.interface import (
     ComputeInstance,
     DeviceSample,
@@ -45,9 +45,10 @@ from gpuplane.driver.hw.interface import (
     HealthEvent,
     HealthEventKind,
     MigMode,
-    MigProfile,
     Process,
 )
+from gpuplane.mig import geometry, models, rules
+from gpuplane.mig.models import MigProfile
 
 STATE_FILE = "sim-state.json"
 LOCK_FILE = "sim-state.lock"
@@ -295,13 +296,13 @@ class Simulator:
             raise _err(ErrorCode.GPU_IS_LOST, f"GPU {uuid} has fallen off the bus")
         return rec
 
-    def _model(self, uuid: str) -> mig_tables.MigModel:
+    def _model(self, uuid: str) -> models.MigModel:
         model = self.profile.gpu.mig_model
         if model is None:
             raise _err(ErrorCode.NOT_SUPPORTED, f"GPU {uuid} ({self.profile.gpu.product_name}) is not MIG-capable")
         return model
 
-    def _mig_gpu(self, st: dict[str, Any], uuid: str) -> tuple[dict[str, Any], mig_tables.MigModel]:
+    def _mig_gpu(self, st: dict[str, Any], uuid: str) -> tuple[dict[str, Any], models.MigModel]:
         rec = self._gpu(st, uuid)
         model = self._model(uuid)
         if not rec["mig_current"]:
@@ -318,7 +319,7 @@ class Simulator:
 
     def _to_gi(self, rec: dict[str, Any], gi: dict[str, Any]) -> GpuInstance:
         cis = tuple(ComputeInstance(ci_id=c["ci_id"], profile_id=c["profile_id"]) for c in gi["cis"])
-        gi_minor, ci_minor = mig_tables.caps_minors(rec["minor"], gi["gi_id"], cis[0].ci_id if cis else None)
+        gi_minor, ci_minor = caps.caps_minors(rec["minor"], gi["gi_id"], cis[0].ci_id if cis else None)
         return GpuInstance(
             gi_id=gi["gi_id"],
             profile_id=gi["profile_id"],
@@ -415,9 +416,9 @@ class Simulator:
         with self._op(write=True, latency=True) as st:
             rec, model = self._mig_gpu(st, uuid)
             existing = [(g["profile_id"], g["start"]) for g in rec["gis"]]
-            refusal = mig_tables.check_create(model, existing, profile_id, placement_start)
+            refusal = rules.check_create(model, existing, profile_id, placement_start)
             if refusal is not None:
-                raise _err(refusal.code, f"GPU {uuid}: {refusal.reason}")
+                raise _err(ErrorCode(refusal.code.value), f"GPU {uuid}: {refusal.reason}")
             prof = model.profile(profile_id)
             assert prof is not None
             used = {g["gi_id"] for g in rec["gis"]}
@@ -442,7 +443,7 @@ class Simulator:
             prof = model.profile(gi["profile_id"])
             assert prof is not None
             st["mig_generation"] = int(st.get("mig_generation", 0)) + 1
-            gi["cis"] = [{"ci_id": 0, "profile_id": mig_tables.CI_PROFILE_BY_SLICES[prof.compute_slices]}]
+            gi["cis"] = [{"ci_id": 0, "profile_id": geometry.CI_PROFILE_BY_SLICES[prof.compute_slices]}]
             gi["mig_uuid"] = mig_uuid(uuid, gi_id, st["mig_generation"])
             return self._to_gi(rec, gi)
 

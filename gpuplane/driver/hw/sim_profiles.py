@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from gpuplane.driver.hw import mig_tables
+from gpuplane.mig import models
 
 _MIB = 1024 * 1024
 
@@ -27,7 +27,7 @@ class GpuSpec:
     cuda_compute_capability: str
     memory_bytes: int
     multiprocessors: int
-    mig_model: mig_tables.MigModel | None
+    mig_model: models.MigModel | None
     mig_toggle_needs_reset: bool = False
     idle_power_w: float = 70.0
 
@@ -69,7 +69,7 @@ H100_SXM = GpuSpec(
     cuda_compute_capability="9.0",
     memory_bytes=81559 * _MIB,
     multiprocessors=132,
-    mig_model=mig_tables.H100_80GB,
+    mig_model=models.H100_80GB,
 )
 H200_SXM = GpuSpec(
     product_name="NVIDIA H200",
@@ -78,7 +78,7 @@ H200_SXM = GpuSpec(
     cuda_compute_capability="9.0",
     memory_bytes=143771 * _MIB,
     multiprocessors=132,
-    mig_model=mig_tables.H200_141GB,
+    mig_model=models.H200_141GB,
 )
 H100_NVL = GpuSpec(
     product_name="NVIDIA H100 NVL",
@@ -87,7 +87,7 @@ H100_NVL = GpuSpec(
     cuda_compute_capability="9.0",
     memory_bytes=95830 * _MIB,
     multiprocessors=132,
-    mig_model=mig_tables.H100_94GB,
+    mig_model=models.H100_94GB,
     idle_power_w=60.0,
 )
 GB200 = GpuSpec(
@@ -97,7 +97,7 @@ GB200 = GpuSpec(
     cuda_compute_capability="10.0",
     memory_bytes=189471 * _MIB,  # unverified
     multiprocessors=152,  # unverified
-    mig_model=mig_tables.GB200_186GB,
+    mig_model=models.GB200_186GB,
     idle_power_w=150.0,  # unverified
 )
 A100_SXM_40 = GpuSpec(
@@ -107,7 +107,7 @@ A100_SXM_40 = GpuSpec(
     cuda_compute_capability="8.0",
     memory_bytes=40960 * _MIB,
     multiprocessors=108,
-    mig_model=mig_tables.A100_40GB,
+    mig_model=models.A100_40GB,
     mig_toggle_needs_reset=True,
     idle_power_w=55.0,
 )

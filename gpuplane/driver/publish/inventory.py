@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from gpuplane.driver.hw import interface as hw
+from gpuplane.mig.models import MigProfile
 
 MAX_LABEL = 63
 
@@ -26,7 +27,7 @@ class MigSlot:
     """One MIG profile at one placement on one GPU: a partitionable device."""
 
     name: str
-    profile: hw.MigProfile
+    profile: MigProfile
     start: int
     static_instance: hw.GpuInstance | None = None  # an administrator's existing instance
 
@@ -41,7 +42,7 @@ class GpuEntry:
     name: str
     nvlink_domain: str
     mig_mode: hw.MigMode
-    profiles: tuple[hw.MigProfile, ...]
+    profiles: tuple[MigProfile, ...]
     instances: tuple[hw.GpuInstance, ...]
     # True when the whole-GPU device is offered.
     offer_whole: bool
@@ -145,7 +146,7 @@ _LOST = (hw.ErrorCode.GPU_IS_LOST, hw.ErrorCode.NOT_FOUND, hw.ErrorCode.UNKNOWN)
 
 def _probe(
     backend: hw.GpuBackend, info: hw.GpuInfo
-) -> tuple[hw.MigMode, tuple[hw.MigProfile, ...], tuple[hw.GpuInstance, ...], bool]:
+) -> tuple[hw.MigMode, tuple[MigProfile, ...], tuple[hw.GpuInstance, ...], bool]:
     """MIG facts of one GPU; a GPU that stopped answering is reported as lost, not as an error.
 
     A lost GPU keeps its whole-GPU device (so its name, and the health taint on it, stay

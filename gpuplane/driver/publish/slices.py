@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuplane.driver.api import names
-from gpuplane.driver.hw import interface as hw
 from gpuplane.driver.publish.inventory import GpuEntry, Inventory, MigSlot
+from gpuplane.mig.models import MigProfile
 
 MAX_DEVICES = 128
 MAX_DEVICES_ADVANCED = 64
@@ -365,5 +365,5 @@ def validate_pool(slices: Sequence[Mapping[str, Any]]) -> None:
         raise SliceLimitError(f"resourceSliceCount {counts} does not match {len(slices)} slices")
 
 
-def mig_profile_by_name(gpu: GpuEntry, profile_name: str) -> hw.MigProfile | None:
+def mig_profile_by_name(gpu: GpuEntry, profile_name: str) -> MigProfile | None:
     return next((p for p in gpu.profiles if p.name == profile_name), None)

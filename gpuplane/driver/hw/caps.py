@@ -1,0 +1,19 @@
+"""/dev/nvidia-caps minors of MIG instances: the numbering the NVIDIA driver gives them.
+
+A container using a MIG device needs the device nodes ``/dev/nvidia-caps/nvidia-cap<N>`` of its
+GPU instance's and compute instance's ``access`` files. The NVIDIA driver lists those minors in
+``/proc/driver/nvidia-caps/mig-minors``; the real backend reads that file, the simulator computes
+the same numbering. Pure.
+"""
+
+from __future__ import annotations
+
+
+def caps_minors(gpu_minor: int, gi_id: int, ci_id: int | None) -> tuple[int, int | None]:
+    """/dev/nvidia-caps minors of a GI's and CI's access files, per the driver's mig-minors numbering.
+
+    The driver numbers ``config``=1, ``monitor``=2, then for each GPU 15 GIs x (1 GI + 8 CI) entries.
+    (Layout of /proc/driver/nvidia-caps/mig-minors; read that file on real hardware.)
+    """
+    gi_minor = 3 + gpu_minor * 15 * 9 + gi_id * 9
+    return gi_minor, (None if ci_id is None else gi_minor + 1 + ci_id)
