@@ -37,8 +37,9 @@ from pathlib import Path
 from typing import Any, cast
 
 from gpuplane.driver.api import names
+from gpuplane.driver.host import atomic_write, proc_environ, proc_pids
 from gpuplane.driver.plugin.kubelet_client import KubeletPluginClient
-from gpuplane.driver.prepare.checkpoint import CheckpointStore, atomic_write, decode
+from gpuplane.driver.prepare.checkpoint import CheckpointStore, decode
 from gpuplane.driver.prepare.contract import ClaimRef
 from tests.driverkit import FakeClaims, make_claim, ref
 
@@ -127,16 +128,8 @@ class Driver:
 
 
 def _mps_processes(root: Path) -> list[int]:
-    needle = f"CUDA_MPS_PIPE_DIRECTORY={root}/".encode()
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                if any(e.startswith(needle) for e in Path(entry.path, "environ").read_bytes().split(b"\0")):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
+    prefix = f"{root}/"
+    return [pid for pid in proc_pids() if (proc_environ(pid, "CUDA_MPS_PIPE_DIRECTORY") or "").startswith(prefix)]
 
 
 @contextmanager

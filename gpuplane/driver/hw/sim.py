@@ -18,7 +18,6 @@ that the production interface does not have.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -33,6 +32,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gpuplane.driver.host import atomic_write, file_lock
 from gpuplane.driver.hw import caps, sim_profiles
 from gpuplane.driver.hw.interface import (
     ComputeInstance,
@@ -243,34 +243,17 @@ class Simulator:
         return st
 
     def _write_state(self, st: dict[str, Any]) -> None:
-        tmp = self._state_path.with_name(f".{STATE_FILE}.{os.getpid()}.{threading.get_ident()}.tmp")
         data = json.dumps(st, indent=1, sort_keys=True).encode()
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            if self.config.durable:
-                os.fsync(f.fileno())
-        os.replace(tmp, self._state_path)
-        if self.config.durable:
-            dfd = os.open(self.config.state_dir, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+        atomic_write(self._state_path, data, 0o644, durable=self.config.durable)
 
     @contextlib.contextmanager
     def _locked_state(self, *, write: bool) -> Iterator[dict[str, Any]]:
         """Read the state under the file lock; write it back if ``write`` and the body did not raise."""
-        self.config.state_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX if write else fcntl.LOCK_SH)
+        with file_lock(self._lock_path, shared=not write, mode=0o644):
             st = self._read_state()
             yield st
             if write:
                 self._write_state(st)
-        finally:
-            os.close(fd)  # closing the descriptor releases the flock
 
     @contextlib.contextmanager
     def _op(self, *, write: bool, latency: bool = False) -> Iterator[dict[str, Any]]:

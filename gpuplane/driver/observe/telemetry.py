@@ -43,6 +43,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpuplane.driver.host import PROC, proc_stat
 from gpuplane.driver.hw import interface as hw
 from gpuplane.driver.observe import cost, noisy
 from gpuplane.driver.prepare.checkpoint import Checkpoint, ClaimRecord
@@ -167,17 +168,10 @@ class TierResolver:
 # --- process attribution -----------------------------------------------------------------------
 
 
-def parent_pid(pid: int, proc: Path = Path("/proc")) -> int | None:
+def parent_pid(pid: int, proc: Path = PROC) -> int | None:
     """The parent of ``pid`` from /proc/<pid>/stat (None when gone)."""
-    try:
-        stat = (proc / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[-1].split()
-    try:
-        return int(fields[1])
-    except (IndexError, ValueError):
-        return None
+    stat = proc_stat(pid, proc)
+    return None if stat is None else stat.ppid
 
 
 def attribute(

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuplane.driver.api import names
-from gpuplane.driver.prepare.checkpoint import atomic_write
+from gpuplane.driver.host import atomic_write
 
 CDI_VERSION = "0.6.0"  # deviceNodes, env, mounts (with type) and spec annotations (0.6.0)
 MIG_OWNERSHIP_ANNOTATION = "gpu.gpuplane.dev/mig-instances"

@@ -15,18 +15,18 @@ reboot no MIG instance or MPS daemon survives, so prepared state is dropped.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
+
+from gpuplane.driver.host import atomic_write
 
 log = structlog.get_logger(__name__)
 
@@ -185,37 +185,6 @@ class CheckpointStore:
         checkpoint.boot_id = self.boot_id
         checkpoint.version = CHECKPOINT_VERSION
         atomic_write(self.path, encode(checkpoint))
-
-
-def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
-    """Write via temp file + fsync + rename + directory fsync."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive lock across processes (flock), so two plugin instances never act at once."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
 
 
 def read_boot_id(path: Path) -> str:

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import structlog
 
 from gpuplane.driver.api import configs
+from gpuplane.driver.host import file_lock
 from gpuplane.driver.hw import interface as hw
 from gpuplane.driver.kube import NotFound
 from gpuplane.driver.prepare import cdi, planning
@@ -31,7 +32,6 @@ from gpuplane.driver.prepare.checkpoint import (
     ClaimRecord,
     DeviceRecord,
     MigRecord,
-    file_lock,
 )
 from gpuplane.driver.prepare.claims import AllocatedDevice, ClaimError, parse_allocation
 from gpuplane.driver.prepare.contract import ClaimRef, PreparedDevice, PrepareResult, UnprepareResult

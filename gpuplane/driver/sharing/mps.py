@@ -57,7 +57,6 @@ import re
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -65,6 +64,8 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+
+from gpuplane.driver.host import atomic_write, proc_cmdline, proc_environ, proc_pids, proc_running
 
 log = structlog.get_logger(__name__)
 
@@ -605,45 +606,26 @@ class MpsControl:
         return info is not None and info[0] == self._binary_name and info[1] == str(pipe)
 
     def _running(self, pid: int) -> bool:
-        try:
-            stat = (self._proc / str(pid) / "stat").read_text()
-        except OSError:
-            return False
-        state = stat.rsplit(")", 1)[-1].split()
-        return bool(state) and state[0] not in ("Z", "X")
+        return proc_running(pid, self._proc)
 
     def _process(self, pid: int) -> tuple[str, str | None] | None:
         """(program name, CUDA_MPS_PIPE_DIRECTORY) of a live process, or None."""
         if not self._running(pid):
             return None
-        base = self._proc / str(pid)
-        try:
-            argv = (base / "cmdline").read_bytes().split(b"\0")
-        except OSError:
+        argv = proc_cmdline(pid, self._proc)
+        if argv is None:
             return None
         # The program is argv[0], or argv[1] for a script run by an interpreter.
-        names = [os.fsdecode(a).rsplit("/", 1)[-1] for a in argv[:2] if a]
+        names = [a.rsplit("/", 1)[-1] for a in argv[:2] if a]
         program = next((n for n in names if n in (self._binary_name, MPS_SERVER_BINARY)), None)
         if program is None:
             return None
-        try:
-            environ = (base / "environ").read_bytes().split(b"\0")
-        except OSError:
-            return (program, None)
-        for entry in environ:
-            if entry.startswith(b"CUDA_MPS_PIPE_DIRECTORY="):
-                return (program, os.fsdecode(entry.split(b"=", 1)[1]))
-        return (program, None)
+        return (program, proc_environ(pid, "CUDA_MPS_PIPE_DIRECTORY", self._proc))
 
     def _scan_processes(self, pipe: Path | None, *, servers: bool = False) -> Iterator[tuple[int, Path]]:
         """Live control daemons (and MPS servers if asked) for ``pipe``, or any pipe dir under the root."""
         me = os.getpid()
-        try:
-            entries = [e.name for e in os.scandir(self._proc) if e.name.isdigit()]
-        except OSError:
-            return
-        for name in entries:
-            pid = int(name)
+        for pid in proc_pids(self._proc):
             if pid == me:
                 continue
             info = self._process(pid)
@@ -689,23 +671,7 @@ class MpsControl:
         return data if isinstance(data, dict) else None
 
     def _write_record(self, paths: _Paths, record: Mapping[str, Any]) -> None:
-        """Temp file, fsync, rename, fsync the directory."""
-        fd, tmp = tempfile.mkstemp(dir=paths.root, prefix=".daemon-", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(record, f, indent=1, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, paths.record)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        dir_fd = os.open(paths.root, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        atomic_write(paths.record, json.dumps(record, indent=1, sort_keys=True).encode())
 
     def _boot_id(self) -> str | None:
         try:
