@@ -43,7 +43,8 @@ from gpuplane.driver.kube import KubeApi, make_api_client
 from gpuplane.driver.plugin.server import PluginServer
 from gpuplane.driver.prepare.contract import ClaimRef, PrepareResult, UnprepareResult
 from gpuplane.driver.prepare.state import ClaimSource, DeviceState, StateSettings
-from gpuplane.driver.sharing.mps import MpsControl, MpsDaemon, MpsSpec
+from gpuplane.driver.sharing.mps import MpsControl
+from gpuplane.driver.sharing.mps_spec import MpsDaemon, MpsSpec
 from tests.driverkit import STANDIN_MPS, FakeClaims
 
 

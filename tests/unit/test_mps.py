@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from gpuplane.driver.sharing import mps
+from gpuplane.driver.sharing import mps, mps_client, mps_spec
 
 STANDIN = Path(__file__).resolve().parents[1] / "fakes" / "nvidia-cuda-mps-control"
 GPU = "GPU-6f2a1e4c-3b7d-4e8a-9c1f-2d5b8a7e6c01"
@@ -80,11 +80,11 @@ def _wrapper(root: Path, name: str, body: str) -> Path:
     return path
 
 
-def _spec(claim: str, pct: int | None, limits: dict[str, int], devices: tuple[str, ...] = (GPU,)) -> mps.MpsSpec:
-    return mps.MpsSpec(claim, devices, pct, limits)
+def _spec(claim: str, pct: int | None, limits: dict[str, int], devices: tuple[str, ...] = (GPU,)) -> mps_spec.MpsSpec:
+    return mps_spec.MpsSpec(claim, devices, pct, limits)
 
 
-def _record(daemon: mps.MpsDaemon) -> dict[str, Any]:
+def _record(daemon: mps_spec.MpsDaemon) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((daemon.log_dir / "standin-record.json").read_text())
     return data
 
@@ -147,10 +147,10 @@ def test_two_claims_on_one_gpu_each_get_their_own_daemon_and_limits(
     listed = {d.claim_uid: d for d in control.list_daemons()}
     assert listed == {CLAIM_A: gold, CLAIM_B: bronze}
 
-    assert gold.container_env() == {"CUDA_MPS_PIPE_DIRECTORY": mps.CONTAINER_PIPE_DIR}
+    assert gold.container_env() == {"CUDA_MPS_PIPE_DIRECTORY": mps_spec.CONTAINER_PIPE_DIR}
     assert gold.container_mounts() == [
-        mps.Mount(gold.pipe_dir, "/run/gpuplane/mps/pipe", ("rw", "nosuid", "nodev", "bind")),
-        mps.Mount(gold.shm_dir, "/dev/shm", ("rw", "nosuid", "nodev", "bind")),
+        mps_spec.Mount(gold.pipe_dir, "/run/gpuplane/mps/pipe", ("rw", "nosuid", "nodev", "bind")),
+        mps_spec.Mount(gold.shm_dir, "/dev/shm", ("rw", "nosuid", "nodev", "bind")),
     ]
 
     gold_pid, bronze_pid = gold.pid, bronze.pid
@@ -167,7 +167,7 @@ def test_two_claims_on_one_gpu_each_get_their_own_daemon_and_limits(
 
 def test_mig_devices_use_ordinals_in_visible_device_order(root: Path) -> None:
     control = _control(root)
-    spec = mps.MpsSpec(CLAIM_A, (MIG_A, MIG_B), None, {MIG_B: 1044 * 1024 * 1024}, owner_uid=os.getuid())
+    spec = mps_spec.MpsSpec(CLAIM_A, (MIG_A, MIG_B), None, {MIG_B: 1044 * 1024 * 1024}, owner_uid=os.getuid())
     daemon = control.start(spec)
     rec = _record(daemon)
     assert rec["env"]["CUDA_VISIBLE_DEVICES"] == f"{MIG_A},{MIG_B}"
@@ -190,7 +190,7 @@ def test_start_is_idempotent_and_refuses_a_different_spec(root: Path) -> None:
     assert again == first
     assert len(_record(first)["commands"]) == commands  # nothing re-sent
 
-    with pytest.raises(mps.MpsError, match="different spec"):
+    with pytest.raises(mps_spec.MpsError, match="different spec"):
         control.start(_spec(CLAIM_A, 20, {GPU: 6 * GIB}))
     assert control.alive(CLAIM_A)  # the running daemon is left alone
 
@@ -220,7 +220,7 @@ def test_start_is_idempotent_and_refuses_a_different_spec(root: Path) -> None:
 def test_failed_start_leaves_nothing_behind(root: Path, body: str, message: str) -> None:
     binary = _wrapper(root, "bin", body.format(standin=STANDIN))
     control = _control(root, binary)
-    with pytest.raises(mps.MpsError, match=message):
+    with pytest.raises(mps_spec.MpsError, match=message):
         control.start(_spec(CLAIM_A, 60, {GPU: 6 * GIB}))
     assert not (root / "mps" / CLAIM_A).exists()
     assert not control.alive(CLAIM_A)
@@ -228,7 +228,7 @@ def test_failed_start_leaves_nothing_behind(root: Path, body: str, message: str)
 
 def test_missing_binary_is_a_clear_error(root: Path) -> None:
     control = _control(root, root / "nowhere" / "nvidia-cuda-mps-control")
-    with pytest.raises(mps.MpsError, match="cannot run"):
+    with pytest.raises(mps_spec.MpsError, match="cannot run"):
         control.start(_spec(CLAIM_A, 60, {}))
     assert not (root / "mps" / CLAIM_A).exists()
 
@@ -245,9 +245,9 @@ def test_missing_binary_is_a_clear_error(root: Path) -> None:
         (_spec("../escape", 50, {}), "invalid claim uid"),
     ],
 )
-def test_invalid_spec_is_refused_before_anything_is_made(root: Path, spec: mps.MpsSpec, message: str) -> None:
+def test_invalid_spec_is_refused_before_anything_is_made(root: Path, spec: mps_spec.MpsSpec, message: str) -> None:
     control = _control(root)
-    with pytest.raises(mps.MpsError, match=message):
+    with pytest.raises(mps_spec.MpsError, match=message):
         control.start(spec)
     assert not (root / "mps").exists() or not any((root / "mps").iterdir())
 
@@ -255,7 +255,7 @@ def test_invalid_spec_is_refused_before_anything_is_made(root: Path, spec: mps.M
 def test_control_socket_path_over_the_af_unix_limit_is_refused(root: Path) -> None:
     deep = root / ("d" * 80)
     control = mps.MpsControl(deep, str(STANDIN))
-    with pytest.raises(mps.MpsError, match="AF_UNIX"):
+    with pytest.raises(mps_spec.MpsError, match="AF_UNIX"):
         control.start(_spec(CLAIM_A, 50, {}))
     assert not deep.exists()
 
@@ -357,10 +357,10 @@ def test_stop_escalates_to_signals_when_quit_gets_no_answer(root: Path) -> None:
 _DRIVER = """
 import sys
 from pathlib import Path
-from gpuplane.driver.sharing import mps
+from gpuplane.driver.sharing import mps, mps_spec
 control = mps.MpsControl(Path(sys.argv[1]), sys.argv[2], start_timeout_s=5, command_timeout_s=5)
 print("go", flush=True)
-control.start(mps.MpsSpec(sys.argv[3], (sys.argv[4],), 60, {sys.argv[4]: 6 * 1024**3}))
+control.start(mps_spec.MpsSpec(sys.argv[3], (sys.argv[4],), 60, {sys.argv[4]: 6 * 1024**3}))
 print("ready", flush=True)
 """
 
@@ -459,4 +459,4 @@ def test_standin_follows_the_client_protocol(root: Path) -> None:
     ],
 )
 def test_pinned_limit_readback(reply: str, mib: int, ok: bool) -> None:
-    assert mps._mem_reply_matches(reply, mib) is ok
+    assert mps_client.mem_reply_matches(reply, mib) is ok

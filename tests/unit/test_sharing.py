@@ -15,7 +15,7 @@ import pytest
 
 from gpuplane.driver.api import names
 from gpuplane.driver.prepare import cdi
-from gpuplane.driver.sharing import mps
+from gpuplane.driver.sharing import mps_spec
 from gpuplane.mig import geometry
 from tests.driverkit import DriverUnderTest, driver_env, make_claim, ref
 
@@ -59,12 +59,12 @@ def unprepare(drv: DriverUnderTest, claim: Mapping[str, Any]) -> None:
     assert drv.state.unprepare([ref(claim)])[claim["metadata"]["uid"]].error == ""
 
 
-def daemon_of(drv: DriverUnderTest, claim: Mapping[str, Any]) -> mps.MpsDaemon:
+def daemon_of(drv: DriverUnderTest, claim: Mapping[str, Any]) -> mps_spec.MpsDaemon:
     (daemon,) = [d for d in drv.mps.list_daemons() if d.claim_uid == claim["metadata"]["uid"]]
     return daemon
 
 
-def record(daemon: mps.MpsDaemon) -> dict[str, Any]:
+def record(daemon: mps_spec.MpsDaemon) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((daemon.log_dir / "standin-record.json").read_text())
     return data
 
@@ -120,8 +120,8 @@ def test_two_tiers_share_a_gpu_each_with_its_own_daemon(drv: DriverUnderTest) ->
         assert all(c["ok"] for c in rec["commands"])
         doc = cdi_doc(drv, claim)
         mounts = {m["containerPath"]: m["hostPath"] for m in doc["containerEdits"]["mounts"]}
-        assert mounts == {mps.CONTAINER_PIPE_DIR: str(daemon.pipe_dir), "/dev/shm": str(daemon.shm_dir)}
-        assert f"CUDA_MPS_PIPE_DIRECTORY={mps.CONTAINER_PIPE_DIR}" in doc["containerEdits"]["env"]
+        assert mounts == {mps_spec.CONTAINER_PIPE_DIR: str(daemon.pipe_dir), "/dev/shm": str(daemon.shm_dir)}
+        assert f"CUDA_MPS_PIPE_DIRECTORY={mps_spec.CONTAINER_PIPE_DIR}" in doc["containerEdits"]["env"]
         assert f"CUDA_VISIBLE_DEVICES={uuid}" in doc["containerEdits"]["env"]
         assert drv.state.snapshot().claims[claim["metadata"]["uid"]].mps_daemon
 
@@ -282,7 +282,7 @@ def test_mps_on_a_mig_device(drv: DriverUnderTest) -> None:
     assert rec["defaults"]["active_thread_percentage"] == 50.0
     env = cdi_doc(drv, claim)["containerEdits"]["env"]
     assert f"CUDA_VISIBLE_DEVICES={gi.mig_uuid}" in env
-    assert f"CUDA_MPS_PIPE_DIRECTORY={mps.CONTAINER_PIPE_DIR}" in env
+    assert f"CUDA_MPS_PIPE_DIRECTORY={mps_spec.CONTAINER_PIPE_DIR}" in env
     pid = daemon.pid
     assert pid is not None
     unprepare(drv, claim)

@@ -36,7 +36,8 @@ from gpuplane.driver.prepare.checkpoint import (
 from gpuplane.driver.prepare.claims import AllocatedDevice, ClaimError, parse_allocation
 from gpuplane.driver.prepare.contract import ClaimRef, PreparedDevice, PrepareResult, UnprepareResult
 from gpuplane.driver.publish.inventory import GpuEntry, Inventory, MigSlot, discover
-from gpuplane.driver.sharing.mps import MpsControl, MpsError, MpsSpec
+from gpuplane.driver.sharing.mps import MpsControl
+from gpuplane.driver.sharing.mps_spec import MpsError, MpsSpec
 
 log = structlog.get_logger(__name__)
 

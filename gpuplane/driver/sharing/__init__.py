@@ -1,7 +1,12 @@
 """Sharing one GPU between claims.
 
-- ``mps``: per-claim MPS control daemons (start, configure, find again, stop); starts and stops
-  processes and writes under the plugin directory.
+- ``mps``: :class:`mps.MpsControl`, per-claim MPS control daemons (start, configure, find again,
+  stop), one claim's daemon at a time, serialized.
+- ``mps_daemon``: one claim's daemon: creates and removes its directories under the plugin
+  directory, writes its record, starts and stops the process.
+- ``mps_client``: the control binary in client mode, and the read-back of every setting (runs it).
+- ``mps_procs``: finds MPS daemons and servers in ``/proc`` (reads it) and signals them.
+- ``mps_spec``: the values (spec, paths, what containers get) and the spec checks; no I/O.
 
 Time-slicing needs no daemon: ``DeviceState`` (:mod:`gpuplane.driver.prepare.state`) sets the
 GPU's time-slice through the hardware backend.
