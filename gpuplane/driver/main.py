@@ -19,6 +19,8 @@ from gpuplane.driver.metrics import DriverMetrics
 from gpuplane.driver.observe import cost, health, noisy, telemetry
 from gpuplane.driver.observe.health_board import HealthBoard
 from gpuplane.driver.observe.health_watcher import HealthMetrics, HealthWatcher
+from gpuplane.driver.observe.telemetry_metrics import TelemetryMetrics
+from gpuplane.driver.observe.tiers import TierResolver
 from gpuplane.driver.plugin.server import PluginServer
 from gpuplane.driver.prepare.checkpoint import read_boot_id
 from gpuplane.driver.prepare.state import DeviceState, StateSettings
@@ -120,7 +122,7 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
         )
         server.start()
         checks.add_check("kubelet-registered", server.registered.is_set)
-        telemetry_metrics = telemetry.TelemetryMetrics(metrics.registry)
+        telemetry_metrics = TelemetryMetrics(metrics.registry)
         sampler = telemetry.TelemetrySampler(
             backend,
             telemetry.TelemetrySettings(
@@ -135,7 +137,7 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
             telemetry_metrics,
             inventory=state.inventory,
             checkpoint=state.snapshot,
-            tiers=telemetry.TierResolver(api),
+            tiers=TierResolver(api),
             daemon_pids=lambda: {d.pid: d.claim_uid for d in mps.list_daemons() if d.pid is not None},
             events=api,
             accountant=cost.CostAccountant(

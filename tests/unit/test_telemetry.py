@@ -9,7 +9,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuplane.driver.hw.sim import SimConfig, Simulator
-from gpuplane.driver.observe import cost, noisy, telemetry
+from gpuplane.driver.observe import attribution, cost, noisy, telemetry, telemetry_metrics, tiers
 from gpuplane.driver.prepare.checkpoint import Checkpoint, ClaimRecord, DeviceRecord, MigRecord, SharingRecord
 from gpuplane.driver.publish.inventory import discover
 
@@ -86,17 +86,17 @@ def test_class_names_and_tiers() -> None:
             }
         }
     }
-    assert telemetry.class_names(claim) == ["mps-gold.gpu.gpuplane.dev", "gpu.gpuplane.dev"]
-    assert telemetry.tier_from_classes(["gpu.gpuplane.dev", "mps-gold.gpu.gpuplane.dev"], {}) == "gold"
-    assert telemetry.tier_from_classes(["custom"], {"custom": "platinum"}) == "platinum"
-    assert telemetry.tier_from_classes(["gpu.gpuplane.dev"], {}) is None
+    assert tiers.class_names(claim) == ["mps-gold.gpu.gpuplane.dev", "gpu.gpuplane.dev"]
+    assert tiers.tier_from_classes(["gpu.gpuplane.dev", "mps-gold.gpu.gpuplane.dev"], {}) == "gold"
+    assert tiers.tier_from_classes(["custom"], {"custom": "platinum"}) == "platinum"
+    assert tiers.tier_from_classes(["gpu.gpuplane.dev"], {}) is None
 
 
 def test_attribution_walks_to_the_mps_daemon() -> None:
     parents = {500: 400, 400: 300, 300: 1, 900: 1}
-    owner = telemetry.attribute([500, 400, 900, 300], {300: "claim-a"}, parents.get)
+    owner = attribution.attribute([500, 400, 900, 300], {300: "claim-a"}, parents.get)
     assert owner == {500: "claim-a", 400: "claim-a", 300: "claim-a"}
-    assert telemetry.claim_shares({500: 0.25, 400: 0.1, 900: 0.5}, owner) == {"claim-a": 0.35}
+    assert attribution.claim_shares({500: 0.25, 400: 0.1, 900: 0.5}, owner) == {"claim-a": 0.35}
 
 
 def test_sampler_metrics_noisy_events_and_cost(tmp_path: Path) -> None:
@@ -121,7 +121,7 @@ def test_sampler_metrics_noisy_events_and_cost(tmp_path: Path) -> None:
     )
     claims = Claims({"c-gold1": "mps-gold.gpu.gpuplane.dev", "c-bronze1": "mps-bronze.gpu.gpuplane.dev"})
     registry = CollectorRegistry()
-    metrics = telemetry.TelemetryMetrics(registry)
+    metrics = telemetry_metrics.TelemetryMetrics(registry)
     events = Events()
     clock = Clock()
     acc = cost.CostAccountant(tmp_path / "ledger.jsonl", "n1", sink=metrics)
@@ -131,7 +131,7 @@ def test_sampler_metrics_noisy_events_and_cost(tmp_path: Path) -> None:
         metrics,
         inventory=lambda: inv,
         checkpoint=lambda: cp,
-        tiers=telemetry.TierResolver(claims),
+        tiers=tiers.TierResolver(claims),
         daemon_pids=lambda: {4242: "gold1", 4343: "bronze1"},
         parent_of={5001: 4343}.get,
         events=events,

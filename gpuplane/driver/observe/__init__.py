@@ -6,8 +6,13 @@
   health stream reads.
 - ``health_watcher``: the thread that feeds hardware events and probes to the policy, and
   persists fatal conditions (``health.json``).
-- ``telemetry``: per-device and per-claim gauges on one sampler thread, which also drives
-  ``noisy`` and ``cost``.
+- ``telemetry``: the sampler thread: each tick samples the GPUs, rebuilds the gauges, feeds the
+  noisy-neighbour watch and the cost accountant.
+- ``telemetry_metrics``: the metric families (dcgm-exporter's names) and their collector; building
+  them is pure.
+- ``tiers``: which tier a claim is in (reads each MPS claim once from the API).
+- ``attribution``: which claim a GPU process belongs to (reads ``/proc``).
+- ``noisy_watch``: bandwidth shares on MPS-shared GPUs into ``noisy``, alerts into Events and counters.
 - ``noisy``: noisy-neighbour detection on MPS-shared GPUs; pure.
 - ``cost``: GPU time per claim into a ledger file, and the ``python -m
   gpuplane.driver.observe.cost`` summary.
