@@ -17,7 +17,7 @@ from typing import Any
 import kopf
 
 from gpuplane.controller import config, names, runtime
-from gpuplane.controller.claim import checks as claims
+from gpuplane.controller.claim import checks
 from gpuplane.driver.api import names as dn
 
 RESOURCE = ("resource.k8s.io", "v1")
@@ -148,7 +148,7 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
     async def claim_timer(body: kopf.Body, memo: runtime.Runtime, **kw: Any) -> None:
         classes = runtime.single(kw["class_idx"])
         plain = _plain(body, "spec", "status")
-        if not memo.leading() or not claims.is_ours(plain, classes):
+        if not memo.leading() or not checks.is_ours(plain, classes):
             return
         async with memo.lock():
             now = time.time()

@@ -21,7 +21,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from gpuplane.controller import events, names
-from gpuplane.controller.gang import ops as gangs
+from gpuplane.controller.gang import writes
 
 log = structlog.get_logger(__name__)
 
@@ -84,7 +84,7 @@ class KubeWriter:
         )
 
     # --- steps ------------------------------------------------------------------------------
-    def run(self, namespace: str, step: gangs.Step) -> None:
+    def run(self, namespace: str, step: writes.Step) -> None:
         """Execute one step; raise StepFailed on an error that is not 'already done'."""
         if step.kind != "wait":
             self.fence()

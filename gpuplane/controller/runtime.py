@@ -25,11 +25,9 @@ import structlog
 
 from gpuplane.controller import config, events, kube, leader, names
 from gpuplane.controller import metrics as metrics_mod
-from gpuplane.controller.claim import checks as claims
-from gpuplane.controller.gang import queue_runner, status, world
-from gpuplane.controller.gang import reconciler as gang_reconciler
-from gpuplane.controller.node import labels as nodelabels
-from gpuplane.controller.node import snapshot_builder
+from gpuplane.controller.claim import checks
+from gpuplane.controller.gang import queue_runner, reconciler, status, world
+from gpuplane.controller.node import labels, snapshot_builder
 from gpuplane.controller.placement.policies import base as policy_base
 from gpuplane.controller.placement.policies import make as make_policy
 from gpuplane.driver.api import names as dn
@@ -94,10 +92,10 @@ class Runtime:
         return True
 
     @property
-    def settings(self) -> gang_reconciler.Settings:
+    def settings(self) -> reconciler.Settings:
         """Reconcile settings from the config."""
         c = self.cfg
-        return gang_reconciler.Settings(
+        return reconciler.Settings(
             eviction_grace_s=c.eviction_grace_s,
             queue=queue_runner.Settings(aging_s=c.aging_s, aging_cap=c.aging_cap, starvation_s=c.starvation_s),
         )
@@ -203,10 +201,10 @@ async def _reconcile_gang(rt: Runtime, key: str, w: world.World, now: float) -> 
         rt.coalescer.forget(key)
         return
     plan, view = plan_for(rt, w, now)
-    outcome = gang_reconciler.decide(key, body, w, view=view, plan=plan, now=now, settings=rt.settings)
+    outcome = reconciler.decide(key, body, w, view=view, plan=plan, now=now, settings=rt.settings)
     written, _ = await asyncio.to_thread(
         functools.partial(
-            gang_reconciler.apply, rt.writer, rt.writer, rt.coalescer, key=key, body=body, outcome=outcome, now=now
+            reconciler.apply, rt.writer, rt.writer, rt.coalescer, key=key, body=body, outcome=outcome, now=now
         )
     )
     if "phase" in written or outcome.victims:
@@ -228,13 +226,13 @@ async def _reconcile_gang(rt: Runtime, key: str, w: world.World, now: float) -> 
     if outcome.placed_after_s is not None and written.get("placement"):
         rt.metrics.wait_seconds.observe(max(0.0, outcome.placed_after_s))
     for victim in outcome.victims:
-        vo = gang_reconciler.victim_outcome(victim, key, w, rt.settings)
+        vo = reconciler.victim_outcome(victim, key, w, rt.settings)
         if vo is None:
             continue
         vbody = w.gangs[victim]
         vwritten, _ = await asyncio.to_thread(
             functools.partial(
-                gang_reconciler.apply, rt.writer, rt.writer, rt.coalescer, key=victim, body=vbody, outcome=vo, now=now
+                reconciler.apply, rt.writer, rt.writer, rt.coalescer, key=victim, body=vbody, outcome=vo, now=now
             )
         )
         rt.metrics.decisions.labels(outcome="preempted").inc()
@@ -250,8 +248,8 @@ async def sync_node_label(
     """Bring one node's NVLink-domain label in line with its published GPUs."""
     if node_body is None or not rt.leading():
         return
-    want = nodelabels.desired(nodelabels.domains_of_node(node, slices))
-    patch = nodelabels.patch_for(node_body, want)
+    want = labels.desired(labels.domains_of_node(node, slices))
+    patch = labels.patch_for(node_body, want)
     if patch is None:
         return
     await asyncio.to_thread(rt.writer.patch_node, node, patch)
@@ -272,13 +270,13 @@ async def check_claim(
     rt: Runtime, claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], consumers: Iterable[str]
 ) -> None:
     """Validate a claim's config and its NVLink-domain constraint; record findings once (annotations)."""
-    if not rt.leading() or (not claims.is_ours(claim, classes) and not _has_our_config(claim)):
+    if not rt.leading() or (not checks.is_ours(claim, classes) and not _has_our_config(claim)):
         return
     meta = claim.get("metadata") or {}
     ns, name = meta.get("namespace", ""), meta.get("name", "")
     annotations = meta.get("annotations") or {}
     ref = events.ObjectRef.of(claim, "resource.k8s.io/v1", "ResourceClaim")
-    problems = claims.validate(claim, classes)
+    problems = checks.validate(claim, classes)
     error = "; ".join(problems) or None
     updates: dict[str, str | None] = {}
     if error != annotations.get(names.ANNOTATION_CONFIG_ERROR):
@@ -299,7 +297,7 @@ async def check_claim(
                 await asyncio.to_thread(rt.writer.set_pod_condition, ns, pod, cond)
             except Exception as exc:  # a vanished pod is not an error of the claim
                 log.info("could not set pod condition", pod=pod, error=str(exc))
-    warning = claims.domain_warning(claim, classes)
+    warning = checks.domain_warning(claim, classes)
     if warning and annotations.get(names.ANNOTATION_DOMAIN_WARNING) != "warned":
         updates[names.ANNOTATION_DOMAIN_WARNING] = "warned"
         rt.metrics.claim_findings.labels(finding="no-domain-constraint").inc()
@@ -318,13 +316,13 @@ async def explain_claim(
 ) -> None:
     """For a claim that stays unallocated, say why in an Event (once per distinct reason)."""
     meta = claim.get("metadata") or {}
-    if not rt.leading() or (claim.get("status") or {}).get("allocation") or not claims.is_ours(claim, classes):
+    if not rt.leading() or (claim.get("status") or {}).get("allocation") or not checks.is_ours(claim, classes):
         return
     age = now - (status.parse_time(meta.get("creationTimestamp")) or now)
     if age < rt.cfg.claim_explain_after_s:
         return
     _, view = plan_for(rt, w, now)
-    reason = claims.explain_unallocated(claim, classes, view)
+    reason = checks.explain_unallocated(claim, classes, view)
     if not reason or (meta.get("annotations") or {}).get(names.ANNOTATION_EXPLAINED) == reason[:250]:
         return
     rt.metrics.claim_findings.labels(finding="unallocated").inc()

@@ -18,14 +18,10 @@ from typing import Any
 import pytest
 
 from gpuplane.controller import names
-from gpuplane.controller.claim import checks as claims
-from gpuplane.controller.claim import selectors
-from gpuplane.controller.gang import ops as gangs
-from gpuplane.controller.gang import queue_runner, status, world
-from gpuplane.controller.gang import reconciler as gang_reconciler
-from gpuplane.controller.gang import spec as gangspec
-from gpuplane.controller.node import labels as nodelabels
-from gpuplane.controller.node import snapshot_builder
+from gpuplane.controller.claim import checks, selectors
+from gpuplane.controller.gang import desired, placement_record, queue_runner, reconciler, status, world, writes
+from gpuplane.controller.gang.spec import GangSpec
+from gpuplane.controller.node import labels, snapshot_builder
 from gpuplane.controller.placement.policies import make as make_policy
 from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.publish import inventory, slices
@@ -166,10 +162,10 @@ def run_pass(w: world.World, now: float = T0 + 10) -> tuple[queue_runner.Plan, s
     return plan, view
 
 
-def decide(w: world.World, key: str, now: float = T0 + 10) -> gang_reconciler.Outcome:
+def decide(w: world.World, key: str, now: float = T0 + 10) -> reconciler.Outcome:
     plan, view = run_pass(w, now)
-    return gang_reconciler.decide(
-        key, w.gangs[key], w, view=view, plan=plan, now=now, settings=gang_reconciler.Settings(eviction_grace_s=0)
+    return reconciler.decide(
+        key, w.gangs[key], w, view=view, plan=plan, now=now, settings=reconciler.Settings(eviction_grace_s=0)
     )
 
 
@@ -184,7 +180,7 @@ class FakeApi:
         self.writes: list[str] = []
         self.crash_after = crash_after
 
-    def run(self, step: gangs.Step) -> None:
+    def run(self, step: writes.Step) -> None:
         if self.crash_after is not None and len(self.writes) >= self.crash_after:
             raise RuntimeError("crash")
         self.writes.append(f"{step.kind} {step.name}")
@@ -207,7 +203,7 @@ class FakeApi:
             raise RuntimeError(step.why)
 
 
-def apply_all(api: FakeApi, steps: Sequence[gangs.Step]) -> bool:
+def apply_all(api: FakeApi, steps: Sequence[writes.Step]) -> bool:
     for step in steps:
         try:
             api.run(step)
@@ -234,15 +230,15 @@ def test_view_reads_domains_from_real_slices(cluster_slices: list[dict[str, Any]
 
 
 def test_node_label_from_slices(cluster_slices: list[dict[str, Any]]) -> None:
-    hgx = nodelabels.desired(nodelabels.domains_of_node("hgx-0", cluster_slices))
-    nvl = [nodelabels.desired(nodelabels.domains_of_node(f"nvl-{i}", cluster_slices)).label for i in range(4)]
+    hgx = labels.desired(labels.domains_of_node("hgx-0", cluster_slices))
+    nvl = [labels.desired(labels.domains_of_node(f"nvl-{i}", cluster_slices)).label for i in range(4)]
     assert hgx.label == "hgx-0.nvl0"
     assert len(set(nvl)) == 1 and nvl[0] == f"{CLUSTER}.1"
     node = {"metadata": {"name": "hgx-0", "labels": {names.NODE_LABEL_NVLINK_DOMAIN: "stale"}}}
-    assert nodelabels.patch_for(node, hgx) == {"metadata": {"labels": {names.NODE_LABEL_NVLINK_DOMAIN: "hgx-0.nvl0"}}}
+    assert labels.patch_for(node, hgx) == {"metadata": {"labels": {names.NODE_LABEL_NVLINK_DOMAIN: "hgx-0.nvl0"}}}
     node["metadata"]["labels"][names.NODE_LABEL_NVLINK_DOMAIN] = "hgx-0.nvl0"
-    assert nodelabels.patch_for(node, hgx) is None
-    assert nodelabels.desired({"a", "b"}) == nodelabels.NodeDomains(label=None, annotation="a,b")
+    assert labels.patch_for(node, hgx) is None
+    assert labels.desired({"a", "b"}) == labels.NodeDomains(label=None, annotation="a,b")
 
 
 def test_selector_prefilter() -> None:
@@ -342,7 +338,7 @@ def test_narrowing_keeps_existing_terms() -> None:
             }
         }
     }
-    out = gangs.narrowed_affinity(aff, "n1")
+    out = desired.narrowed_affinity(aff, "n1")
     assert out is not None
     exprs = out["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0][
         "matchExpressions"
@@ -351,8 +347,8 @@ def test_narrowing_keeps_existing_terms() -> None:
         {"key": "zone", "operator": "In", "values": ["a"]},
         {"key": "kubernetes.io/hostname", "operator": "In", "values": ["n1"]},
     ]
-    assert gangs.narrowed_affinity(out, "n1") is None
-    assert gangs.pinned_elsewhere(out, "n2") == "n1"
+    assert desired.narrowed_affinity(out, "n1") is None
+    assert desired.pinned_elsewhere(out, "n2") == "n1"
 
 
 # --- queue: fairness, aging, preemption ------------------------------------------------------------
@@ -458,7 +454,7 @@ def test_drf_orders_equal_priority_by_dominant_share(cluster_slices: list[dict[s
 
 
 def test_aging_lifts_old_low_priority_gangs() -> None:
-    spec = gangspec.GangSpec(members=1, gpusPerMember=1, priority=0)
+    spec = GangSpec(members=1, gpusPerMember=1, priority=0)
     e = queue_runner.Entry("ns/x", "ns", spec, created=T0, waiting_since=T0, ready=True, holding=False)
     s = queue_runner.Settings(aging_s=60, aging_cap=3)
     assert queue_runner.effective_priority(e, T0 + 59, s) == 0
@@ -482,14 +478,14 @@ def test_256_member_gang_status_writes_are_bounded(cluster_slices: list[dict[str
         "members": {str(i): "hgx-0" for i in range(n)},
         "devices": {str(i): "" for i in range(n)},
     }
-    decided = gangs.decision_from_status("team-a/huge", placement, {})
+    decided = placement_record.decision_from_status("team-a/huge", placement, {})
     assert decided is not None
     member_claims = [
         {
             "metadata": {
                 "name": f"huge-{i}",
                 "namespace": "team-a",
-                "annotations": {names.ANNOTATION_DECISION: gangs.decision_id(decided)},
+                "annotations": {names.ANNOTATION_DECISION: placement_record.decision_id(decided)},
                 "ownerReferences": [{"apiVersion": names.GANG_API_VERSION, "kind": names.GANG_KIND, "name": "huge"}],
             },
             "spec": {},
@@ -554,7 +550,7 @@ def test_claim_config_validation_messages() -> None:
             }
         ],
     )
-    problems = claims.validate(bad, CLASSES)
+    problems = checks.validate(bad, CLASSES)
     assert len(problems) == 1 and "defaultActiveThreadPercentage" in problems[0] and "150" in problems[0]
     mig_ts = claim_body(
         [req("m", cls="mig.gpuplane.dev")],
@@ -571,7 +567,7 @@ def test_claim_config_validation_messages() -> None:
             }
         ],
     )
-    assert "not supported on MIG" in claims.validate(mig_ts, CLASSES)[0]
+    assert "not supported on MIG" in checks.validate(mig_ts, CLASSES)[0]
     good = claim_body(
         [req("g")],
         [
@@ -583,18 +579,18 @@ def test_claim_config_validation_messages() -> None:
             }
         ],
     )
-    assert claims.validate(good, CLASSES) == []
+    assert checks.validate(good, CLASSES) == []
 
 
 def test_multi_gpu_claim_without_domain_constraint_warns() -> None:
     bare = claim_body([req("g", count=4)])
-    warning = claims.domain_warning(bare, CLASSES)
+    warning = checks.domain_warning(bare, CLASSES)
     assert warning and "matchAttribute: gpu.gpuplane.dev/nvlinkDomain" in warning
     ok = claim_body(
         [req("g", count=4)], constraints=[{"requests": ["g"], "matchAttribute": "gpu.gpuplane.dev/nvlinkDomain"}]
     )
-    assert claims.domain_warning(ok, CLASSES) is None
-    assert claims.domain_warning(claim_body([req("g", count=1)]), CLASSES) is None
+    assert checks.domain_warning(ok, CLASSES) is None
+    assert checks.domain_warning(claim_body([req("g", count=1)]), CLASSES) is None
 
 
 def test_unallocated_mig_claim_is_explained(cluster_slices: list[dict[str, Any]]) -> None:
@@ -607,7 +603,7 @@ def test_unallocated_mig_claim_is_explained(cluster_slices: list[dict[str, Any]]
     c = claim_body(
         [req("m", cls="mig.gpuplane.dev", sel=[f'device.attributes["gpu.gpuplane.dev"].migProfile == "{h100_4g}"'])]
     )
-    why = claims.explain_unallocated(c, CLASSES, view)
+    why = checks.explain_unallocated(c, CLASSES, view)
     assert f"no free placement for profile {h100_4g}" in why
     assert "largest free block per GPU is 3g" in why
 
@@ -696,11 +692,11 @@ def test_partial_share_without_sharing_strategy_is_flagged_before_scheduling() -
     """A sharePercent < 100 on a plain exclusive claim is refused by the driver; the controller says so first."""
     shared = req("g")
     shared["exactly"]["capacity"] = {"requests": {"sharePercent": "50"}}
-    problems = claims.validate(claim_body([shared]), CLASSES)
+    problems = checks.validate(claim_body([shared]), CLASSES)
     assert len(problems) == 1 and "sharePercent 50" in problems[0] and "Exclusive" in problems[0]
     whole = req("g")
     whole["exactly"]["capacity"] = {"requests": {"sharePercent": "100"}}
-    assert claims.validate(claim_body([whole]), CLASSES) == []
+    assert checks.validate(claim_body([whole]), CLASSES) == []
     timesliced = claim_body(
         [shared],
         [
@@ -716,4 +712,4 @@ def test_partial_share_without_sharing_strategy_is_flagged_before_scheduling() -
             }
         ],
     )
-    assert claims.validate(timesliced, CLASSES) == []
+    assert checks.validate(timesliced, CLASSES) == []

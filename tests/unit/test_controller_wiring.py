@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 
 from gpuplane.controller import config, events, handlers, kube, metrics, runtime
-from gpuplane.controller.gang import ops as gangs
-from gpuplane.controller.gang import world
+from gpuplane.controller.gang import world, writes
 
 
 def test_config_reads_flags_then_environment() -> None:
@@ -45,11 +44,11 @@ def test_a_replica_that_is_not_the_leader_writes_nothing() -> None:
     with pytest.raises(kube.NotLeader):
         writer.patch_gang_status("ns", "g", {"phase": "Placing"})
     with pytest.raises(kube.NotLeader):
-        writer.run("ns", gangs.Step("create-claim", "g-0", {}))
+        writer.run("ns", writes.Step("create-claim", "g-0", {}))
     with pytest.raises(kube.NotLeader):
         writer.patch_node("n", {"metadata": {}})
     with pytest.raises(kube.StepFailed):  # a wait step is not a write: it fails as before
-        writer.run("ns", gangs.Step("wait", "g", why="blocked"))
+        writer.run("ns", writes.Step("wait", "g", why="blocked"))
     writer.event(events.ObjectRef("v1", "Pod", "p", "ns", "u"), "Normal", "R", "m")  # silently dropped
 
 

@@ -4,7 +4,10 @@
 - ``world``: one consistent read of the kopf indexes for a queue pass, plus the placement view; pure.
 - ``queue_runner``: the gang queue over :mod:`gpuplane.controller.placement.queue` (order,
   fairness, preemption): gangs in, one action per gang out; pure.
-- ``ops``: member pods in, the idempotent API steps of a placement or a release out; pure.
+- ``membership``: the member pods of a gang, by index, and why a pod was not counted; pure.
+- ``placement_record``: the placement decision in the gang's status, and back; pure.
+- ``desired``: each member's ResourceClaim and its pod's narrowed node affinity; pure.
+- ``writes``: the idempotent API steps that apply a placement or a release, in order; pure.
 - ``reconciler``: one gang's reconcile, ``decide`` (pure) and ``apply`` (the ordered API writes,
   through :mod:`gpuplane.controller.kube`).
 - ``status``: gang status as merge patches of changed fields, coalesced per gang; pure.

@@ -40,7 +40,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuplane.controller.gang import spec as gangspec
+from gpuplane.controller.gang.spec import GangSpec, to_request
 from gpuplane.controller.node import snapshot_builder
 from gpuplane.controller.placement import model, place, snapshot
 from gpuplane.controller.placement import queue as pq
@@ -55,7 +55,7 @@ class Entry:
 
     key: str  # "ns/name"
     namespace: str
-    spec: gangspec.GangSpec
+    spec: GangSpec
     created: float
     waiting_since: float
     ready: bool  # every member pod exists and is gated: the gang wants a placement
@@ -101,7 +101,7 @@ class Plan:
 
 def request_of(entry: Entry) -> model.Request:
     """The placement request for a gang; its arrival is when it became ready."""
-    return gangspec.to_request(entry.spec, entry.key, entry.namespace, entry.waiting_since, entry.geometry_profile)
+    return to_request(entry.spec, entry.key, entry.namespace, entry.waiting_since, entry.geometry_profile)
 
 
 def effective_priority(entry: Entry, now: float, settings: Settings) -> int:

@@ -28,9 +28,8 @@ from typing import Any
 import structlog
 
 from gpuplane.controller import events, kube, names
-from gpuplane.controller.gang import ops as gangs
-from gpuplane.controller.gang import queue_runner, status, world
-from gpuplane.controller.gang import spec as gangspec
+from gpuplane.controller.gang import desired, membership, placement_record, queue_runner, status, world, writes
+from gpuplane.controller.gang.spec import SpecError, parse_gang_spec
 from gpuplane.controller.node import snapshot_builder
 
 log = structlog.get_logger(__name__)
@@ -43,7 +42,7 @@ class Outcome:
     """What to write for one gang."""
 
     status: dict[str, Any]
-    steps: tuple[gangs.Step, ...] = ()
+    steps: tuple[writes.Step, ...] = ()
     events: tuple[tuple[events.EventType, str, str], ...] = ()
     victims: tuple[str, ...] = ()
     placed_after_s: float | None = None  # set when this outcome places the gang (wait-time metric)
@@ -101,15 +100,15 @@ def decide(
     prev_phase = prev.get("phase", "")
     stamp = status.now_rfc3339(now)
     try:
-        spec = gangspec.parse(body.get("spec") or {})
-    except gangspec.SpecError as exc:
+        spec = parse_gang_spec(body.get("spec") or {})
+    except SpecError as exc:
         st = {"phase": "Invalid", "reason": "InvalidSpec", "message": str(exc)}
         evs: tuple[tuple[events.EventType, str, str], ...] = (
             (("Warning", events.GANG_INVALID, str(exc)),) if prev_phase != "Invalid" else ()
         )
         return Outcome(status=st, events=evs)
-    ref = gangs.GangRef(namespace=ns, name=name, uid=meta.get("uid", ""))
-    members = gangs.members_of(name, spec.members, w.pods.get(key, ()))
+    ref = desired.GangRef(namespace=ns, name=name, uid=meta.get("uid", ""))
+    members = membership.members_of(name, spec.members, w.pods.get(key, ()))
     claims_here = w.gang_claims(key)
     present = len(members.by_index)
     base: dict[str, Any] = {
@@ -131,7 +130,7 @@ def decide(
         message: str,
         extra: Mapping[str, Any] | None = None,
         *,
-        steps: Sequence[gangs.Step] = (),
+        steps: Sequence[writes.Step] = (),
         etype: events.EventType = "Normal",
         victims: tuple[str, ...] = (),
         placed_after: float | None = None,
@@ -161,7 +160,7 @@ def decide(
         why = f"not scheduled within {spec.timeoutSeconds}s"
         if prev.get("message"):
             why += f"; last state {prev_phase}: {prev['message']}"
-        steps = gangs.release_steps(ref, members, claims_here, settings.eviction_grace_s, why)
+        steps = writes.release_steps(ref, members, claims_here, settings.eviction_grace_s, why)
         return finish(
             "TimedOut",
             "Timeout",
@@ -173,11 +172,11 @@ def decide(
 
     holding = prev_phase in world.HOLDING_PHASES
     domains = {g.id: g.domain for g in view.gpus}
-    decision = gangs.decision_from_status(key, prev.get("placement"), domains) if holding else None
+    decision = placement_record.decision_from_status(key, prev.get("placement"), domains) if holding else None
 
     if decision is not None:
         if present == 0:
-            gone = tuple(gangs.Step("delete-claim", c, why="every member pod is gone") for c in sorted(claims_here))
+            gone = tuple(writes.Step("delete-claim", c, why="every member pod is gone") for c in sorted(claims_here))
             return finish(
                 "Released",
                 "MembersGone",
@@ -185,7 +184,7 @@ def decide(
                 {"placement": None, "domain": None},
                 steps=gone,
             )
-        applied = gangs.apply_steps(ref, spec, decision, members, claims_here, driver_profile=spec.migProfile)
+        applied = writes.apply_steps(ref, spec, decision, members, claims_here, driver_profile=spec.migProfile)
         if applied.problems and sorted(applied.problems) != sorted(prev.get("problems") or []):
             base["problems"] = sorted(applied.problems)
             out_events.extend(("Warning", events.GANG_MEMBER_PROBLEM, p) for p in applied.problems)
@@ -237,8 +236,8 @@ def decide(
     queue_extra.update({"queuePosition": action.position, "effectivePriority": action.effective_priority})
     if action.kind == "place" and action.decision is not None:
         decision = action.decision
-        placement = gangs.placement_status(decision)
-        applied = gangs.apply_steps(ref, spec, decision, members, claims_here, driver_profile=spec.migProfile)
+        placement = placement_record.placement_status(decision)
+        applied = writes.apply_steps(ref, spec, decision, members, claims_here, driver_profile=spec.migProfile)
         domain = ",".join(decision.domains)
         waited = now - (status.parse_time(ready_since) or now)
         msg = f"placed {spec.members} members in NVLink domain {domain} (decision {placement['id']})"
@@ -273,10 +272,10 @@ def victim_outcome(victim_key: str, preemptor: str, w: world.World, settings: Se
         return None
     ns, name = victim_key.split("/", 1)
     spec = world.parse_spec(body)
-    members = gangs.members_of(name, spec.members if spec else 1 << 20, w.pods.get(victim_key, ()))
-    ref = gangs.GangRef(ns, name, (body.get("metadata") or {}).get("uid", ""))
+    members = membership.members_of(name, spec.members if spec else 1 << 20, w.pods.get(victim_key, ()))
+    ref = desired.GangRef(ns, name, (body.get("metadata") or {}).get("uid", ""))
     why = f"preempted by higher-priority gang {preemptor}"
-    steps = gangs.release_steps(ref, members, w.gang_claims(victim_key), settings.eviction_grace_s, why)
+    steps = writes.release_steps(ref, members, w.gang_claims(victim_key), settings.eviction_grace_s, why)
     st = {
         "phase": "Preempted",
         "reason": "Preempted",

@@ -56,7 +56,7 @@ class SpecError(ValueError):
     """The gang's spec cannot be used; the message says why."""
 
 
-def parse(spec: Mapping[str, Any]) -> GangSpec:
+def parse_gang_spec(spec: Mapping[str, Any]) -> GangSpec:
     """Validate a gang's ``spec``; SpecError names what is wrong."""
     try:
         return GangSpec.model_validate(dict(spec))

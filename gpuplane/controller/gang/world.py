@@ -16,9 +16,8 @@ from typing import Any
 from gpuplane.controller import names
 from gpuplane.controller.claim import selectors
 from gpuplane.controller.claim.checks import class_selectors
-from gpuplane.controller.gang import ops as gang_ops
-from gpuplane.controller.gang import queue_runner, status
-from gpuplane.controller.gang import spec as gangspec
+from gpuplane.controller.gang import membership, placement_record, queue_runner, status, writes
+from gpuplane.controller.gang.spec import GangSpec, SpecError, parse_gang_spec
 from gpuplane.controller.node import snapshot_builder
 
 HOLDING_PHASES = ("Placing", "Placed", "Scheduled", "Running")
@@ -35,16 +34,16 @@ class World:
     nodes: Mapping[str, bool]  # node -> schedulable
     classes: Mapping[str, Mapping[str, Any]]  # DeviceClass name -> body
 
-    def gang_claims(self, key: str) -> dict[str, gang_ops.ExistingClaim]:
+    def gang_claims(self, key: str) -> dict[str, writes.ExistingClaim]:
         """Member-claim-named claims in the gang's namespace, by claim name."""
         ns, name = key.split("/", 1)
-        out: dict[str, gang_ops.ExistingClaim] = {}
+        out: dict[str, writes.ExistingClaim] = {}
         prefix = f"{ns}/"
         names_ = [k[len(prefix) :] for k in self.claims if k.startswith(prefix)]
-        for cname in gang_ops.gang_claim_names(name, names_):
+        for cname in membership.gang_claim_names(name, names_):
             claim = self.claims[f"{ns}/{cname}"]
             meta = claim.get("metadata") or {}
-            out[cname] = gang_ops.ExistingClaim(
+            out[cname] = writes.ExistingClaim(
                 name=cname,
                 decision=(meta.get("annotations") or {}).get(names.ANNOTATION_DECISION, ""),
                 deleting=bool(meta.get("deletionTimestamp")),
@@ -68,11 +67,11 @@ def overlay(
     return out
 
 
-def parse_spec(body: Mapping[str, Any]) -> gangspec.GangSpec | None:
+def parse_spec(body: Mapping[str, Any]) -> GangSpec | None:
     """The gang's spec, or None when it is invalid."""
     try:
-        return gangspec.parse(body.get("spec") or {})
-    except gangspec.SpecError:
+        return parse_gang_spec(body.get("spec") or {})
+    except SpecError:
         return None
 
 
@@ -89,7 +88,7 @@ def reservations(world: World, base: snapshot_builder.ClusterView) -> list[snaps
         st = body.get("status") or {}
         if st.get("phase") not in HOLDING_PHASES:
             continue
-        decision = gang_ops.decision_from_status(key, st.get("placement"), domains)
+        decision = placement_record.decision_from_status(key, st.get("placement"), domains)
         if decision is None:
             continue
         ns, name = key.split("/", 1)
@@ -110,7 +109,7 @@ def cluster_view(world: World) -> snapshot_builder.ClusterView:
     return snapshot_builder.build_view(world.slices, world.claims.values(), world.nodes, reservations=extra)
 
 
-def admit_for(world: World, spec: gangspec.GangSpec) -> selectors.Compiled:
+def admit_for(world: World, spec: GangSpec) -> selectors.Compiled:
     """The pre-filter of GPUs a gang may use: its class's selectors and its own (MIG: parents, by class)."""
     exprs = list(class_selectors(world.classes.get(spec.device_class)))
     if spec.migProfile:
@@ -120,7 +119,7 @@ def admit_for(world: World, spec: gangspec.GangSpec) -> selectors.Compiled:
     return selectors.compile_all(exprs)
 
 
-def unfiltered_selectors(world: World, spec: gangspec.GangSpec) -> tuple[str, ...]:
+def unfiltered_selectors(world: World, spec: GangSpec) -> tuple[str, ...]:
     """Selectors of the gang (and its class) that the pre-filter could not evaluate (treated as match-all)."""
     if spec.migProfile:
         return tuple(spec.selectors)  # a MIG gang's selectors are not pre-filtered at all (see admit_for)
@@ -137,7 +136,7 @@ def entries(world: World, view: snapshot_builder.ClusterView) -> list[queue_runn
         st = body.get("status") or {}
         phase = st.get("phase", "")
         ns, name = key.split("/", 1)
-        members = gang_ops.members_of(name, spec.members, world.pods.get(key, ()))
+        members = membership.members_of(name, spec.members, world.pods.get(key, ()))
         complete = members.complete(spec.members)
         all_gated = all(p.gated for p in members.by_index.values())
         created = created_at(body)
