@@ -14,6 +14,12 @@ member bound) -> ``Running``. Side exits: ``TimedOut`` (not scheduled within
 ``Released`` (every member pod finished or was deleted: claims deleted),
 ``Invalid`` (spec refused).
 
+:func:`decide` reads the gang once (:func:`_read`: spec, members, claims) and asks its phases in
+order, the first that applies deciding: :func:`_timed_out`, :func:`_holding` (a placement in
+status: apply it, follow it to Running, or release it), :func:`_waiting_for_members`,
+:func:`_queued` (the queue pass's action). Each returns an :class:`Outcome` built by
+:func:`_finish`; nothing is mutated on the way.
+
 :func:`apply` writes the status first (state in the API), then the steps in
 order, stopping at the first failure; a later reconcile computes only what is
 left, from the API, so a crash at any point converges.
@@ -21,6 +27,7 @@ left, from the API, so a crash at any point converges.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +36,7 @@ import structlog
 
 from gpuplane.controller import events, kube, names
 from gpuplane.controller.gang import desired, membership, placement_record, queue_runner, status, world, writes
-from gpuplane.controller.gang.spec import SpecError, parse_gang_spec
+from gpuplane.controller.gang.spec import GangSpec, SpecError, parse_gang_spec
 from gpuplane.controller.node import snapshot_builder
 
 log = structlog.get_logger(__name__)
@@ -56,31 +63,77 @@ class Settings:
     queue: queue_runner.Settings = field(default_factory=queue_runner.Settings)
 
 
-def _conditions(
-    previous: Sequence[Mapping[str, Any]], now: str, *, present: bool, placed: bool, scheduled: bool, msg: str
-) -> list[dict[str, Any]]:
-    prev = {c.get("type"): c for c in previous}
-    return [
-        status.condition(
-            "MembersPresent",
-            present,
-            "AllMembers" if present else "WaitingForMembers",
-            "",
-            previous=prev.get("MembersPresent"),
-            now=now,
-        ),
-        status.condition(
-            "Placed",
-            placed,
-            "Placed" if placed else "NotPlaced",
-            "" if placed else msg,
-            previous=prev.get("Placed"),
-            now=now,
-        ),
-        status.condition(
-            "Scheduled", scheduled, "AllBound" if scheduled else "NotBound", "", previous=prev.get("Scheduled"), now=now
-        ),
-    ]
+EventTuple = tuple[events.EventType, str, str]
+
+
+@dataclass(frozen=True)
+class _Gang:
+    """What every phase of :func:`decide` reads: the gang as the API shows it, parsed once."""
+
+    key: str
+    ref: desired.GangRef
+    spec: GangSpec
+    members: membership.Members
+    claims: Mapping[str, writes.ExistingClaim]
+    prev: Mapping[str, Any]
+    stamp: str
+    created: float
+    base: Mapping[str, Any]  # the status fields every outcome carries (counts, problems)
+    events: tuple[EventTuple, ...] = ()  # raised before the phase is known (new member problems)
+
+    @property
+    def prev_phase(self) -> str:
+        return str(self.prev.get("phase", ""))
+
+    @property
+    def present(self) -> int:
+        return len(self.members.by_index)
+
+    def with_problems(self, problems: Sequence[str]) -> _Gang:
+        """The gang with ``problems`` reported (status field and a Warning each) when they are new."""
+        if not problems or sorted(problems) == sorted(self.prev.get("problems") or []):
+            return self
+        return dataclasses.replace(
+            self,
+            base={**self.base, "problems": sorted(problems)},
+            events=(*self.events, *(("Warning", events.GANG_MEMBER_PROBLEM, p) for p in problems)),
+        )
+
+    def with_event(self, event: EventTuple) -> _Gang:
+        return dataclasses.replace(self, events=(*self.events, event))
+
+
+def _finish(
+    g: _Gang,
+    phase: str,
+    reason: str,
+    message: str,
+    extra: Mapping[str, Any] | None = None,
+    *,
+    steps: Sequence[writes.Step] = (),
+    etype: events.EventType = "Normal",
+    victims: tuple[str, ...] = (),
+    placed_after: float | None = None,
+) -> Outcome:
+    """The outcome of gang ``g`` ending in ``phase``: status with conditions, and an Event when the phase changes."""
+    st = {**g.base, "phase": phase, "reason": reason, "message": message, **(extra or {})}
+    placement = st.get("placement", g.prev.get("placement"))
+    st["conditions"] = status.gang_conditions(
+        g.prev.get("conditions") or [],
+        g.stamp,
+        present=g.members.complete(g.spec.members),
+        placed=phase in world.HOLDING_PHASES,
+        scheduled=phase in ("Scheduled", "Running"),
+        msg=message,
+    )
+    if placement is None:
+        st.setdefault("placement", None)
+    out_events = list(g.events)
+    if phase != g.prev_phase or reason != g.prev.get("reason"):
+        out_events.append((etype, reason, message))
+    return Outcome(
+        status=st, steps=tuple(steps), events=tuple(out_events), victims=victims, placed_after_s=placed_after
+    )
 
 
 def decide(
@@ -93,135 +146,150 @@ def decide(
     now: float,
     settings: Settings,
 ) -> Outcome:
-    """The desired status, steps, Events and victims for gang ``key`` (pure)."""
+    """The desired status, steps, Events and victims for gang ``key`` (pure).
+
+    The phases, in order; the first that applies decides: an invalid spec, a timeout, a
+    placement the gang holds, members still missing or ungated, and the queue's action.
+    """
+    g = _read(key, body, w, now)
+    if isinstance(g, Outcome):
+        return g
+    outcome = _timed_out(g, settings, now)
+    if outcome is None:
+        outcome = _holding(g, view)
+    if outcome is None:
+        outcome = _waiting_for_members(g)
+    if outcome is None:
+        outcome = _queued(g, w, plan, now)
+    return outcome
+
+
+def _read(key: str, body: Mapping[str, Any], w: world.World, now: float) -> _Gang | Outcome:
+    """Parse the gang and find its members and claims; an ``Invalid`` outcome for a spec that does not parse."""
     ns, name = key.split("/", 1)
     meta = body.get("metadata") or {}
     prev = dict(body.get("status") or {})
-    prev_phase = prev.get("phase", "")
-    stamp = status.now_rfc3339(now)
     try:
         spec = parse_gang_spec(body.get("spec") or {})
     except SpecError as exc:
         st = {"phase": "Invalid", "reason": "InvalidSpec", "message": str(exc)}
-        evs: tuple[tuple[events.EventType, str, str], ...] = (
-            (("Warning", events.GANG_INVALID, str(exc)),) if prev_phase != "Invalid" else ()
+        evs: tuple[EventTuple, ...] = (
+            (("Warning", events.GANG_INVALID, str(exc)),) if prev.get("phase", "") != "Invalid" else ()
         )
         return Outcome(status=st, events=evs)
-    ref = desired.GangRef(namespace=ns, name=name, uid=meta.get("uid", ""))
     members = membership.members_of(name, spec.members, w.pods.get(key, ()))
-    claims_here = w.gang_claims(key)
-    present = len(members.by_index)
+    problems = sorted(members.problems)
     base: dict[str, Any] = {
         "observedGeneration": meta.get("generation"),
-        "membersPresent": present,
+        "membersPresent": len(members.by_index),
         "placedMembers": members.bound,
         "runningMembers": members.running,
+        "problems": problems or None,
     }
-    out_events: list[tuple[events.EventType, str, str]] = []
-    problems = sorted(members.problems)
-    base["problems"] = problems or None
+    new_problems: tuple[EventTuple, ...] = ()
     if problems != sorted(prev.get("problems") or []):
-        out_events.extend(("Warning", events.GANG_MEMBER_PROBLEM, p) for p in problems)
-    created = world.created_at(body)
+        new_problems = tuple(("Warning", events.GANG_MEMBER_PROBLEM, p) for p in problems)
+    return _Gang(
+        key=key,
+        ref=desired.GangRef(namespace=ns, name=name, uid=meta.get("uid", "")),
+        spec=spec,
+        members=members,
+        claims=w.gang_claims(key),
+        prev=prev,
+        stamp=status.now_rfc3339(now),
+        created=world.created_at(body),
+        base=base,
+        events=new_problems,
+    )
 
-    def finish(
-        phase: str,
-        reason: str,
-        message: str,
-        extra: Mapping[str, Any] | None = None,
-        *,
-        steps: Sequence[writes.Step] = (),
-        etype: events.EventType = "Normal",
-        victims: tuple[str, ...] = (),
-        placed_after: float | None = None,
-    ) -> Outcome:
-        st = {**base, "phase": phase, "reason": reason, "message": message, **(extra or {})}
-        placement = st.get("placement", prev.get("placement"))
-        st["conditions"] = _conditions(
-            prev.get("conditions") or [],
-            stamp,
-            present=members.complete(spec.members),
-            placed=phase in world.HOLDING_PHASES,
-            scheduled=phase in ("Scheduled", "Running"),
-            msg=message,
+
+def _timed_out(g: _Gang, settings: Settings, now: float) -> Outcome | None:
+    """Not scheduled within ``timeoutSeconds`` of creation: release everything (and stay ``TimedOut``)."""
+    if g.prev_phase == "TimedOut":
+        return _finish(g, "TimedOut", g.prev.get("reason", "Timeout"), g.prev.get("message", ""))
+    timeout = g.spec.timeoutSeconds
+    if not timeout or g.prev_phase not in PRE_SCHEDULE or now - g.created <= timeout:
+        return None
+    why = f"not scheduled within {timeout}s"
+    if g.prev.get("message"):
+        why += f"; last state {g.prev_phase}: {g.prev['message']}"
+    steps = writes.release_steps(g.ref, g.members, g.claims, settings.eviction_grace_s, why)
+    return _finish(
+        g,
+        "TimedOut",
+        "Timeout",
+        why,
+        {"placement": None, "domain": None, "nominatedVictims": None},
+        steps=steps,
+        etype="Warning",
+    )
+
+
+def _holding(g: _Gang, view: snapshot_builder.ClusterView) -> Outcome | None:
+    """A gang that holds a placement: apply what is left of it, or follow its members to Running (or Released)."""
+    if g.prev_phase not in world.HOLDING_PHASES:
+        return None
+    domains = {gpu.id: gpu.domain for gpu in view.gpus}
+    decision = placement_record.decision_from_status(g.key, g.prev.get("placement"), domains)
+    if decision is None:
+        return None
+    spec, members = g.spec, g.members
+    if g.present == 0:
+        gone = tuple(writes.Step("delete-claim", c, why="every member pod is gone") for c in sorted(g.claims))
+        return _finish(
+            g,
+            "Released",
+            "MembersGone",
+            "every member pod finished or was deleted; claims released",
+            {"placement": None, "domain": None},
+            steps=gone,
         )
-        if placement is None:
-            st.setdefault("placement", None)
-        if phase != prev_phase or reason != prev.get("reason"):
-            out_events.append((etype, reason, message))
-        return Outcome(
-            status=st, steps=tuple(steps), events=tuple(out_events), victims=victims, placed_after_s=placed_after
+    applied = writes.apply_steps(g.ref, spec, decision, members, g.claims, driver_profile=spec.migProfile)
+    g = g.with_problems(applied.problems)
+    domain = ",".join(decision.domains)
+    if applied.steps:
+        msg = applied.blocked or f"applying placement in NVLink domain {domain}"
+        return _finish(g, "Placing", "Applying", msg, {"domain": domain}, steps=applied.steps)
+    if members.complete(spec.members) and members.running == spec.members:
+        return _finish(
+            g, "Running", "AllRunning", f"all {spec.members} members running in {domain}", {"domain": domain}
         )
+    if members.complete(spec.members) and members.bound == spec.members:
+        return _finish(g, "Scheduled", "AllBound", f"all {spec.members} members bound in {domain}", {"domain": domain})
+    return _finish(
+        g,
+        "Placed",
+        "GatesLifted",
+        f"gates lifted; {members.bound} of {spec.members} members bound by the scheduler",
+        {"domain": domain},
+    )
 
-    # Timeout: not scheduled within timeoutSeconds of creation -> release everything.
-    if prev_phase == "TimedOut":
-        return finish("TimedOut", prev.get("reason", "Timeout"), prev.get("message", ""))
-    if spec.timeoutSeconds and prev_phase in PRE_SCHEDULE and now - created > spec.timeoutSeconds:
-        why = f"not scheduled within {spec.timeoutSeconds}s"
-        if prev.get("message"):
-            why += f"; last state {prev_phase}: {prev['message']}"
-        steps = writes.release_steps(ref, members, claims_here, settings.eviction_grace_s, why)
-        return finish(
-            "TimedOut",
-            "Timeout",
-            why,
-            {"placement": None, "domain": None, "nominatedVictims": None},
-            steps=steps,
-            etype="Warning",
-        )
 
-    holding = prev_phase in world.HOLDING_PHASES
-    domains = {g.id: g.domain for g in view.gpus}
-    decision = placement_record.decision_from_status(key, prev.get("placement"), domains) if holding else None
+def _waiting_for_members(g: _Gang) -> Outcome | None:
+    """Members missing or not gated: ``Pending`` (a preempted or released gang stays so until its pods return)."""
+    spec, members = g.spec, g.members
+    if members.complete(spec.members) and all(p.gated for p in members.by_index.values()):
+        return None
+    if g.prev_phase in ("Preempted", "Released") and g.present < spec.members:
+        # Stay in whichever of the two it is until its pods come back (then it queues again).
+        return _finish(g, g.prev_phase, str(g.prev.get("reason") or g.prev_phase), str(g.prev.get("message") or ""))
+    ungated = [p.name for p in members.by_index.values() if not p.gated]
+    msg = (
+        f"{g.present} of {spec.members} member pods present"
+        if not ungated
+        else f"member pods {', '.join(ungated[:5])} lack the {names.SCHEDULING_GATE} gate"
+    )
+    return _finish(g, "Pending", events.GANG_WAITING_MEMBERS, msg, {"placement": None})
 
-    if decision is not None:
-        if present == 0:
-            gone = tuple(writes.Step("delete-claim", c, why="every member pod is gone") for c in sorted(claims_here))
-            return finish(
-                "Released",
-                "MembersGone",
-                "every member pod finished or was deleted; claims released",
-                {"placement": None, "domain": None},
-                steps=gone,
-            )
-        applied = writes.apply_steps(ref, spec, decision, members, claims_here, driver_profile=spec.migProfile)
-        if applied.problems and sorted(applied.problems) != sorted(prev.get("problems") or []):
-            base["problems"] = sorted(applied.problems)
-            out_events.extend(("Warning", events.GANG_MEMBER_PROBLEM, p) for p in applied.problems)
-        domain = ",".join(decision.domains)
-        if applied.steps:
-            msg = applied.blocked or f"applying placement in NVLink domain {domain}"
-            return finish("Placing", "Applying", msg, {"domain": domain}, steps=applied.steps)
-        if members.complete(spec.members) and members.running == spec.members:
-            return finish(
-                "Running", "AllRunning", f"all {spec.members} members running in {domain}", {"domain": domain}
-            )
-        if members.complete(spec.members) and members.bound == spec.members:
-            return finish("Scheduled", "AllBound", f"all {spec.members} members bound in {domain}", {"domain": domain})
-        return finish(
-            "Placed",
-            "GatesLifted",
-            f"gates lifted; {members.bound} of {spec.members} members bound by the scheduler",
-            {"domain": domain},
-        )
 
-    if not members.complete(spec.members) or not all(p.gated for p in members.by_index.values()):
-        if prev_phase in ("Preempted", "Released") and present < spec.members:
-            # Stay in whichever of the two it is until its pods come back (then it queues again).
-            return finish(prev_phase, str(prev.get("reason") or prev_phase), str(prev.get("message") or ""))
-        ungated = [p.name for p in members.by_index.values() if not p.gated]
-        msg = (
-            f"{present} of {spec.members} member pods present"
-            if not ungated
-            else f"member pods {', '.join(ungated[:5])} lack the {names.SCHEDULING_GATE} gate"
-        )
-        return finish("Pending", events.GANG_WAITING_MEMBERS, msg, {"placement": None})
-
-    ready_since = prev.get("readySince") or stamp
-    if not prev.get("readySince"):  # once per queueing: the gang just became ready
+def _queued(g: _Gang, w: world.World, plan: queue_runner.Plan, now: float) -> Outcome:
+    """A complete, gated gang: what the queue pass decided for it (place, refuse, preempt, wait)."""
+    spec = g.spec
+    ready_since = g.prev.get("readySince") or g.stamp
+    if not g.prev.get("readySince"):  # once per queueing: the gang just became ready
         approx = world.unfiltered_selectors(w, spec)
         if approx:
-            out_events.append(
+            g = g.with_event(
                 (
                     "Normal",
                     events.GANG_SELECTOR_APPROXIMATE,
@@ -229,30 +297,32 @@ def decide(
                     "as matching every device; the scheduler still enforces them, so a placement may not allocate",
                 )
             )
-    action = plan.actions.get(key)
+    action = plan.actions.get(g.key)
     queue_extra: dict[str, Any] = {"readySince": ready_since}
     if action is None:
-        return finish("Queued", events.GANG_QUEUED, "waiting for the next queue pass", queue_extra)
+        return _finish(g, "Queued", events.GANG_QUEUED, "waiting for the next queue pass", queue_extra)
     queue_extra.update({"queuePosition": action.position, "effectivePriority": action.effective_priority})
     if action.kind == "place" and action.decision is not None:
         decision = action.decision
         placement = placement_record.placement_status(decision)
-        applied = writes.apply_steps(ref, spec, decision, members, claims_here, driver_profile=spec.migProfile)
+        applied = writes.apply_steps(g.ref, spec, decision, g.members, g.claims, driver_profile=spec.migProfile)
         domain = ",".join(decision.domains)
         waited = now - (status.parse_time(ready_since) or now)
         msg = f"placed {spec.members} members in NVLink domain {domain} (decision {placement['id']})"
-        return finish(
+        return _finish(
+            g,
             "Placing",
             events.GANG_PLACED,
             msg,
-            {**queue_extra, "placement": placement, "domain": domain, "nominatedVictims": None, "placedAt": stamp},
+            {**queue_extra, "placement": placement, "domain": domain, "nominatedVictims": None, "placedAt": g.stamp},
             steps=applied.steps,
             placed_after=waited,
         )
     if action.kind == "unschedulable":
-        return finish("Unschedulable", events.GANG_UNSCHEDULABLE, action.reason, queue_extra, etype="Warning")
+        return _finish(g, "Unschedulable", events.GANG_UNSCHEDULABLE, action.reason, queue_extra, etype="Warning")
     if action.kind == "preempt":
-        return finish(
+        return _finish(
+            g,
             "Queued",
             events.GANG_PREEMPTING,
             action.reason,
@@ -261,8 +331,8 @@ def decide(
             victims=action.victims,
         )
     if action.kind == "await-victims":
-        return finish("Queued", events.GANG_PREEMPTING, action.reason, queue_extra)
-    return finish("Queued", events.GANG_QUEUED, action.reason, queue_extra)
+        return _finish(g, "Queued", events.GANG_PREEMPTING, action.reason, queue_extra)
+    return _finish(g, "Queued", events.GANG_QUEUED, action.reason, queue_extra)
 
 
 def victim_outcome(victim_key: str, preemptor: str, w: world.World, settings: Settings) -> Outcome | None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import datetime
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,3 +108,31 @@ class Coalescer:
         """Drop a deleted gang's record."""
         with self._lock:
             self._last.pop(key, None)
+
+
+def gang_conditions(
+    previous: Sequence[Mapping[str, Any]], now: str, *, present: bool, placed: bool, scheduled: bool, msg: str
+) -> list[dict[str, Any]]:
+    """The gang's three conditions (MembersPresent, Placed, Scheduled), each keeping its transition time."""
+    prev = {c.get("type"): c for c in previous}
+    return [
+        condition(
+            "MembersPresent",
+            present,
+            "AllMembers" if present else "WaitingForMembers",
+            "",
+            previous=prev.get("MembersPresent"),
+            now=now,
+        ),
+        condition(
+            "Placed",
+            placed,
+            "Placed" if placed else "NotPlaced",
+            "" if placed else msg,
+            previous=prev.get("Placed"),
+            now=now,
+        ),
+        condition(
+            "Scheduled", scheduled, "AllBound" if scheduled else "NotBound", "", previous=prev.get("Scheduled"), now=now
+        ),
+    ]
