@@ -25,12 +25,11 @@ import structlog
 
 from gpuplane.controller import config, events, kube, leader, names
 from gpuplane.controller import metrics as metrics_mod
-from gpuplane.controller.claim import checks
+from gpuplane.controller.claim import checks, review
 from gpuplane.controller.gang import queue_runner, reconciler, status, world
 from gpuplane.controller.node import labels, snapshot_builder
 from gpuplane.controller.placement.policies import base as policy_base
 from gpuplane.controller.placement.policies import make as make_policy
-from gpuplane.driver.api import names as dn
 
 log = structlog.get_logger(__name__)
 
@@ -270,45 +269,14 @@ async def check_claim(
     rt: Runtime, claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], consumers: Iterable[str]
 ) -> None:
     """Validate a claim's config and its NVLink-domain constraint; record findings once (annotations)."""
-    if not rt.leading() or (not checks.is_ours(claim, classes) and not _has_our_config(claim)):
+    if not rt.leading():
         return
-    meta = claim.get("metadata") or {}
-    ns, name = meta.get("namespace", ""), meta.get("name", "")
-    annotations = meta.get("annotations") or {}
-    ref = events.ObjectRef.of(claim, "resource.k8s.io/v1", "ResourceClaim")
-    problems = checks.validate(claim, classes)
-    error = "; ".join(problems) or None
-    updates: dict[str, str | None] = {}
-    if error != annotations.get(names.ANNOTATION_CONFIG_ERROR):
-        updates[names.ANNOTATION_CONFIG_ERROR] = error
-        if error:
-            rt.metrics.claim_findings.labels(finding="invalid-config").inc()
-            await asyncio.to_thread(rt.writer.event, ref, "Warning", events.CLAIM_INVALID_CONFIG, error)
-        for pod in consumers:
-            cond = status.condition(
-                names.POD_CONDITION_CLAIM_CONFIG,
-                error is None,
-                "InvalidDeviceConfig" if error else "Valid",
-                f"ResourceClaim {name}: {error}" if error else "",
-                previous=None,
-                now=status.now_rfc3339(),
-            )
-            try:
-                await asyncio.to_thread(rt.writer.set_pod_condition, ns, pod, cond)
-            except Exception as exc:  # a vanished pod is not an error of the claim
-                log.info("could not set pod condition", pod=pod, error=str(exc))
-    warning = checks.domain_warning(claim, classes)
-    if warning and annotations.get(names.ANNOTATION_DOMAIN_WARNING) != "warned":
-        updates[names.ANNOTATION_DOMAIN_WARNING] = "warned"
-        rt.metrics.claim_findings.labels(finding="no-domain-constraint").inc()
-        await asyncio.to_thread(rt.writer.event, ref, "Warning", events.CLAIM_NO_DOMAIN_CONSTRAINT, warning)
-    if updates:
-        await asyncio.to_thread(rt.writer.annotate_claim, ns, name, updates)
-
-
-def _has_our_config(claim: Mapping[str, Any]) -> bool:
-    cfgs = ((claim.get("spec") or {}).get("devices") or {}).get("config") or []
-    return any((c.get("opaque") or {}).get("driver") == dn.DRIVER_NAME for c in cfgs)
+    found = review.decide(claim, classes, consumers, status.now_rfc3339())
+    if found is None:
+        return
+    for finding in found.findings:
+        rt.metrics.claim_findings.labels(finding=finding).inc()
+    await asyncio.to_thread(review.apply, rt.writer, found)
 
 
 async def explain_claim(
