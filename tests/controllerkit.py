@@ -1,0 +1,265 @@
+"""Test kit for the controller: the ResourceSlices the real driver publishes, DeviceClasses, gangs, pods, claims.
+
+The slices come from the production driver code (inventory and slice rendering) on the
+simulator, so the controller's tests read what a real node publishes; a queue pass and a
+reconcile are the production ones (:func:`run_pass`, :func:`decide`). :class:`FakeApi` applies
+steps to in-memory pods and claims (fine for unit tests; the e2e suite runs the same steps
+against a real API server).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpuplane.controller import names
+from gpuplane.controller.gang import queue_runner, reconciler, status, world, writes
+from gpuplane.controller.node import snapshot_builder
+from gpuplane.controller.placement.policies import make as make_policy
+from gpuplane.driver.hw.sim import SimConfig, Simulator
+from gpuplane.driver.publish import inventory, slices
+
+T0 = 1_700_000_000.0
+CLUSTER = "6a1c4a2e-9a53-4a44-9a3c-3a1c4a2e9a53"
+
+
+def node_slices(tmp: Path, node: str, profile: str, clique: int | None = None) -> list[dict[str, Any]]:
+    """The ResourceSlices the real driver publishes for a simulated node."""
+    cfg = SimConfig(
+        profile=profile,
+        state_dir=tmp / node,
+        node_name=node,
+        durable=False,
+        cluster_uuid=CLUSTER if clique is not None else None,
+        clique_id=clique,
+    )
+    (tmp / node).mkdir(parents=True, exist_ok=True)
+    with Simulator(cfg) as sim:
+        inv = inventory.discover(node, sim)
+    return slices.render_slices(slices.build_pool(inv), 1)
+
+
+def cluster_slices(tmp: Path) -> list[dict[str, Any]]:
+    """Two HGX H100 nodes and four GB200 trays of one NVL72 clique."""
+    out: list[dict[str, Any]] = []
+    for i in range(2):
+        out += node_slices(tmp, f"hgx-{i}", "hgx-h100")
+    for i in range(4):
+        out += node_slices(tmp, f"nvl-{i}", "gb200-nvl72", clique=1)
+    return out
+
+
+GB200 = 'device.attributes["gpu.gpuplane.dev"].productName == "NVIDIA GB200"'
+H100 = 'device.attributes["gpu.gpuplane.dev"].productName == "NVIDIA H100 80GB HBM3"'
+GPU_CLASS = {
+    "metadata": {"name": "gpu.gpuplane.dev"},
+    "spec": {
+        "selectors": [
+            {
+                "cel": {
+                    "expression": 'device.driver == "gpu.gpuplane.dev" && '
+                    'device.attributes["gpu.gpuplane.dev"].type == "gpu"'
+                }
+            }
+        ]
+    },
+}
+MIG_CLASS = {
+    "metadata": {"name": "mig.gpuplane.dev"},
+    "spec": {
+        "selectors": [
+            {
+                "cel": {
+                    "expression": 'device.driver == "gpu.gpuplane.dev" && '
+                    'device.attributes["gpu.gpuplane.dev"].type == "mig"'
+                }
+            }
+        ]
+    },
+}
+CLASSES = {"gpu.gpuplane.dev": GPU_CLASS, "mig.gpuplane.dev": MIG_CLASS}
+
+
+def claim_body(
+    requests: list[dict[str, Any]],
+    config: list[dict[str, Any]] | None = None,
+    constraints: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    devices: dict[str, Any] = {"requests": requests}
+    if config:
+        devices["config"] = config
+    if constraints:
+        devices["constraints"] = constraints
+    return {"metadata": {"name": "c", "namespace": "ns"}, "spec": {"devices": devices}, "status": {}}
+
+
+def req(name: str, cls: str = "gpu.gpuplane.dev", count: int = 1, sel: Sequence[str] = ()) -> dict[str, Any]:
+    return {
+        "name": name,
+        "exactly": {"deviceClassName": cls, "count": count, "selectors": [{"cel": {"expression": s}} for s in sel]},
+    }
+
+
+def gang_body(
+    name: str, ns: str = "team-a", created: float = T0, status_: Mapping[str, Any] | None = None, **spec: Any
+) -> dict[str, Any]:
+    return {
+        "apiVersion": names.GANG_API_VERSION,
+        "kind": names.GANG_KIND,
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "uid": f"uid-{name}",
+            "generation": 1,
+            "creationTimestamp": status.now_rfc3339(created),
+        },
+        "spec": spec,
+        "status": dict(status_ or {}),
+    }
+
+
+def member_pod(
+    gang: str,
+    i: int,
+    *,
+    ns: str = "team-a",
+    gated: bool = True,
+    node: str = "",
+    affinity: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "resourceClaims": [{"name": "gpus", "resourceClaimName": f"{gang}-{i}"}],
+        "schedulingGates": [{"name": names.SCHEDULING_GATE}] if gated else [],
+    }
+    if node:
+        spec["nodeName"] = node
+    if affinity:
+        spec["affinity"] = affinity
+    return {
+        "metadata": {
+            "name": f"{gang}-pod-{i}",
+            "namespace": ns,
+            "uid": f"pod-{gang}-{i}",
+            "labels": {names.LABEL_GANG: gang},
+        },
+        "spec": spec,
+        "status": {"phase": "Pending"},
+    }
+
+
+def make_world(
+    slices_: Sequence[Mapping[str, Any]],
+    gangs_: Sequence[dict[str, Any]],
+    pods: Sequence[dict[str, Any]] = (),
+    claims_: Sequence[dict[str, Any]] = (),
+) -> world.World:
+    return world.World(
+        gangs={f"{g['metadata']['namespace']}/{g['metadata']['name']}": g for g in gangs_},
+        pods=world.member_lists(pods),
+        claims={f"{c['metadata']['namespace']}/{c['metadata']['name']}": c for c in claims_},
+        slices=tuple(slices_),
+        nodes={s["spec"]["nodeName"]: True for s in slices_},
+        classes=CLASSES,
+    )
+
+
+def run_pass(w: world.World, now: float = T0 + 10) -> tuple[queue_runner.Plan, snapshot_builder.ClusterView]:
+    view = world.cluster_view(w)
+    entries = world.entries(w, view)
+    compiled = {e.key: world.admit_for(w, e.spec) for e in entries}
+    plan = queue_runner.plan(entries, view, lambda e: compiled[e.key].predicate, make_policy("gpuplane"), now=now)
+    return plan, view
+
+
+def decide(w: world.World, key: str, now: float = T0 + 10) -> reconciler.Outcome:
+    plan, view = run_pass(w, now)
+    return reconciler.decide(
+        key, w.gangs[key], w, view=view, plan=plan, now=now, settings=reconciler.Settings(eviction_grace_s=0)
+    )
+
+
+class FakeApi:
+    """Applies steps to in-memory pods and claims, with an optional crash after N writes."""
+
+    def __init__(self, w: world.World, crash_after: int | None = None) -> None:
+        self.pods = {p["metadata"]["name"]: copy.deepcopy(dict(p)) for ps in w.pods.values() for p in ps}
+        self.claims: dict[str, dict[str, Any]] = {
+            c["metadata"]["name"]: copy.deepcopy(dict(c)) for c in w.claims.values()
+        }
+        self.writes: list[str] = []
+        self.crash_after = crash_after
+
+    def run(self, step: writes.Step) -> None:
+        if self.crash_after is not None and len(self.writes) >= self.crash_after:
+            raise RuntimeError("crash")
+        self.writes.append(f"{step.kind} {step.name}")
+        if step.kind == "create-claim":
+            assert step.name not in self.claims, f"claim {step.name} created twice"
+            self.claims[step.name] = step.body
+        elif step.kind == "delete-claim":
+            self.claims.pop(step.name, None)
+        elif step.kind == "patch-pod":
+            pod = self.pods[step.name]
+            for op in step.body:
+                field = op["path"].rsplit("/", 1)[1]
+                if op["op"] == "test":
+                    assert pod["spec"].get(field, []) == op["value"], "json-patch test failed"
+                else:
+                    pod["spec"][field] = op["value"]
+        elif step.kind == "delete-pod":
+            self.pods.pop(step.name, None)
+        elif step.kind == "wait":
+            raise RuntimeError(step.why)
+
+
+def apply_all(api: FakeApi, steps: Sequence[writes.Step]) -> bool:
+    for step in steps:
+        try:
+            api.run(step)
+        except RuntimeError:
+            return False
+    return True
+
+
+def gang_world(cluster_slices: list[dict[str, Any]], body: dict[str, Any], n: int) -> world.World:
+    name = body["metadata"]["name"]
+    return make_world(cluster_slices, [body], [member_pod(name, i) for i in range(n)])
+
+
+def holding(
+    name: str, ns: str, priority: int, nodes: Sequence[str], created: float, *, gpus: int = 4
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    """A placed gang whose claims are allocated on ``nodes`` (``gpus`` whole GPUs each)."""
+    members = {str(i): n for i, n in enumerate(nodes)}
+    devices = {str(i): ",".join(f"gpu-{k}" for k in range(gpus)) for i in range(len(nodes))}
+    st = {"phase": "Scheduled", "placement": {"id": "x", "domains": [], "members": members, "devices": devices}}
+    body = gang_body(
+        name, ns=ns, created=created, status_=st, members=len(nodes), gpusPerMember=gpus, priority=priority
+    )
+    pods = [member_pod(name, i, ns=ns, gated=False, node=n) for i, n in enumerate(nodes)]
+    claim_objs = []
+    for i, n in enumerate(nodes):
+        results = [
+            {"driver": "gpu.gpuplane.dev", "pool": n, "device": f"gpu-{k}", "request": "gpus"} for k in range(gpus)
+        ]
+        claim_objs.append(
+            {
+                "metadata": {
+                    "name": f"{name}-{i}",
+                    "namespace": ns,
+                    "labels": {names.LABEL_MEMBER_INDEX: str(i)},
+                    "annotations": {names.ANNOTATION_DECISION: "x"},
+                    "ownerReferences": [{"apiVersion": names.GANG_API_VERSION, "kind": names.GANG_KIND, "name": name}],
+                },
+                "spec": {},
+                "status": {"allocation": {"devices": {"results": results}}},
+            }
+        )
+    return body, pods, claim_objs
+
+
+def pods_bound(gang: str, n: int, bound: int) -> Iterator[dict[str, Any]]:
+    for i in range(n):
+        yield member_pod(gang, i, gated=False, node="hgx-0" if i < bound else "")
