@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpuplane.controller import config, events, handlers, kube, metrics, runtime
+from gpuplane.controller import config, events, handlers, kube, metrics, names, runtime
 from gpuplane.controller.gang import world, writes
 
 
@@ -25,10 +25,17 @@ def test_lease_defaults_follow_client_go_and_the_pod_namespace() -> None:
     assert config.parse_args(["--identity", "a"], {}).lease_namespace == "gpuplane-system"
 
 
-def test_registry_has_indexes_and_thin_handlers() -> None:
+def test_registry_declares_exactly_the_indexes_the_handlers_read() -> None:
+    """Every index a handler reads (the World's six, and the claims' consumers) is declared, and no other.
+
+    kopf passes each index to a handler as the keyword named by its id; a missing one is a KeyError
+    at the first event, an extra one a cache nobody reads. kopf has no public listing of a registry's
+    handlers, so this reads its indexing registry.
+    """
     reg = handlers.make_registry(config.parse_args(["--identity", "x"], {}))
-    ids = {h.id for h in reg._indexing.get_all_handlers()}  # kopf has no public listing
-    assert {"gang_idx", "member_pod_idx", "claim_idx", "slice_idx", "node_idx", "class_idx"} <= ids
+    ids = {h.id for h in reg._indexing.get_all_handlers()}
+    read_by_world = {"gang_idx", "member_pod_idx", "claim_idx", "slice_idx", "node_idx", "class_idx"}
+    assert ids == read_by_world | {"claim_consumer_idx"}
 
 
 class Boom:
@@ -64,13 +71,22 @@ class Flag:
 
 
 def test_standby_decides_nothing_and_a_new_term_drops_the_caches() -> None:
+    """The gate is ``Runtime.leading``: the writer's own fence lets every write through here, so any
+    reconcile that got past the gate would reach the API (Boom) and fail the test."""
     writer = kube.KubeWriter.__new__(kube.KubeWriter)
-    writer.core, writer.custom, writer.component, writer.guard = Boom(), Boom(), "x", lambda: False
+    writer.core, writer.custom, writer.component, writer.guard = Boom(), Boom(), "x", lambda: True
     flag = Flag()
     rt = runtime.Runtime.create(config.parse_args(["--identity", "b"], {}), writer, metrics.ControllerMetrics(), flag)
     body = {"metadata": {"name": "g", "namespace": "ns"}, "spec": {"members": 1, "gpusPerMember": 1}}
     w = world.World(gangs={"ns/g": body}, pods={}, claims={}, slices=(), nodes={}, classes={})
     asyncio.run(runtime.reconcile_gang(rt, "ns/g", w, 0.0))  # Boom would fail on any API call
+    bad = {
+        "metadata": {"name": "c", "namespace": "ns", "uid": "u"},
+        "spec": {"devices": {"config": [{"opaque": {"driver": "gpu.gpuplane.dev", "parameters": {"kind": "?"}}}]}},
+    }
+    asyncio.run(runtime.check_claim(rt, bad, {}, ["p"]))
+    node = {"metadata": {"name": "n", "uid": "n-uid", "labels": {names.NODE_LABEL_NVLINK_DOMAIN: "stale"}}}
+    asyncio.run(runtime.sync_node_label(rt, "n", node, []))
     rt.shared.overlay["ns/old"] = (0.0, {"phase": "Placing"})
     flag.leading, flag.term = True, 1
     assert rt.leading() and rt.shared.overlay == {} and rt.shared.term == 1

@@ -49,10 +49,12 @@ class FakePreparer:
         self.unprepare_errors: dict[str, str] = {}
         self.omit: set[str] = set()
         self.raise_on_call = False
+        self.delay_s = 0.0  # how long each call takes
         self.calls: list[tuple[str, list[contract.ClaimRef]]] = []
 
     def prepare(self, claims: Sequence[contract.ClaimRef]) -> Mapping[str, contract.PrepareResult]:
         self.calls.append(("prepare", list(claims)))
+        time.sleep(self.delay_s)
         if self.raise_on_call:
             raise RuntimeError("apiserver unreachable")
         return {
@@ -211,7 +213,22 @@ def test_prepare_unprepare_round_trip(
         assert client.unprepare([claim]) == {claim.uid: contract.UnprepareResult()}
     assert preparer.calls == [("prepare", [claim]), ("unprepare", [claim])]
     assert [(op, errors) for op, _, errors in timings] == [("prepare", 0), ("unprepare", 0)]
-    assert all(seconds >= 0 for _, seconds, _ in timings)
+
+
+def test_rpc_timing_covers_the_preparer_call(
+    plugin: server.PluginServer, preparer: FakePreparer, timings: list[tuple[str, float, int]]
+) -> None:
+    """The seconds reported for a call include the preparer's work and no more than the client waited."""
+    claim = _claim(1)
+    preparer.prepared[claim.uid] = contract.PrepareResult(devices=_devices(1, share=True))
+    preparer.delay_s = 0.05
+    with _connect(plugin, V1) as client:
+        started = time.perf_counter()
+        client.prepare([claim])
+        waited = time.perf_counter() - started
+    ((op, seconds, errors),) = timings
+    assert (op, errors) == ("prepare", 0)
+    assert preparer.delay_s <= seconds <= waited, (seconds, waited)
 
 
 def test_share_id_absent_stays_absent(plugin: server.PluginServer, preparer: FakePreparer) -> None:

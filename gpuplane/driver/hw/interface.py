@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from gpuplane.mig.models import MigProfile
 
@@ -156,9 +156,13 @@ class DeviceSample:
     per_process_bandwidth: dict[int, float] = field(default_factory=dict)
 
 
-@runtime_checkable
 class GpuBackend(Protocol):
-    """What the driver needs from the GPU layer. Implementations serialize calls."""
+    """What the driver needs from the GPU layer. Implementations serialize calls.
+
+    Conformance is checked statically: mypy --strict verifies every signature where
+    :func:`gpuplane.driver.hw.select.make_backend` returns a ``Simulator`` or an ``NvmlBackend``
+    as a ``GpuBackend`` (a runtime ``isinstance`` would compare method names only).
+    """
 
     name: str
 
