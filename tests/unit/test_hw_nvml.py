@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 
+from gpuplane.driver.hw.caps import parse_mig_minors
 from gpuplane.driver.hw.interface import ErrorCode, HardwareError, HealthEventKind
-from gpuplane.driver.hw.nvml import NvmlBackend, cuda_version_text, normalize_pci_bus_id, parse_mig_minors
+from gpuplane.driver.hw.nvml import NvmlBackend
+from gpuplane.driver.hw.nvml_session import cuda_version_text, normalize_pci_bus_id
 from gpuplane.mig import geometry, models
 
 NS = types.SimpleNamespace

@@ -1,1 +1,11 @@
-"""Hardware boundary: the GpuBackend protocol and its NVML and simulator implementations."""
+"""Hardware boundary: the GpuBackend protocol and its NVML and simulator implementations.
+
+- ``interface``: the :class:`interface.GpuBackend` protocol and the values it speaks; no I/O.
+- ``select``: configuration chooses the implementation (the one place that does).
+- ``nvml``: the real backend on nvidia-ml-py (lifecycle, inventory, time-slicing), with its parts
+  ``nvml_session`` (lock, error translation), ``nvml_mig`` (MIG) and ``nvml_health`` (events,
+  samples); changes the GPU only where the protocol asks it to.
+- ``sim``: the NVML-faithful simulator, state in one file under its state dir; ``sim_profiles``
+  the node profiles it simulates; ``sim_cli`` the command that injects faults.
+- ``caps``: /dev/nvidia-caps minors of MIG instances; pure.
+"""

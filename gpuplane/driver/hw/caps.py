@@ -2,8 +2,8 @@
 
 A container using a MIG device needs the device nodes ``/dev/nvidia-caps/nvidia-cap<N>`` of its
 GPU instance's and compute instance's ``access`` files. The NVIDIA driver lists those minors in
-``/proc/driver/nvidia-caps/mig-minors``; the real backend reads that file, the simulator computes
-the same numbering. Pure.
+``/proc/driver/nvidia-caps/mig-minors``; the real backend parses that file
+(:func:`parse_mig_minors`), the simulator computes the same numbering (:func:`caps_minors`). Pure.
 """
 
 from __future__ import annotations
@@ -17,3 +17,22 @@ def caps_minors(gpu_minor: int, gi_id: int, ci_id: int | None) -> tuple[int, int
     """
     gi_minor = 3 + gpu_minor * 15 * 9 + gi_id * 9
     return gi_minor, (None if ci_id is None else gi_minor + 1 + ci_id)
+
+
+def parse_mig_minors(text: str) -> dict[tuple[int, int, int | None], int]:
+    """Parse /proc/driver/nvidia-caps/mig-minors into {(gpu, gi, ci or None): minor}."""
+    out: dict[tuple[int, int, int | None], int] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) != 2 or not fields[0].startswith("gpu"):
+            continue
+        parts = fields[0].split("/")
+        try:
+            gpu = int(parts[0][3:])
+            if len(parts) == 3 and parts[1].startswith("gi") and parts[2] == "access":
+                out[(gpu, int(parts[1][2:]), None)] = int(fields[1])
+            elif len(parts) == 4 and parts[2].startswith("ci") and parts[3] == "access":
+                out[(gpu, int(parts[1][2:]), int(parts[2][2:]))] = int(fields[1])
+        except ValueError:
+            continue
+    return out
