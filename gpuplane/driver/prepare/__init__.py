@@ -4,9 +4,13 @@
   ``PrepareResult``, ...) and the ``ClaimPreparer`` protocol; no I/O.
 - ``claims``: read a ResourceClaim's allocation (this driver's results, the opaque configs); pure.
 - ``planning``: decide before anything is touched (devices, configs, sharing, co-tenants); pure.
-- ``state``: ``DeviceState``, which executes plans under a process lock and a file lock: MIG
-  instances through the hardware backend, MPS daemons (:mod:`gpuplane.driver.sharing`),
-  time-slicing, CDI specs, the checkpoint.
+- ``state``: ``DeviceState``, the transaction: a process lock and a file lock, the checkpoint
+  record before and after, the steps below in order, and their undo in reverse.
+- ``mig_ops``: the MIG step: MIG mode, GPU and compute instances (changes the GPU).
+- ``sharing_setup``: the sharing step: the claim's MPS daemon (:mod:`gpuplane.driver.sharing`) or
+  its GPUs' time-slice (changes the GPU's scheduling, starts processes).
+- ``cdi_assembly``: the claim's CDI spec from its record; pure.
 - ``cdi``: one CDI spec file per prepared claim (writes under the CDI root).
+- ``recovery``: start-up rollback and rebuild, the periodic cleanup of claims that are gone.
 - ``checkpoint``: the crash-safe, versioned, locked record of what is prepared (writes one file).
 """
