@@ -5,7 +5,10 @@
 - ``nvml``: the real backend on nvidia-ml-py (lifecycle, inventory, time-slicing), with its parts
   ``nvml_session`` (lock, error translation), ``nvml_mig`` (MIG) and ``nvml_health`` (events,
   samples); changes the GPU only where the protocol asks it to.
-- ``sim``: the NVML-faithful simulator, state in one file under its state dir; ``sim_profiles``
-  the node profiles it simulates; ``sim_cli`` the command that injects faults.
+- ``sim``: the NVML-faithful simulator (the GpuBackend calls), with its parts ``sim_config``
+  (configuration, deterministic UUIDs; pure), ``sim_store`` (the state file and its lock, read
+  fresh on every call) and ``sim_controls`` (reset, reboot, injected events, processes and
+  telemetry); ``sim_profiles`` the node profiles it simulates; ``sim_cli`` the command that
+  injects faults.
 - ``caps``: /dev/nvidia-caps minors of MIG instances; pure.
 """
