@@ -62,7 +62,7 @@ if str(REPO_ROOT) not in sys.path:
 
 from e2e.cluster import build, controlplane, procs  # noqa: E402
 from e2e.cluster import handle as cluster  # noqa: E402
-from e2e.plane import kubelet, nodes, simnodes  # noqa: E402
+from e2e.plane import kubelet_dra, kubelet_pods, nodes, simnodes  # noqa: E402
 
 NAMESPACE = "dra-overhead"
 PAUSE = "registry.k8s.io/pause:3.10"
@@ -150,7 +150,7 @@ class _Watch:
         while not self._stop.is_set():
             response: Any = self._list(watch=True, resource_version=version, timeout_seconds=30, _preload_content=False)
             self._ready.set()
-            for line in kubelet.stream_lines(response):
+            for line in kubelet_pods.stream_lines(response):
                 now = time.monotonic()
                 event = json.loads(line)
                 obj = event["object"]
@@ -196,7 +196,7 @@ class ClaimWatch(_Watch):
         custom = client.CustomObjectsApi(api)
         super().__init__(
             lambda **kw: custom.list_namespaced_custom_object(
-                kubelet.GROUP, kubelet.VERSION, NAMESPACE, "resourceclaims", **kw
+                kubelet_dra.GROUP, kubelet_dra.VERSION, NAMESPACE, "resourceclaims", **kw
             )
         )
         self.created: dict[str, float] = {}  # keyed by the owning pod's name

@@ -16,8 +16,10 @@ Three packages: ``plane`` built on ``cluster`` (nothing in ``cluster`` imports `
 ``e2e.plane``: gpuplane on that cluster.
 
 - ``nodes``: Node objects kept Ready by a heartbeat, standing in for kubelets; the ``--nodes`` spec.
-- ``kubelet``: the kubelet stand-in (plugin registration, pods, prepare/unprepare), run as
-  ``python -m e2e.plane.kubelet``.
+- ``kubelet``: the kubelet stand-in, run as ``python -m e2e.plane.kubelet``: one thread per pod;
+  its parts ``kubelet_plugins`` (plugin registration), ``kubelet_dra`` (a pod's claims,
+  prepare/unprepare, the CDI check) and ``kubelet_pods`` (the pod watch, the Running status,
+  Events).
 - ``driverproc``: one ``gpuplane-driver`` process on the simulator, for tests.
 - ``simnodes``: simulated GPU nodes, a driver plus a kubelet stand-in per node.
 - ``identity``: the driver's and the controller's ServiceAccount identities (TokenRequest).

@@ -22,6 +22,10 @@
   for claims no other pod on the node still uses, then the final delete with
   ``gracePeriodSeconds=0`` and a UID precondition, as kubelet does.
 
+The parts: :mod:`~e2e.plane.kubelet_plugins` (registration), :mod:`~e2e.plane.kubelet_dra` (a
+pod's claims, prepare/unprepare, the CDI check), :mod:`~e2e.plane.kubelet_pods` (what is read and
+written about pods); this module watches the pods and drives one thread per pod.
+
 It authenticates as the node (``system:node:<name>`` in ``system:nodes``), so
 the Node authorizer and NodeRestriction constrain it exactly as they would a
 kubelet: it can read only claims of pods bound to it and write only the
@@ -33,8 +37,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import datetime
-import hashlib
 import json
 import logging
 import os
@@ -42,25 +44,21 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any, cast
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from e2e.plane import nodes
-from gpuplane.driver.plugin import kubelet_client
-from gpuplane.driver.prepare import cdi
-from gpuplane.driver.prepare.contract import ClaimRef, PrepareResult
+from e2e.plane.kubelet_dra import BACKOFF_INITIAL_S, Claim, PodDra, PodNotReady, PrepareFailed
+from e2e.plane.kubelet_plugins import PluginRegistry
+from e2e.plane.kubelet_pods import PodEvents, PodView, now, running_status, stamp, watch_pods
 
 _log = logging.getLogger("e2e.plane.kubelet")
 
-GROUP, VERSION = "resource.k8s.io", "v1"
-REGISTRATION_SUFFIX = "-reg.sock"
 REASON_FAILED_PREPARE = "FailedPrepareDynamicResources"
-BACKOFF_INITIAL_S = 1.0
 BACKOFF_MAX_S = 30.0
 CLAIM_POLL_S = 0.2
 CLAIM_POLL_INITIAL_S = 0.01
@@ -68,22 +66,6 @@ CLAIM_POLL_INITIAL_S = 0.01
 cause right after the bind is a 403 on the claim read while the Node authorizer's graph catches up with
 the binding (milliseconds); a fixed 200 ms poll cost half the claim pods 200 ms (bench/dra_overhead --stages)."""
 PLUGIN_POLL_S = 0.25
-
-
-class PodNotReady(Exception):
-    """The pod cannot start yet for a reason that is expected to pass (claim not allocated yet, plugin missing)."""
-
-
-class PrepareFailed(Exception):
-    """NodePrepareResources failed for a claim, or its CDI ids do not resolve: reported as an Event."""
-
-
-def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
-
-
-def _stamp(moment: datetime.datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,81 +80,6 @@ class Settings:
     status_file: Path | None = None
     heartbeat_interval: float = 10.0
     workers_backoff_max: float = BACKOFF_MAX_S
-
-
-class PluginRegistry:
-    """Kubelet's plugin watcher for DRA: registration sockets in, connected plugin clients out."""
-
-    def __init__(self, registry_dir: Path, on_change: Callable[[], None]) -> None:
-        self.registry_dir = registry_dir
-        self._on_change = on_change
-        self._lock = threading.Lock()
-        self._plugins: dict[str, kubelet_client.KubeletPluginClient] = {}
-        self._seen: dict[Path, tuple[int, float]] = {}  # socket -> (inode, mtime) registered
-        self._by_socket: dict[Path, str] = {}
-        self.last_error = ""
-
-    def get(self, driver: str) -> kubelet_client.KubeletPluginClient | None:
-        """The registered plugin for ``driver``, if any."""
-        with self._lock:
-            return self._plugins.get(driver)
-
-    def names(self) -> list[str]:
-        """Names of registered drivers."""
-        with self._lock:
-            return sorted(self._plugins)
-
-    def scan(self) -> None:
-        """Register new or replaced sockets; forget removed ones."""
-        present: dict[Path, tuple[int, float]] = {}
-        with contextlib.suppress(FileNotFoundError):
-            for path in self.registry_dir.glob(f"*{REGISTRATION_SUFFIX}"):
-                with contextlib.suppress(FileNotFoundError):
-                    st = path.stat()
-                    present[path] = (st.st_ino, st.st_mtime)
-        changed = False
-        for path in [p for p in self._seen if p not in present]:
-            del self._seen[path]
-            driver = self._by_socket.pop(path, None)
-            if driver is not None:
-                with self._lock:
-                    old = self._plugins.pop(driver, None)
-                if old is not None:
-                    old.close()
-                _log.info("plugin %s deregistered (socket %s removed)", driver, path)
-                changed = True
-        for path, identity in present.items():
-            if self._seen.get(path) == identity:
-                continue
-            try:
-                plugin = kubelet_client.KubeletPluginClient.discover(path, timeout=10.0)
-                # Registration gives up after 10 s; NodePrepare/UnprepareResources get kubelet's 45 s. With 10 s,
-                # calls queued behind the driver's per-node lock (MPS daemon starts) hit DEADLINE_EXCEEDED.
-                plugin.timeout = kubelet_client.DEFAULT_CALL_TIMEOUT
-            except Exception as err:  # the driver may still be starting: try again on the next scan
-                self.last_error = f"{path}: {err}"
-                continue
-            info = plugin.info
-            driver = info.name if info is not None else path.name.removesuffix(REGISTRATION_SUFFIX)
-            with self._lock:
-                old = self._plugins.pop(driver, None)
-                self._plugins[driver] = plugin
-            if old is not None:
-                old.close()
-            self._seen[path] = identity
-            self._by_socket[path] = driver
-            _log.info("plugin %s registered: endpoint %s, api %s", driver, plugin.endpoint, plugin.version)
-            changed = True
-        if changed:
-            self._on_change()
-
-    def close(self) -> None:
-        """Close every plugin connection."""
-        with self._lock:
-            plugins = list(self._plugins.values())
-            self._plugins.clear()
-        for plugin in plugins:
-            plugin.close()
 
 
 @dataclasses.dataclass
@@ -191,62 +98,6 @@ class _PodSlot:
     """Why the first attempt found the pod not ready to start ("" if it was)."""
 
 
-@dataclasses.dataclass(frozen=True)
-class PodView:
-    """The fields of a pod (a plain API dict) the stand-in acts on."""
-
-    uid: str
-    name: str
-    namespace: str
-    deleting: bool
-    phase: str
-    containers: tuple[tuple[str, str], ...]  # (name, image)
-    claims: tuple[tuple[str, str | None, str | None], ...]  # (name, resourceClaimName, templateName)
-    generated: Mapping[str, str | None]  # pod claim name -> generated claim name (status)
-
-    @classmethod
-    def of(cls, obj: Mapping[str, Any]) -> PodView:
-        """Read a pod dict."""
-        meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
-        return cls(
-            uid=str(meta["uid"]),
-            name=str(meta["name"]),
-            namespace=str(meta["namespace"]),
-            deleting=meta.get("deletionTimestamp") is not None,
-            phase=str(status.get("phase") or ""),
-            containers=tuple((str(c["name"]), str(c.get("image") or "")) for c in spec.get("containers") or []),
-            claims=tuple(
-                (str(c["name"]), c.get("resourceClaimName"), c.get("resourceClaimTemplateName"))
-                for c in spec.get("resourceClaims") or []
-            ),
-            generated={str(s["name"]): s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or []},
-        )
-
-    @property
-    def key(self) -> str:
-        """namespace/name."""
-        return f"{self.namespace}/{self.name}"
-
-
-def stream_lines(response: Any) -> Iterator[str]:
-    """The lines of a streamed (watch) HTTP response."""
-    buffer = b""
-    for chunk in response.stream(amt=65536, decode_content=False):
-        buffer += chunk
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
-            if line.strip():
-                yield line.decode()
-    if buffer.strip():
-        yield buffer.decode()
-
-
-@dataclasses.dataclass(frozen=True)
-class _Claim:
-    ref: ClaimRef
-    drivers: frozenset[str]
-
-
 class KubeletStandIn:
     """The stand-in itself; ``run(stop)`` blocks until ``stop`` is set."""
 
@@ -258,10 +109,11 @@ class KubeletStandIn:
         self._lock = threading.Lock()
         self._pods: dict[str, _PodSlot] = {}
         self._claim_users: dict[str, set[str]] = {}  # claim uid -> uids of pods on this node using it
-        self._prepared: dict[str, list[_Claim]] = {}  # pod uid -> claims (maybe) prepared for it
-        self._event_counts: dict[str, int] = {}
+        self._prepared: dict[str, list[Claim]] = {}  # pod uid -> claims (maybe) prepared for it
         self._stop = threading.Event()
         self.plugins = PluginRegistry(settings.registry_dir, self._wake_all)
+        self.dra = PodDra(self.custom, self.plugins, settings.node_name, settings.cdi_root)
+        self.events = PodEvents(self.core, settings.node_name)
         self.heartbeat = nodes.NodeHeartbeat(
             settings.node_name,
             api,
@@ -326,59 +178,18 @@ class KubeletStandIn:
     # Pod watch ----------------------------------------------------------------------
 
     def _watch_pods(self) -> None:
-        selector = f"spec.nodeName={self.settings.node_name}"
-        while not self._stop.is_set():
-            try:
-                raw: Any = self.core.list_pod_for_all_namespaces(field_selector=selector, _preload_content=False)
-                listed = json.loads(raw.data)
-                pods = [PodView.of(item) for item in listed.get("items") or []]
-                for pod in pods:
-                    self._observe(pod)
-                live = {pod.uid for pod in pods}
-                with self._lock:
-                    vanished = [uid for uid in self._pods if uid not in live]
-                for uid in vanished:
-                    self._forget(uid)
-                version = str(listed["metadata"]["resourceVersion"])
-                while not self._stop.is_set():
-                    version = self._follow(selector, version)
-            except ApiException as err:
-                if err.status != 410:  # 410: resource version too old, relist
-                    _log.warning("pod watch failed: %s", err.reason)
-                    self._stop.wait(1.0)
-            except Exception as err:  # connection reset and the like: relist
-                _log.warning("pod watch interrupted: %s", err)
-                self._stop.wait(1.0)
-
-    def _follow(self, selector: str, version: str) -> str:
-        """One watch request from ``version``; returns the last resource version seen."""
-        response: Any = self.core.list_pod_for_all_namespaces(
-            field_selector=selector,
-            resource_version=version,
-            watch=True,
-            timeout_seconds=60,
-            allow_watch_bookmarks=True,
-            _preload_content=False,
+        watch_pods(
+            self.core,
+            f"spec.nodeName={self.settings.node_name}",
+            self._stop,
+            observe=self._observe,
+            forget=self._forget,
+            known=self._known,
         )
-        try:
-            for line in stream_lines(response):
-                event = json.loads(line)
-                kind, obj = event["type"], event["object"]
-                if kind == "ERROR":
-                    raise ApiException(status=int(obj.get("code") or 500), reason=str(obj.get("message")))
-                version = str(obj["metadata"]["resourceVersion"])
-                if kind == "BOOKMARK":
-                    continue
-                pod = PodView.of(obj)
-                if kind == "DELETED":
-                    self._forget(pod.uid)
-                else:
-                    self._observe(pod)
-                if self._stop.is_set():
-                    break
-        finally:
-            response.release_conn()
-        return version
+
+    def _known(self) -> set[str]:
+        with self._lock:
+            return set(self._pods)
 
     def _observe(self, pod: PodView) -> None:
         uid = pod.uid
@@ -430,7 +241,7 @@ class KubeletStandIn:
                 poll = min(poll * 2, CLAIM_POLL_S)
             except PrepareFailed as err:
                 _log.warning("pod %s: prepare failed (retry in %.0fs): %s", name, backoff, err)
-                self._event(pod, REASON_FAILED_PREPARE, str(err))
+                self.events.warn(pod, REASON_FAILED_PREPARE, str(err))
                 slot.wake.wait(backoff)
                 backoff = min(backoff * 2, self.settings.workers_backoff_max)
             except ApiException as err:
@@ -449,13 +260,20 @@ class KubeletStandIn:
 
     def _start(self, pod: PodView, slot: _PodSlot) -> None:
         began = time.monotonic()
-        claims = self._claims_of(pod)
+        claims = self.dra.claims_of(pod)
         read = time.monotonic()
         if claims:
-            self._prepare(pod, claims)
+            with self._lock:
+                # Recorded before the call: termination unprepares whatever may have been prepared, and a
+                # concurrent termination of another pod sharing a claim sees this pod as a user.
+                self._prepared[pod.uid] = list(claims)
+                for claim in claims:
+                    self._claim_users.setdefault(claim.ref.uid, set()).add(pod.uid)
+            self.dra.prepare(claims)
         prepared = time.monotonic()
         if pod.phase != "Running":
-            self._mark_running(pod)
+            body = running_status(pod, self.settings.host_ip, stamp(now()))
+            self.core.patch_namespaced_pod_status(pod.name, pod.namespace, body)
         done = time.monotonic()
         # One line per started pod with where its node-side time went (bench/dra_overhead.py --stages reads it).
         _log.info(
@@ -471,127 +289,11 @@ class KubeletStandIn:
             slot.first_wait,
         )
 
-    @staticmethod
-    def _claim_names(pod: PodView) -> list[str]:
-        """Claim names of the pod's ``spec.resourceClaims``, template ones from the pod status."""
-        out = []
-        for entry, claim_name, template in pod.claims:
-            if claim_name:
-                out.append(claim_name)
-            elif template:
-                if entry not in pod.generated:
-                    raise PodNotReady(f"claim for {entry!r} (template) not created yet")
-                generated = pod.generated[entry]
-                if generated:  # None: the template yields no claim for this pod
-                    out.append(generated)
-        return out
-
-    def _claims_of(self, pod: PodView) -> list[_Claim]:
-        namespace = pod.namespace
-        claims = []
-        for claim_name in self._claim_names(pod):
-            try:
-                obj = cast(
-                    dict[str, Any],
-                    self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaims", claim_name),
-                )
-            except ApiException as err:
-                # 403 while the Node authorizer's graph has not seen the binding yet; 404 before creation.
-                if err.status in (403, 404):
-                    raise PodNotReady(f"claim {claim_name}: {err.status} {err.reason}") from err
-                raise
-            status = obj.get("status") or {}
-            allocation = status.get("allocation")
-            if not allocation:
-                raise PodNotReady(f"claim {claim_name} is not allocated yet")
-            reserved = {r.get("uid") for r in status.get("reservedFor") or []}
-            if pod.uid not in reserved:
-                raise PodNotReady(f"claim {claim_name} is not reserved for the pod yet")
-            results = (allocation.get("devices") or {}).get("results") or []
-            drivers = frozenset(str(r["driver"]) for r in results)
-            meta = obj["metadata"]
-            claims.append(_Claim(ClaimRef(namespace=namespace, uid=meta["uid"], name=meta["name"]), drivers))
-        return claims
-
-    def _prepare(self, pod: PodView, claims: Sequence[_Claim]) -> None:
-        by_driver: dict[str, list[ClaimRef]] = {}
-        for claim in claims:
-            for driver in claim.drivers:
-                by_driver.setdefault(driver, []).append(claim.ref)
-        with self._lock:
-            # Recorded before the call: termination unprepares whatever may have been prepared, and a
-            # concurrent termination of another pod sharing a claim sees this pod as a user.
-            self._prepared[pod.uid] = list(claims)
-            for claim in claims:
-                self._claim_users.setdefault(claim.ref.uid, set()).add(pod.uid)
-        for driver, refs in sorted(by_driver.items()):
-            plugin = self.plugins.get(driver)
-            if plugin is None:
-                raise PrepareFailed(f"DRA driver {driver} is not registered on node {self.settings.node_name}")
-            try:
-                results = plugin.prepare(refs)
-            except Exception as err:
-                raise PrepareFailed(f"NodePrepareResources with driver {driver} failed: {err}") from err
-            for ref in refs:
-                result = results.get(ref.uid)
-                if result is None:
-                    raise PrepareFailed(f"driver {driver} returned no result for claim {ref.name}")
-                if result.error:
-                    raise PrepareFailed(f"claim {ref.name}: {result.error}")
-                self._check_cdi(ref, result)
-
-    def _check_cdi(self, ref: ClaimRef, result: PrepareResult) -> None:
-        for device in result.devices:
-            if not device.cdi_device_ids:
-                raise PrepareFailed(f"claim {ref.name}: device {device.device_name} has no CDI ids")
-            for cdi_id in device.cdi_device_ids:
-                if cdi.resolve(self.settings.cdi_root, cdi_id) is None:
-                    raise PrepareFailed(
-                        f"claim {ref.name}: CDI device {cdi_id} has no spec in {self.settings.cdi_root}"
-                    )
-
-    def _mark_running(self, pod: PodView) -> None:
-        now = _stamp(_now())
-        ip = self.settings.host_ip
-
-        def condition(kind: str) -> dict[str, str]:
-            return {"type": kind, "status": "True", "lastTransitionTime": now}
-
-        containers = [
-            {
-                "name": cname,
-                "image": image,
-                "imageID": f"fake://{image or 'none'}",
-                "containerID": "fake://" + hashlib.sha256(f"{pod.uid}/{cname}".encode()).hexdigest()[:32],
-                "ready": True,
-                "started": True,
-                "restartCount": 0,
-                "state": {"running": {"startedAt": now}},
-            }
-            for cname, image in pod.containers
-        ]
-        body = {
-            "status": {
-                "phase": "Running",
-                "hostIP": ip,
-                "hostIPs": [{"ip": ip}],
-                "podIP": ip,
-                "podIPs": [{"ip": ip}],
-                "startTime": now,
-                "conditions": [
-                    condition(kind)
-                    for kind in ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready", "PodScheduled")
-                ],
-                "containerStatuses": containers,
-            }
-        }
-        self.core.patch_namespaced_pod_status(pod.name, pod.namespace, body)
-
     def _terminate(self, pod: PodView, *, delete: bool) -> None:
         uid = pod.uid
         with self._lock:
             prepared = self._prepared.pop(uid, [])
-            last_users: list[_Claim] = []
+            last_users: list[Claim] = []
             for claim in prepared:
                 users = self._claim_users.get(claim.ref.uid, set())
                 users.discard(uid)
@@ -599,7 +301,9 @@ class KubeletStandIn:
                     self._claim_users.pop(claim.ref.uid, None)
                     last_users.append(claim)
         if last_users:
-            self._unprepare(pod, last_users)
+            self.dra.unprepare(
+                pod, last_users, stop=self._stop, warn=self.events.warn, backoff_max_s=self.settings.workers_backoff_max
+            )
         if delete:
             try:
                 self.core.delete_namespaced_pod(
@@ -612,75 +316,6 @@ class KubeletStandIn:
                 if err.status not in (404, 409):  # gone already, or a different pod by now
                     raise
             _log.info("pod %s deleted", pod.key)
-
-    def _unprepare(self, pod: PodView, claims: Sequence[_Claim]) -> None:
-        delay = BACKOFF_INITIAL_S
-        pending = {(driver, claim.ref) for claim in claims for driver in claim.drivers}
-        while pending and not self._stop.is_set():
-            errors: list[str] = []
-            for driver in sorted({d for d, _ in pending}):
-                refs = sorted((r for d, r in pending if d == driver), key=lambda r: r.uid)
-                plugin = self.plugins.get(driver)
-                if plugin is None:
-                    errors.append(f"DRA driver {driver} is not registered")
-                    continue
-                try:
-                    results = plugin.unprepare(refs)
-                except Exception as err:
-                    errors.append(f"NodeUnprepareResources with {driver} failed: {err}")
-                    continue
-                for ref in refs:
-                    result = results.get(ref.uid)
-                    if result is not None and not result.error:
-                        pending.discard((driver, ref))
-                    else:
-                        errors.append(f"claim {ref.name}: {result.error if result else 'no result'}")
-            if not pending:
-                return
-            _log.warning("unprepare for pod %s failed, retrying: %s", pod.key, "; ".join(errors))
-            self._event(pod, "FailedUnprepareDynamicResources", "; ".join(errors))
-            self._stop.wait(delay)
-            delay = min(delay * 2, self.settings.workers_backoff_max)
-
-    def _event(self, pod: PodView, reason: str, message: str) -> None:
-        """A Warning Event on the pod; repeats of one message bump its count, like kubelet's recorder.
-
-        Nodes may create and patch events but not read them, so the counts are remembered here.
-        """
-        namespace = pod.namespace
-        digest = hashlib.sha256(f"{reason}/{message}".encode()).hexdigest()[:10]
-        name = f"{pod.name}.{digest}"
-        now = _now()
-        with self._lock:
-            count = self._event_counts.get(name, 0) + 1
-            self._event_counts[name] = count
-        try:
-            if count > 1:
-                self.core.patch_namespaced_event(name, namespace, {"count": count, "lastTimestamp": _stamp(now)})
-                return
-        except ApiException as err:
-            if err.status != 404:
-                _log.warning("could not update event %s: %s", name, err.reason)
-                return
-        body = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(name=name, namespace=namespace),
-            involved_object=client.V1ObjectReference(
-                api_version="v1", kind="Pod", name=pod.name, namespace=namespace, uid=pod.uid
-            ),
-            reason=reason,
-            message=message[:1024],
-            type="Warning",
-            first_timestamp=now,
-            last_timestamp=now,
-            count=count,
-            source=client.V1EventSource(component="kubelet", host=self.settings.node_name),
-            reporting_component="kubelet",
-            reporting_instance=self.settings.node_name,
-        )
-        try:
-            self.core.create_namespaced_event(namespace, body)
-        except ApiException as err:
-            _log.warning("could not record event %s: %s", reason, err.reason)
 
 
 def _labels(items: Sequence[str]) -> dict[str, str]:
