@@ -1,0 +1,244 @@
+"""The plan of the simulated nodes: one :class:`SimNode` per node, its directories, sockets, addresses and ports.
+
+:func:`plan_nodes` names the nodes of each ``NodeGroup`` (``<profile>-<i>``), gives each its own
+directories and loopback address, and puts the nodes of all ``gb200-nvl72`` groups in racks of up
+to 18 that share a fabric cluster UUID and clique id. The unix sockets live under
+``state_dir/s/<index>/``, or under ``/tmp/gpuplane-<hash>/`` when the state directory's path is too
+long for AF_UNIX's 107 bytes (:func:`socket_root`). The plan is kept in ``state_dir/nodes.json``
+(:func:`save_nodes`, :func:`load_nodes`); the rest is pure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import sys
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from e2e.cluster import controlplane
+from e2e.plane import nodes
+from gpuplane.driver.hw import sim_profiles
+
+GB200_PROFILE = "gb200-nvl72"
+GB200_RACK_NODES = 18  # compute trays of 4 GPUs in one NVL72 rack
+MAX_SOCKET_PATH = 107
+# The longest socket path under a node's socket dir: p/mps/<claim uid>/pipe/control.
+_LONGEST_SOCKET_SUFFIX = len("/p/mps/") + 36 + len("/pipe/control")
+PROFILE_LABEL = "gpuplane.dev/sim-profile"
+
+
+@dataclasses.dataclass(frozen=True)
+class SimNode:
+    """One simulated node: its name, hardware, directories and ports."""
+
+    name: str
+    profile: str
+    index: int
+    node_dir: Path
+    socket_dir: Path
+    host_ip: str
+    metrics_port: int
+    sim_config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def registry_dir(self) -> Path:
+        """Where the driver puts its registration socket (kubelet's plugins_registry)."""
+        return self.socket_dir / "r"
+
+    @property
+    def plugin_dir(self) -> Path:
+        """The driver's plugin dir: DRA socket, checkpoint, lock, MPS pipes."""
+        return self.socket_dir / "p"
+
+    @property
+    def checkpoint(self) -> Path:
+        """The driver's checkpoint file."""
+        return self.plugin_dir / "checkpoint.json"
+
+    @property
+    def mps_root(self) -> Path:
+        """Per-claim MPS daemon directories."""
+        return self.plugin_dir / "mps"
+
+    @property
+    def cdi_root(self) -> Path:
+        """The node's CDI spec directory (its /var/run/cdi)."""
+        return self.node_dir / "cdi"
+
+    @property
+    def sim_state_dir(self) -> Path:
+        """The simulator's state (GPUs, MIG instances)."""
+        return self.node_dir / "sim"
+
+    @property
+    def sim_config_file(self) -> Path:
+        """The ``--sim-config`` file."""
+        return self.node_dir / "sim.yaml"
+
+    @property
+    def kubelet_kubeconfig(self) -> Path:
+        """The stand-in's credentials (system:node:<name>)."""
+        return self.node_dir / "kubelet.kubeconfig"
+
+    @property
+    def kubelet_status(self) -> Path:
+        """The stand-in's status file."""
+        return self.node_dir / "kubelet.json"
+
+    @property
+    def driver_process(self) -> str:
+        """Process (pidfile) name of the driver."""
+        return f"driver-{self.name}"
+
+    @property
+    def kubelet_process(self) -> str:
+        """Process (pidfile) name of the kubelet stand-in."""
+        return f"kubelet-{self.name}"
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """Labels the stand-in gives the Node."""
+        return {PROFILE_LABEL: self.profile}
+
+    def sim_cli(self, *args: str) -> list[str]:
+        """argv for ``python -m gpuplane.driver.hw.sim_cli`` on this node's simulator."""
+        return [sys.executable, "-m", "gpuplane.driver.hw.sim_cli", "--state-dir", str(self.sim_state_dir), *args]
+
+    def to_json(self) -> dict[str, Any]:
+        """For ``nodes.json``."""
+        return {
+            "name": self.name,
+            "profile": self.profile,
+            "index": self.index,
+            "node_dir": str(self.node_dir),
+            "socket_dir": str(self.socket_dir),
+            "host_ip": self.host_ip,
+            "metrics_port": self.metrics_port,
+            "sim_config": dict(self.sim_config),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SimNode:
+        """From ``nodes.json``."""
+        return cls(
+            name=str(data["name"]),
+            profile=str(data["profile"]),
+            index=int(data["index"]),
+            node_dir=Path(data["node_dir"]),
+            socket_dir=Path(data["socket_dir"]),
+            host_ip=str(data["host_ip"]),
+            metrics_port=int(data["metrics_port"]),
+            sim_config=dict(data.get("sim_config") or {}),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterAccess:
+    """What node processes need to reach the control plane."""
+
+    admin_kubeconfig: Path
+    server: str
+    ca_cert: Path
+    pki_dir: Path
+
+    @classmethod
+    def from_state_dir(cls, state_dir: Path, kubeconfig: Path) -> ClusterAccess:
+        """Read the server from the admin kubeconfig; the CA lives in ``state_dir/pki``."""
+        data = yaml.safe_load(kubeconfig.read_text())
+        server = str(data["clusters"][0]["cluster"]["server"])
+        pki_dir = state_dir / "pki"
+        return cls(admin_kubeconfig=kubeconfig, server=server, ca_cert=pki_dir / "ca.crt", pki_dir=pki_dir)
+
+
+DriverCredentials = Callable[[SimNode, ClusterAccess], Path]
+"""Returns the kubeconfig a node's driver runs with."""
+
+
+def admin_credentials(node: SimNode, access: ClusterAccess) -> Path:
+    """The admin kubeconfig (for clusters without gpuplane's RBAC installed)."""
+    del node
+    return access.admin_kubeconfig
+
+
+def socket_root(state_dir: Path) -> Path:
+    """``state_dir/s``, or a short directory in /tmp when socket paths under it would be too long."""
+    preferred = state_dir / "s"
+    # Node index up to 3 digits: "/123".
+    if len(str(preferred)) + 4 + _LONGEST_SOCKET_SUFFIX <= MAX_SOCKET_PATH:
+        return preferred
+    digest = hashlib.sha256(str(state_dir).encode()).hexdigest()[:10]
+    return Path("/tmp") / f"gpuplane-{digest}"
+
+
+def plan_nodes(
+    state_dir: Path, groups: Sequence[nodes.NodeGroup], *, existing: Sequence[SimNode] = ()
+) -> list[SimNode]:
+    """Names, directories, addresses, ports and simulator configs for ``groups`` (after ``existing`` nodes)."""
+    for group in groups:
+        sim_profiles.node_profile(group.profile)  # ValueError names the known profiles
+    sockets = socket_root(state_dir)
+    rack_ids: dict[int, str] = {}
+    planned: list[SimNode] = []
+    ports: set[int] = set()
+    index = max((n.index + 1 for n in existing), default=0)
+    taken = {n.name for n in existing}
+    per_profile: dict[str, int] = {}
+    gb200_seen = sum(1 for n in existing if n.profile == GB200_PROFILE)
+    for group in groups:
+        for _ in range(group.count):
+            number = per_profile.get(group.profile, 0)
+            while f"{group.profile}-{number}" in taken:
+                number += 1
+            per_profile[group.profile] = number + 1
+            name = f"{group.profile}-{number}"
+            sim_config: dict[str, Any] = {}
+            if group.profile == GB200_PROFILE:
+                rack = gb200_seen // GB200_RACK_NODES
+                gb200_seen += 1
+                cluster_uuid = rack_ids.setdefault(
+                    rack, str(uuid.uuid5(uuid.NAMESPACE_URL, f"gpuplane-e2e:{state_dir}:rack-{rack}"))
+                )
+                sim_config = {"cluster_uuid": cluster_uuid, "clique_id": 1}
+            if index > 250:
+                raise ValueError("at most 250 simulated nodes (one loopback address each)")
+            planned.append(
+                SimNode(
+                    name=name,
+                    profile=group.profile,
+                    index=index,
+                    node_dir=state_dir / "nodes" / name,
+                    socket_dir=sockets / str(index),
+                    host_ip=f"127.0.0.{index + 2}",
+                    metrics_port=controlplane.free_port(ports),
+                    sim_config=sim_config,
+                )
+            )
+            index += 1
+    return planned
+
+
+def nodes_file(state_dir: Path) -> Path:
+    """Where the node plan is kept."""
+    return state_dir / "nodes.json"
+
+
+def load_nodes(state_dir: Path) -> list[SimNode]:
+    """The nodes recorded for ``state_dir`` (empty if none)."""
+    path = nodes_file(state_dir)
+    if not path.is_file():
+        return []
+    return [SimNode.from_json(item) for item in json.loads(path.read_text())]
+
+
+def save_nodes(state_dir: Path, planned: Iterable[SimNode]) -> None:
+    """Record the node plan."""
+    path = nodes_file(state_dir)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps([n.to_json() for n in planned], indent=2) + "\n")
+    tmp.replace(path)
