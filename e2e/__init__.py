@@ -10,7 +10,8 @@ Three packages: ``plane`` built on ``cluster`` (nothing in ``cluster`` imports `
 - ``pki``: the certificates, keys and kubeconfigs the control plane needs.
 - ``procs``: starting, pidfile-tracking and stopping of component processes.
 - ``controlplane``: etcd, kube-apiserver, kube-controller-manager and
-  kube-scheduler wired together.
+  kube-scheduler started in order and awaited; ``flags`` their command lines (feature gates,
+  API versions, ports, certificates).
 - ``handle``: ``Cluster``, a handle on a running cluster (kubeconfig, kubectl, API client).
 
 ``e2e.plane``: gpuplane on that cluster.
@@ -21,7 +22,8 @@ Three packages: ``plane`` built on ``cluster`` (nothing in ``cluster`` imports `
   prepare/unprepare, the CDI check) and ``kubelet_pods`` (the pod watch, the Running status,
   Events).
 - ``driverproc``: one ``gpuplane-driver`` process on the simulator, for tests.
-- ``simnodes``: simulated GPU nodes, a driver plus a kubelet stand-in per node.
+- ``simnodes``: simulated GPU nodes, a driver plus a kubelet stand-in per node, started, awaited
+  and stopped; ``simnode_plan`` their plan (names, directories, sockets, NVL72 racks, ``nodes.json``).
 - ``identity``: the driver's and the controller's ServiceAccount identities (TokenRequest).
 - ``install``: rendering and applying ``manifests/``, CRD storage migration.
 - ``components``: gpuplane installed from ``manifests/overlays/e2e``, the drivers' credentials

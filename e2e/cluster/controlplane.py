@@ -6,8 +6,8 @@ kubeconfig to ``state_dir/kubeconfig``. ``stop()`` (or leaving the ``with``
 block) stops them all; ``stop_state_dir(state_dir)`` does the same from
 another process, using the pidfiles in ``state_dir/pids``.
 
-The feature gates and API versions enabled go to apiserver, scheduler and
-controller-manager alike; see ``DEFAULT_FEATURE_GATES`` for what and why.
+The command line of each component (feature gates, API versions, certificates) is
+:mod:`e2e.cluster.flags`'s; this module starts them in order and waits for each.
 """
 
 from __future__ import annotations
@@ -24,41 +24,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 
-from e2e.cluster import pki, procs
+from e2e.cluster import flags, pki, procs
 from e2e.cluster.build import BinPaths
 
 Printer = Callable[[str], None]
 
-# Stages verified in k8s.io/kubernetes@v1.36.3 pkg/features/kube_features.go.
-DEFAULT_FEATURE_GATES: Mapping[str, bool] = {
-    # Beta and on by default in 1.36: set explicitly so that a renamed or
-    # removed gate makes start-up fail loudly instead of silently changing behaviour.
-    "DRADeviceTaints": True,
-    "DRAPartitionableDevices": True,
-    "DRAResourceClaimDeviceStatus": True,
-    "DRADeviceBindingConditions": True,
-    "DRAConsumableCapacity": True,
-    "DRAExtendedResource": True,
-    # Beta but off by default in 1.36: the DeviceTaintRule API (served as
-    # resource.k8s.io/v1beta2 and v1alpha3, both off by default).
-    "DRADeviceTaintRules": True,
-    # Alpha in 1.35/1.36: the Workload and PodGroup API (scheduling.k8s.io/v1alpha2),
-    # the scheduler's GangScheduling plugin, and topology constraints for pod groups.
-    "GenericWorkload": True,
-    "GangScheduling": True,
-    "TopologyAwareWorkloadScheduling": True,
-}
-
-# API group versions that are off by default in 1.36 (pkg/controlplane/instance.go).
-DEFAULT_RUNTIME_CONFIG: Mapping[str, bool] = {
-    "resource.k8s.io/v1beta1": True,
-    "resource.k8s.io/v1beta2": True,  # DeviceTaintRule (beta)
-    "resource.k8s.io/v1alpha3": True,  # DeviceTaintRule storage version, ResourcePoolStatusRequest
-    "scheduling.k8s.io/v1alpha2": True,  # Workload, PodGroup
-}
-
-SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
-SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 PROGRESS_EVERY_S = 15.0
 
@@ -72,11 +42,6 @@ def free_port(taken: set[int]) -> int:
         if port not in taken:
             taken.add(port)
             return port
-
-
-def format_gates(gates: Mapping[str, bool]) -> str:
-    """``{"A": True}`` -> ``A=true``."""
-    return ",".join(f"{name}={str(on).lower()}" for name, on in sorted(gates.items()))
 
 
 def _https_get(url: str, context: ssl.SSLContext, timeout: float = 3.0) -> tuple[int, str]:
@@ -133,9 +98,11 @@ class ControlPlane:
         # 50/100 and 20/30 per controller); None keeps the upstream defaults.
         self.client_qps = client_qps
         self.bins = bins
-        self.feature_gates: dict[str, bool] = dict(DEFAULT_FEATURE_GATES if feature_gates is None else feature_gates)
+        self.feature_gates: dict[str, bool] = dict(
+            flags.DEFAULT_FEATURE_GATES if feature_gates is None else feature_gates
+        )
         self.runtime_config: dict[str, bool] = dict(
-            DEFAULT_RUNTIME_CONFIG if runtime_config is None else runtime_config
+            flags.DEFAULT_RUNTIME_CONFIG if runtime_config is None else runtime_config
         )
         self.ready_timeout = ready_timeout
         self.verbosity = verbosity
@@ -172,11 +139,6 @@ class ControlPlane:
         return self.log_dir / f"{component}.log"
 
     # Lifecycle --------------------------------------------------------------
-
-    def _qps_flags(self) -> list[str]:
-        if self.client_qps is None:
-            return []
-        return [f"--kube-api-qps={self.client_qps}", f"--kube-api-burst={2 * self.client_qps}"]
 
     def __enter__(self) -> ControlPlane:
         self.start()
@@ -281,7 +243,7 @@ class ControlPlane:
         etcd_client, etcd_peer = free_port(ports), free_port(ports)
         api_port, kcm_port, sched_port = free_port(ports), free_port(ports), free_port(ports)
         self.server = f"https://127.0.0.1:{api_port}"
-        gates = format_gates(self.feature_gates)
+        gates = flags.format_gates(self.feature_gates)
 
         admin_ctx = ssl.create_default_context(cafile=str(cluster_pki.ca.cert))
         admin_ctx.load_cert_chain(str(cluster_pki.admin.cert), str(cluster_pki.admin.key))
@@ -310,19 +272,7 @@ class ControlPlane:
         client_url, peer_url = f"http://127.0.0.1:{etcd_client}", f"http://127.0.0.1:{etcd_peer}"
         self._spawn(
             "etcd",
-            [
-                str(self.bins.etcd),
-                "--name=e2e",
-                f"--data-dir={self.state_dir / 'etcd-data'}",
-                f"--listen-client-urls={client_url}",
-                f"--advertise-client-urls={client_url}",
-                f"--listen-peer-urls={peer_url}",
-                f"--initial-advertise-peer-urls={peer_url}",
-                f"--initial-cluster=e2e={peer_url}",
-                "--initial-cluster-state=new",
-                "--unsafe-no-fsync=true",  # a throwaway test cluster; fsync dominates on slow disks
-                "--log-level=warn",
-            ],
+            flags.etcd_argv(self.bins.etcd, self.state_dir / "etcd-data", client_url, peer_url),
         )
 
         def etcd_ready() -> tuple[bool, str]:
@@ -342,37 +292,16 @@ class ControlPlane:
         self._progress(started, f"starting kube-apiserver on {self.server}")
         self._spawn(
             "kube-apiserver",
-            [
-                str(self.bins.kube_apiserver),
-                f"--etcd-servers={client_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                f"--secure-port={api_port}",
-                f"--cert-dir={self.state_dir / 'certs' / 'kube-apiserver'}",
-                f"--tls-cert-file={cluster_pki.apiserver.cert}",
-                f"--tls-private-key-file={cluster_pki.apiserver.key}",
-                f"--client-ca-file={cluster_pki.ca.cert}",
-                f"--service-account-key-file={cluster_pki.service_account_pub}",
-                f"--service-account-signing-key-file={cluster_pki.service_account_key}",
-                f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
-                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
-                "--authorization-mode=Node,RBAC",
-                "--enable-admission-plugins=NodeRestriction",
-                # The `kubernetes` Service cannot point at a loopback address; no pod needs it here.
-                "--endpoint-reconciler-type=none",
-                # Fills kube-system/extension-apiserver-authentication, which the
-                # scheduler's and controller-manager's delegated authentication read.
-                f"--requestheader-client-ca-file={cluster_pki.ca.cert}",
-                "--requestheader-allowed-names=gpuplane-front-proxy",
-                "--requestheader-username-headers=X-Remote-User",
-                "--requestheader-group-headers=X-Remote-Group",
-                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
-                "--allow-privileged=true",
-                f"--runtime-config={format_gates(self.runtime_config)}",
-                f"--feature-gates={gates}",
-                "--profiling=false",
-                f"--v={self.verbosity}",
-            ],
+            flags.apiserver_argv(
+                self.bins.kube_apiserver,
+                self.state_dir,
+                port=api_port,
+                client_url=client_url,
+                cluster_pki=cluster_pki,
+                runtime_config=self.runtime_config,
+                gates=gates,
+                verbosity=self.verbosity,
+            ),
         )
 
         def apiserver_ready() -> tuple[bool, str]:
@@ -389,41 +318,28 @@ class ControlPlane:
         self._progress(started, "starting kube-controller-manager and kube-scheduler")
         self._spawn(
             "kube-controller-manager",
-            [
-                str(self.bins.kube_controller_manager),
-                f"--kubeconfig={kcm_kubeconfig}",
-                f"--authentication-kubeconfig={kcm_kubeconfig}",
-                f"--authorization-kubeconfig={kcm_kubeconfig}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={kcm_port}",
-                f"--cert-dir={self.state_dir / 'certs' / 'kube-controller-manager'}",
-                f"--service-account-private-key-file={cluster_pki.service_account_key}",
-                f"--root-ca-file={cluster_pki.ca.cert}",
-                f"--cluster-signing-cert-file={cluster_pki.ca.cert}",
-                f"--cluster-signing-key-file={cluster_pki.ca.key}",
-                "--use-service-account-credentials=true",
-                "--controllers=*",
-                "--leader-elect=false",
-                f"--feature-gates={gates}",
-                f"--v={self.verbosity}",
-                *self._qps_flags(),
-            ],
+            flags.controller_manager_argv(
+                self.bins.kube_controller_manager,
+                self.state_dir,
+                port=kcm_port,
+                kubeconfig=kcm_kubeconfig,
+                cluster_pki=cluster_pki,
+                gates=gates,
+                verbosity=self.verbosity,
+                client_qps=self.client_qps,
+            ),
         )
         self._spawn(
             "kube-scheduler",
-            [
-                str(self.bins.kube_scheduler),
-                f"--kubeconfig={sched_kubeconfig}",
-                f"--authentication-kubeconfig={sched_kubeconfig}",
-                f"--authorization-kubeconfig={sched_kubeconfig}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={sched_port}",
-                f"--cert-dir={self.state_dir / 'certs' / 'kube-scheduler'}",
-                "--leader-elect=false",
-                f"--feature-gates={gates}",
-                f"--v={self.verbosity}",
-                *self._qps_flags(),
-            ],
+            flags.scheduler_argv(
+                self.bins.kube_scheduler,
+                self.state_dir,
+                port=sched_port,
+                kubeconfig=sched_kubeconfig,
+                gates=gates,
+                verbosity=self.verbosity,
+                client_qps=self.client_qps,
+            ),
         )
 
         def healthz(port: int) -> Callable[[], tuple[bool, str]]:

@@ -17,7 +17,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from e2e.cluster import build, controlplane, pki, procs
+from e2e.cluster import build, controlplane, flags, pki, procs
 from e2e.plane import nodes
 
 
@@ -167,8 +167,8 @@ def test_node_spec_parsing() -> None:
 
 
 def test_feature_gates_and_runtime_config_format() -> None:
-    assert controlplane.format_gates({"B": False, "A": True}) == "A=true,B=false"
-    assert controlplane.DEFAULT_RUNTIME_CONFIG["scheduling.k8s.io/v1alpha2"] is True
+    assert flags.format_gates({"B": False, "A": True}) == "A=true,B=false"
+    assert flags.DEFAULT_RUNTIME_CONFIG["scheduling.k8s.io/v1alpha2"] is True
 
 
 def test_stop_from_a_pidfile_kills_the_whole_group_even_if_it_ignores_sigterm(tmp_path: Path) -> None:

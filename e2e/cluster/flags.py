@@ -1,0 +1,176 @@
+"""The command line of each control-plane component: feature gates, API versions, ports, certificates.
+
+The feature gates and API versions enabled go to apiserver, scheduler and controller-manager
+alike; see ``DEFAULT_FEATURE_GATES`` for what and why. Pure: paths and ports in, argv out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from e2e.cluster import pki
+
+# Stages verified in k8s.io/kubernetes@v1.36.3 pkg/features/kube_features.go.
+DEFAULT_FEATURE_GATES: Mapping[str, bool] = {
+    # Beta and on by default in 1.36: set explicitly so that a renamed or
+    # removed gate makes start-up fail loudly instead of silently changing behaviour.
+    "DRADeviceTaints": True,
+    "DRAPartitionableDevices": True,
+    "DRAResourceClaimDeviceStatus": True,
+    "DRADeviceBindingConditions": True,
+    "DRAConsumableCapacity": True,
+    "DRAExtendedResource": True,
+    # Beta but off by default in 1.36: the DeviceTaintRule API (served as
+    # resource.k8s.io/v1beta2 and v1alpha3, both off by default).
+    "DRADeviceTaintRules": True,
+    # Alpha in 1.35/1.36: the Workload and PodGroup API (scheduling.k8s.io/v1alpha2),
+    # the scheduler's GangScheduling plugin, and topology constraints for pod groups.
+    "GenericWorkload": True,
+    "GangScheduling": True,
+    "TopologyAwareWorkloadScheduling": True,
+}
+
+# API group versions that are off by default in 1.36 (pkg/controlplane/instance.go).
+DEFAULT_RUNTIME_CONFIG: Mapping[str, bool] = {
+    "resource.k8s.io/v1beta1": True,
+    "resource.k8s.io/v1beta2": True,  # DeviceTaintRule (beta)
+    "resource.k8s.io/v1alpha3": True,  # DeviceTaintRule storage version, ResourcePoolStatusRequest
+    "scheduling.k8s.io/v1alpha2": True,  # Workload, PodGroup
+}
+
+SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc"
+
+
+def format_gates(gates: Mapping[str, bool]) -> str:
+    """``{"A": True}`` -> ``A=true``."""
+    return ",".join(f"{name}={str(on).lower()}" for name, on in sorted(gates.items()))
+
+
+def qps_flags(client_qps: int | None) -> list[str]:
+    """Client-side rate limit of kube-scheduler and kube-controller-manager (None: the upstream defaults)."""
+    if client_qps is None:
+        return []
+    return [f"--kube-api-qps={client_qps}", f"--kube-api-burst={2 * client_qps}"]
+
+
+def etcd_argv(binary: Path, data_dir: Path, client_url: str, peer_url: str) -> list[str]:
+    """etcd on loopback, one member, no fsync (a throwaway test cluster)."""
+    return [
+        str(binary),
+        "--name=e2e",
+        f"--data-dir={data_dir}",
+        f"--listen-client-urls={client_url}",
+        f"--advertise-client-urls={client_url}",
+        f"--listen-peer-urls={peer_url}",
+        f"--initial-advertise-peer-urls={peer_url}",
+        f"--initial-cluster=e2e={peer_url}",
+        "--initial-cluster-state=new",
+        "--unsafe-no-fsync=true",  # a throwaway test cluster; fsync dominates on slow disks
+        "--log-level=warn",
+    ]
+
+
+def apiserver_argv(
+    binary: Path,
+    state_dir: Path,
+    *,
+    port: int,
+    client_url: str,
+    cluster_pki: pki.ClusterPKI,
+    runtime_config: Mapping[str, bool],
+    gates: str,
+    verbosity: int,
+) -> list[str]:
+    """kube-apiserver on loopback with Node and RBAC authorization and NodeRestriction admission."""
+    return [
+        str(binary),
+        f"--etcd-servers={client_url}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--cert-dir={state_dir / 'certs' / 'kube-apiserver'}",
+        f"--tls-cert-file={cluster_pki.apiserver.cert}",
+        f"--tls-private-key-file={cluster_pki.apiserver.key}",
+        f"--client-ca-file={cluster_pki.ca.cert}",
+        f"--service-account-key-file={cluster_pki.service_account_pub}",
+        f"--service-account-signing-key-file={cluster_pki.service_account_key}",
+        f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+        f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NodeRestriction",
+        # The `kubernetes` Service cannot point at a loopback address; no pod needs it here.
+        "--endpoint-reconciler-type=none",
+        # Fills kube-system/extension-apiserver-authentication, which the
+        # scheduler's and controller-manager's delegated authentication read.
+        f"--requestheader-client-ca-file={cluster_pki.ca.cert}",
+        "--requestheader-allowed-names=gpuplane-front-proxy",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        "--allow-privileged=true",
+        f"--runtime-config={format_gates(runtime_config)}",
+        f"--feature-gates={gates}",
+        "--profiling=false",
+        f"--v={verbosity}",
+    ]
+
+
+def controller_manager_argv(
+    binary: Path,
+    state_dir: Path,
+    *,
+    port: int,
+    kubeconfig: Path,
+    cluster_pki: pki.ClusterPKI,
+    gates: str,
+    verbosity: int,
+    client_qps: int | None,
+) -> list[str]:
+    """kube-controller-manager with every controller, signing with the cluster CA."""
+    return [
+        str(binary),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--cert-dir={state_dir / 'certs' / 'kube-controller-manager'}",
+        f"--service-account-private-key-file={cluster_pki.service_account_key}",
+        f"--root-ca-file={cluster_pki.ca.cert}",
+        f"--cluster-signing-cert-file={cluster_pki.ca.cert}",
+        f"--cluster-signing-key-file={cluster_pki.ca.key}",
+        "--use-service-account-credentials=true",
+        "--controllers=*",
+        "--leader-elect=false",
+        f"--feature-gates={gates}",
+        f"--v={verbosity}",
+        *qps_flags(client_qps),
+    ]
+
+
+def scheduler_argv(
+    binary: Path,
+    state_dir: Path,
+    *,
+    port: int,
+    kubeconfig: Path,
+    gates: str,
+    verbosity: int,
+    client_qps: int | None,
+) -> list[str]:
+    """kube-scheduler, no leader election."""
+    return [
+        str(binary),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--cert-dir={state_dir / 'certs' / 'kube-scheduler'}",
+        "--leader-elect=false",
+        f"--feature-gates={gates}",
+        f"--v={verbosity}",
+        *qps_flags(client_qps),
+    ]
