@@ -42,10 +42,10 @@ from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.kube import KubeApi, make_api_client
 from gpuplane.driver.plugin.server import PluginServer
 from gpuplane.driver.prepare.contract import ClaimRef, PrepareResult, UnprepareResult
-from gpuplane.driver.prepare.state import ClaimSource, DeviceState, StateSettings
+from gpuplane.driver.prepare.state import ClaimSource, DeviceState
 from gpuplane.driver.sharing.mps import MpsControl
 from gpuplane.driver.sharing.mps_spec import MpsDaemon, MpsSpec
-from tests.driverkit import STANDIN_MPS, FakeClaims
+from tests.driverkit import STANDIN_MPS, FakeClaims, state_settings
 
 
 class _TimedMps(MpsControl):
@@ -141,20 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     mps = _TimedMps(root / "p" / "mps", STANDIN_MPS)
     hook = FaultHook(root)
-    state = DeviceState(
-        StateSettings(
-            node_name=args.node,
-            driver_name=names.DRIVER_NAME,
-            cdi_root=root / "cdi",
-            checkpoint_path=root / "p" / "checkpoint.json",
-            lock_path=root / "p" / "pu.lock",
-            boot_id=sim.boot_id(),
-        ),
-        sim,
-        claims,
-        mps,
-        fault_hook=hook,
-    )
+    state = DeviceState(state_settings(root, args.node, sim.boot_id()), sim, claims, mps, fault_hook=hook)
     stats = state.recover()
     suffix = f"-{args.instance}" if args.instance else ""
     server = PluginServer(

@@ -9,6 +9,7 @@ binary, and, where asked, the real gRPC sockets.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import threading
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuplane.driver import host
 from gpuplane.driver.api import names
 from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.kube import NotFound
@@ -143,6 +145,18 @@ def short_tmpdir(prefix: str = "gp") -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
 
 
+def state_settings(root: Path, node: str, boot_id: str) -> StateSettings:
+    """The driver's settings for a test node under ``root`` (CDI, checkpoint and lock as the e2e nodes lay them out)."""
+    return StateSettings(
+        node_name=node,
+        driver_name=names.DRIVER_NAME,
+        cdi_root=root / "cdi",
+        checkpoint_path=root / "p" / "checkpoint.json",
+        lock_path=root / "p" / "pu.lock",
+        boot_id=boot_id,
+    )
+
+
 def build_driver(
     root: Path,
     profile: str = "hgx-h100",
@@ -156,27 +170,17 @@ def build_driver(
     sim.init()
     claims = claims or FakeClaims()
     mps = MpsControl(root / "p" / "mps", STANDIN_MPS)
-    state = DeviceState(
-        StateSettings(
-            node_name=node,
-            driver_name=names.DRIVER_NAME,
-            cdi_root=root / "cdi",
-            checkpoint_path=root / "p" / "checkpoint.json",
-            lock_path=root / "p" / "pu.lock",
-            boot_id=sim.boot_id(),
-        ),
-        sim,
-        claims,
-        mps,
-        fault_hook=fault_hook,
-    )
+    state = DeviceState(state_settings(root, node, sim.boot_id()), sim, claims, mps, fault_hook=fault_hook)
     return DriverUnderTest(root=root, node=node, sim=sim, claims=claims, state=state, mps=mps)
 
 
 @contextmanager
-def driver_env(profile: str = "hgx-h100", node: str = "node-a") -> Iterator[DriverUnderTest]:
-    root = short_tmpdir()
-    drv = build_driver(root, profile, node)
+def driver_env(
+    profile: str = "hgx-h100", node: str = "node-a", *, prefix: str = "gp", **sim_overrides: Any
+) -> Iterator[DriverUnderTest]:
+    """A driver on the simulator in a short temporary directory; afterwards its daemons stop, the directory goes."""
+    root = short_tmpdir(prefix)
+    drv = build_driver(root, profile, node, sim_overrides=sim_overrides)
     try:
         yield drv
     finally:
@@ -184,6 +188,32 @@ def driver_env(profile: str = "hgx-h100", node: str = "node-a") -> Iterator[Driv
             drv.mps.stop(d.claim_uid)
         drv.sim.shutdown()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@contextmanager
+def simulator(
+    profile: str, node: str = "node-a", *, prefix: str = "sl", in_memory: bool = False, **overrides: Any
+) -> Iterator[Simulator]:
+    """A bare simulator (no fsync) in a temporary directory, in /dev/shm when ``in_memory`` and writable."""
+    shm = "/dev/shm" if in_memory and os.access("/dev/shm", os.W_OK) else None
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir=shm)) if shm else short_tmpdir(prefix)
+    sim = Simulator(SimConfig(profile=profile, state_dir=root, node_name=node, durable=False, **overrides))
+    sim.init()
+    try:
+        yield sim
+    finally:
+        sim.shutdown()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def mps_processes_under(root: Path) -> list[int]:
+    """Live processes whose CUDA_MPS_PIPE_DIRECTORY lies under ``root`` (the MPS daemons of a test)."""
+    prefix = f"{root}/"
+    return [
+        pid
+        for pid in host.proc_pids()
+        if host.proc_running(pid) and (host.proc_environ(pid, "CUDA_MPS_PIPE_DIRECTORY") or "").startswith(prefix)
+    ]
 
 
 @contextmanager

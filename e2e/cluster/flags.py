@@ -117,6 +117,23 @@ def apiserver_argv(
     ]
 
 
+def _served(name: str, state_dir: Path, kubeconfig: Path, port: int) -> list[str]:
+    """How kube-controller-manager and kube-scheduler reach the apiserver and serve their own port."""
+    return [
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--cert-dir={state_dir / 'certs' / name}",
+    ]
+
+
+def _one_replica(gates: str, verbosity: int, client_qps: int | None) -> list[str]:
+    """One replica (no leader election), the cluster's feature gates, log level and client rate limit."""
+    return ["--leader-elect=false", f"--feature-gates={gates}", f"--v={verbosity}", *qps_flags(client_qps)]
+
+
 def controller_manager_argv(
     binary: Path,
     state_dir: Path,
@@ -131,22 +148,14 @@ def controller_manager_argv(
     """kube-controller-manager with every controller, signing with the cluster CA."""
     return [
         str(binary),
-        f"--kubeconfig={kubeconfig}",
-        f"--authentication-kubeconfig={kubeconfig}",
-        f"--authorization-kubeconfig={kubeconfig}",
-        "--bind-address=127.0.0.1",
-        f"--secure-port={port}",
-        f"--cert-dir={state_dir / 'certs' / 'kube-controller-manager'}",
+        *_served("kube-controller-manager", state_dir, kubeconfig, port),
         f"--service-account-private-key-file={cluster_pki.service_account_key}",
         f"--root-ca-file={cluster_pki.ca.cert}",
         f"--cluster-signing-cert-file={cluster_pki.ca.cert}",
         f"--cluster-signing-key-file={cluster_pki.ca.key}",
         "--use-service-account-credentials=true",
         "--controllers=*",
-        "--leader-elect=false",
-        f"--feature-gates={gates}",
-        f"--v={verbosity}",
-        *qps_flags(client_qps),
+        *_one_replica(gates, verbosity, client_qps),
     ]
 
 
@@ -163,14 +172,6 @@ def scheduler_argv(
     """kube-scheduler, no leader election."""
     return [
         str(binary),
-        f"--kubeconfig={kubeconfig}",
-        f"--authentication-kubeconfig={kubeconfig}",
-        f"--authorization-kubeconfig={kubeconfig}",
-        "--bind-address=127.0.0.1",
-        f"--secure-port={port}",
-        f"--cert-dir={state_dir / 'certs' / 'kube-scheduler'}",
-        "--leader-elect=false",
-        f"--feature-gates={gates}",
-        f"--v={verbosity}",
-        *qps_flags(client_qps),
+        *_served("kube-scheduler", state_dir, kubeconfig, port),
+        *_one_replica(gates, verbosity, client_qps),
     ]

@@ -83,6 +83,38 @@ def eventually(probe: Callable[[], T | None], timeout: float = 60.0, what: str =
         time.sleep(step)
 
 
+def claim(name: str, class_name: str, selector: str | None = None, share: int | None = None) -> dict[str, Any]:
+    """A ResourceClaim for one device of ``class_name`` (request ``gpu``), optionally selected and shared."""
+    exactly: dict[str, Any] = {"deviceClassName": class_name, "allocationMode": "ExactCount", "count": 1}
+    if selector:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
+    if share is not None:
+        exactly["capacity"] = {"requests": {"sharePercent": str(share)}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+    }
+
+
+def pod(name: str, claim_name: str) -> dict[str, Any]:
+    """A pause pod using ``claim_name`` as its claim ``gpu``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 0,
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
+            "containers": [
+                {"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": [{"name": "gpu"}]}}
+            ],
+        },
+    }
+
+
 def node_processes(markers: list[str]) -> list[str]:
     """Processes of this user whose command line or environment mentions one of ``markers``."""
     found = []

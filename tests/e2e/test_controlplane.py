@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 import pytest
@@ -21,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from e2e.cluster import handle as cluster
 from e2e.plane import nodes
+from tests.e2e.conftest import claim, eventually, pod
 
 pytestmark = pytest.mark.e2e
 
@@ -28,18 +29,6 @@ DRIVER = "gpu.gpuplane.dev"
 GROUP, VERSION = "resource.k8s.io", "v1"
 CLAIMS_UNSATISFIABLE = "cannot allocate all claims"
 T = TypeVar("T")
-
-
-def eventually(probe: Callable[[], T | None], timeout: float = 60.0, what: str = "condition") -> T:
-    """Poll ``probe`` until it returns something other than None/False."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.5)
 
 
 # Builders ---------------------------------------------------------------------
@@ -65,38 +54,6 @@ def resource_slice(name: str, node: str, pool_slices: int = 1, **spec: Any) -> d
             "nodeName": node,
             "pool": {"name": node, "generation": 1, "resourceSliceCount": pool_slices},
             **spec,
-        },
-    }
-
-
-def claim(name: str, class_name: str, selector: str | None = None) -> dict[str, Any]:
-    exactly: dict[str, Any] = {"deviceClassName": class_name, "allocationMode": "ExactCount", "count": 1}
-    if selector:
-        exactly["selectors"] = [{"cel": {"expression": selector}}]
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
-    }
-
-
-def pod(name: str, claim_name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "automountServiceAccountToken": False,
-            "terminationGracePeriodSeconds": 0,
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
         },
     }
 

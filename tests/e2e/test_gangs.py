@@ -23,7 +23,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,6 +34,7 @@ from kubernetes.client.exceptions import ApiException
 from e2e.cluster import controlplane, procs
 from e2e.cluster import handle as cluster
 from e2e.plane import nodes, simnodes
+from tests.e2e.conftest import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -43,17 +44,6 @@ GB200 = 'device.attributes["gpu.gpuplane.dev"].productName == "NVIDIA GB200"'
 H100 = 'device.attributes["gpu.gpuplane.dev"].productName == "NVIDIA H100 80GB HBM3"'
 LEASE_NAMESPACE, LEASE_NAME = "default", "gpuplane-controller"
 T = TypeVar("T")
-
-
-def eventually(probe: Callable[[], T | None], timeout: float = 60.0, what: str = "condition") -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.5)
 
 
 class Controller:

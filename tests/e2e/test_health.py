@@ -14,7 +14,7 @@ import subprocess
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,6 +26,7 @@ from e2e.plane import nodes, simnodes
 from gpuplane.driver.hw.sim import gpu_uuid
 from gpuplane.driver.plugin.kubelet_client import KubeletPluginClient
 from gpuplane.driver.sharing.mps import MpsControl
+from tests.e2e.conftest import claim, eventually, pod
 
 pytestmark = pytest.mark.e2e
 
@@ -40,50 +41,6 @@ DRIVER_ENV = {
     "GPUPLANE_NOISY_SUSTAIN": "3",
     "GPUPLANE_REPUBLISH_INTERVAL": "5",
 }
-
-
-def eventually(probe: Callable[[], T | None], timeout: float = 60.0, what: str = "condition") -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.3)
-
-
-def claim(name: str, class_name: str, selector: str, share: int | None = None) -> dict[str, Any]:
-    exactly: dict[str, Any] = {
-        "deviceClassName": class_name,
-        "allocationMode": "ExactCount",
-        "count": 1,
-        "selectors": [{"cel": {"expression": selector}}],
-    }
-    if share is not None:
-        exactly["capacity"] = {"requests": {"sharePercent": str(share)}}
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
-    }
-
-
-def pod(name: str, claim_name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "automountServiceAccountToken": False,
-            "terminationGracePeriodSeconds": 0,
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
-            "containers": [
-                {"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": [{"name": "gpu"}]}}
-            ],
-        },
-    }
 
 
 def attr(name: str) -> str:

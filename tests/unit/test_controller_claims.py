@@ -24,23 +24,23 @@ def _slices(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     return cluster_slices(tmp_path_factory.mktemp("sim"))
 
 
+BAD_CONFIG = [
+    {
+        "requests": ["g"],
+        "opaque": {
+            "driver": "gpu.gpuplane.dev",
+            "parameters": {
+                "apiVersion": "gpu.gpuplane.dev/v1alpha1",
+                "kind": "GpuConfig",
+                "sharing": {"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 150}},
+            },
+        },
+    }
+]
+
+
 def test_claim_config_validation_messages() -> None:
-    bad = claim_body(
-        [req("g")],
-        [
-            {
-                "requests": ["g"],
-                "opaque": {
-                    "driver": "gpu.gpuplane.dev",
-                    "parameters": {
-                        "apiVersion": "gpu.gpuplane.dev/v1alpha1",
-                        "kind": "GpuConfig",
-                        "sharing": {"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 150}},
-                    },
-                },
-            }
-        ],
-    )
+    bad = claim_body([req("g")], BAD_CONFIG)
     problems = checks.validate(bad, CLASSES)
     assert len(problems) == 1 and "defaultActiveThreadPercentage" in problems[0] and "150" in problems[0]
     mig_ts = claim_body(
@@ -124,21 +124,6 @@ def test_partial_share_without_sharing_strategy_is_flagged_before_scheduling() -
         ],
     )
     assert checks.validate(timesliced, CLASSES) == []
-
-
-BAD_CONFIG = [
-    {
-        "requests": ["g"],
-        "opaque": {
-            "driver": "gpu.gpuplane.dev",
-            "parameters": {
-                "apiVersion": "gpu.gpuplane.dev/v1alpha1",
-                "kind": "GpuConfig",
-                "sharing": {"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 150}},
-            },
-        },
-    }
-]
 
 
 class RecordingWriter:

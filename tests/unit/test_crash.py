@@ -42,7 +42,7 @@ from gpuplane.driver.prepare import cdi
 from gpuplane.driver.prepare.checkpoint import CheckpointStore, decode
 from gpuplane.driver.prepare.contract import PrepareResult
 from gpuplane.driver.sharing.mps import MpsControl
-from tests.driverkit import STANDIN_MPS, FakeClaims, build_driver, make_claim, ref, short_tmpdir
+from tests.driverkit import STANDIN_MPS, FakeClaims, build_driver, make_claim, mps_processes_under, ref, short_tmpdir
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = "node-a"
@@ -53,23 +53,6 @@ TS_CONFIG = {**GPU_CONFIG, "sharing": {"strategy": "TimeSlicing", "timeSlicing":
 
 
 # ----------------------------------------------------------------------------- processes
-def _mps_processes(root: Path) -> list[int]:
-    """Live processes whose CUDA_MPS_PIPE_DIRECTORY lies under ``root`` (MPS daemons of this test)."""
-    found = []
-    needle = f"CUDA_MPS_PIPE_DIRECTORY={root}/".encode()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            state = Path(entry.path, "stat").read_text().rsplit(")", 1)[-1].split()[0]
-            environ = Path(entry.path, "environ").read_bytes()
-        except (OSError, IndexError):
-            continue
-        if state not in ("Z", "X") and any(e.startswith(needle) for e in environ.split(b"\0")):
-            found.append(int(entry.name))
-    return found
-
-
 class Worker:
     """One driver process; ``client`` is kubelet's connection to it."""
 
@@ -165,7 +148,7 @@ def node() -> Iterator[Node]:
     try:
         yield n
         alive = [w.proc.pid for w in n.workers if w.proc.poll() is None]
-        leaked = _mps_processes(root)
+        leaked = mps_processes_under(root)
         for w in n.workers:
             if w.proc.poll() is None:
                 w.proc.kill()
@@ -181,7 +164,7 @@ def node() -> Iterator[Node]:
                 w.proc.wait(5)
             if w.proc.stdout is not None:
                 w.proc.stdout.close()
-        for pid in _mps_processes(root):
+        for pid in mps_processes_under(root):
             os.kill(pid, signal.SIGKILL)
         n.sim.shutdown()
         shutil.rmtree(root, ignore_errors=True)
@@ -233,7 +216,7 @@ def assert_no_orphans(n: Node) -> None:
     assert present <= owned, f"MIG instances no claim owns: {present - owned}"
     with_daemon = {u for u, r in cp.items() if r.mps_daemon}
     assert {d.claim_uid for d in n.mps.list_daemons()} <= with_daemon
-    assert len(_mps_processes(n.root)) <= len(with_daemon)
+    assert len(mps_processes_under(n.root)) <= len(with_daemon)
     assert set(cdi.list_claim_specs(n.cdi_root)) <= set(cp)
 
 
@@ -264,7 +247,7 @@ def assert_prepared(n: Node, kind: Kind, claim: Mapping[str, Any], result: Prepa
         assert caps <= nodes, f"MIG caps device nodes missing from the CDI spec: {caps - nodes}"
     # MPS: exactly one daemon, running, and the spec points the containers at it.
     daemons = n.mps.list_daemons()
-    procs = _mps_processes(n.root)
+    procs = mps_processes_under(n.root)
     if kind.name == "mps":
         assert [d.claim_uid for d in daemons] == [uid] and daemons[0].pid is not None
         assert procs == [daemons[0].pid]
@@ -279,7 +262,7 @@ def assert_clean(n: Node) -> None:
     assert list(n.cdi_root.glob("*.json")) == []
     assert n.checkpoint() == {}
     assert all(gis == [] for gis in n.instances().values()), n.instances()
-    assert n.mps.list_daemons() == [] and _mps_processes(n.root) == []
+    assert n.mps.list_daemons() == [] and mps_processes_under(n.root) == []
     assert not any((n.root / "p" / "mps").glob("*")), "MPS claim directories left behind"
     assert all(n.sim.timeslice(g.uuid) == "Default" for g in n.sim.gpus())
 
@@ -438,7 +421,7 @@ def test_corrupt_checkpoint_is_survived_and_rebuilt(node: Node) -> None:
     # Same answers, the MIG instance adopted (not a second one), the MPS daemon kept (not a second one).
     assert {c["metadata"]["uid"]: w.prepare([c])[c["metadata"]["uid"]] for c in claims} == before
     assert sum(len(g) for g in node.instances().values()) == 1
-    assert len(node.mps.list_daemons()) == 1 and len(_mps_processes(node.root)) == 1
+    assert len(node.mps.list_daemons()) == 1 and len(mps_processes_under(node.root)) == 1
     assert_no_orphans(node)
     assert all(e == "" for e in w.unprepare(claims).values())
     w.stop()
@@ -446,7 +429,7 @@ def test_corrupt_checkpoint_is_survived_and_rebuilt(node: Node) -> None:
     # unprepare destroys it (instead of keeping it as an administrator's fixed instance).
     assert sum(len(g) for g in node.instances().values()) == 0
     assert list(node.cdi_root.glob("*.json")) == [] and node.checkpoint() == {}
-    assert node.mps.list_daemons() == [] and _mps_processes(node.root) == []
+    assert node.mps.list_daemons() == [] and mps_processes_under(node.root) == []
 
 
 def test_reboot_drops_prepared_state(node: Node) -> None:
@@ -456,7 +439,7 @@ def test_reboot_drops_prepared_state(node: Node) -> None:
     w.client.close()
     old_boot = w.ready["boot_id"]
     assert node.sim.reboot() != old_boot
-    for pid in _mps_processes(node.root):  # a reboot ends every process
+    for pid in mps_processes_under(node.root):  # a reboot ends every process
         os.kill(pid, signal.SIGKILL)
     w = node.start()
     assert w.ready["boot_id"] != old_boot
@@ -466,7 +449,7 @@ def test_reboot_drops_prepared_state(node: Node) -> None:
     # kubelet prepares again after the reboot: everything is made anew.
     results = w.prepare(claims)
     assert all(r.error == "" for r in results.values())
-    assert sum(len(g) for g in node.instances().values()) == 1 and len(_mps_processes(node.root)) == 1
+    assert sum(len(g) for g in node.instances().values()) == 1 and len(mps_processes_under(node.root)) == 1
     assert all(e == "" for e in w.unprepare(claims).values())
     w.stop()
     assert_clean(node)

@@ -9,14 +9,10 @@ layout.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
-import shutil
-import tempfile
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,12 +21,12 @@ from hypothesis import strategies as st
 
 from gpuplane.driver.api import names
 from gpuplane.driver.hw import interface as hw
-from gpuplane.driver.hw.sim import SimConfig, Simulator
+from gpuplane.driver.hw.sim import Simulator
 from gpuplane.driver.prepare import cdi
 from gpuplane.driver.publish.inventory import discover, mig_device_name
 from gpuplane.driver.publish.slices import build_pool, render_slices
 from gpuplane.mig import geometry, models, rules
-from tests.driverkit import DriverUnderTest, build_driver, make_claim, ref, short_tmpdir
+from tests.driverkit import DriverUnderTest, driver_env, make_claim, ref, simulator
 
 GIB = 1024**3
 S1, S1ME, S1D, S2, S3, S4, S7 = (
@@ -68,17 +64,8 @@ def name_of(model: Model, profile_id: int, start: int, minor: int = 0) -> str:
     return mig_device_name(minor, profile.name, start)
 
 
-@contextmanager
-def mig_driver(model: Model, **extra: Any) -> Iterator[DriverUnderTest]:
-    root = short_tmpdir("mr")
-    drv = build_driver(root, model.profile, "node-a", sim_overrides={"durable": False, **model.sim, **extra})
-    try:
-        yield drv
-    finally:
-        for d in drv.mps.list_daemons():
-            drv.mps.stop(d.claim_uid)
-        drv.sim.shutdown()
-        shutil.rmtree(root, ignore_errors=True)
+def mig_driver(model: Model, **extra: Any) -> contextlib.AbstractContextManager[DriverUnderTest]:
+    return driver_env(model.profile, "node-a", prefix="mr", **{"durable": False, **model.sim, **extra})
 
 
 @pytest.fixture(params=MODELS, ids=lambda m: m.id)
@@ -348,18 +335,9 @@ def counter_family(capacity: Counters, usage: Mapping[str, Counters], names_: Se
     return out
 
 
-@contextmanager
-def bare_sim(profile: str, **extra: Any) -> Iterator[Simulator]:
+def bare_sim(profile: str, **extra: Any) -> contextlib.AbstractContextManager[Simulator]:
     # The exhaustive search makes ~20k simulator calls, each a state-file read: keep that file in memory.
-    shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    root = Path(tempfile.mkdtemp(prefix="ms", dir=shm)) if shm else short_tmpdir("ms")
-    sim = Simulator(SimConfig(profile=profile, state_dir=root, node_name="node-a", durable=False, **extra))
-    sim.init()
-    try:
-        yield sim
-    finally:
-        sim.shutdown()
-        shutil.rmtree(root, ignore_errors=True)
+    return simulator(profile, prefix="ms", in_memory=True, **extra)
 
 
 def simulator_family(sim: Simulator, slots: Mapping[str, tuple[int, int]]) -> set[frozenset[str]]:

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from gpuplane.driver.sharing import mps, mps_client, mps_spec
+from tests.driverkit import mps_processes_under
 
 STANDIN = Path(__file__).resolve().parents[1] / "fakes" / "nvidia-cuda-mps-control"
 GPU = "GPU-6f2a1e4c-3b7d-4e8a-9c1f-2d5b8a7e6c01"
@@ -34,30 +35,13 @@ CLAIM_A = "0b9c3f52-6a1e-4c7d-9e8f-1a2b3c4d5e6f"
 CLAIM_B = "7e6d5c4b-3a29-4817-a6b5-c4d3e2f1a0b9"
 
 
-def _daemons_under(root: Path) -> list[int]:
-    """Live processes whose CUDA_MPS_PIPE_DIRECTORY lies under ``root``."""
-    found = []
-    needle = f"CUDA_MPS_PIPE_DIRECTORY={root}/".encode()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            state = Path(entry.path, "stat").read_text().rsplit(")", 1)[-1].split()[0]
-            environ = Path(entry.path, "environ").read_bytes()
-        except (OSError, IndexError):
-            continue
-        if state not in ("Z", "X") and any(e.startswith(needle) for e in environ.split(b"\0")):
-            found.append(int(entry.name))
-    return found
-
-
 @pytest.fixture
 def root() -> Iterator[Path]:
     """A short temp dir (the control socket path must fit AF_UNIX); fails the test on leaked daemons."""
     path = Path(tempfile.mkdtemp(prefix="mps-", dir="/tmp"))
     try:
         yield path
-        leaked = _daemons_under(path)
+        leaked = mps_processes_under(path)
         for pid in leaked:
             os.kill(pid, signal.SIGKILL)
         assert not leaked, f"MPS daemons leaked: {leaked}"
@@ -385,8 +369,8 @@ def test_sigkill_of_the_driver_at_any_step_leaks_no_daemon(root: Path, kill_afte
     assert restarted.cleanup_orphans(keep=set()) in ([], [CLAIM_A])
     assert not (root / "mps" / CLAIM_A).exists()
     deadline = time.monotonic() + 5  # a client the dead driver had in flight may still be exiting
-    while _daemons_under(root):
-        assert time.monotonic() < deadline, _daemons_under(root)
+    while mps_processes_under(root):
+        assert time.monotonic() < deadline, mps_processes_under(root)
         time.sleep(0.05)
 
 

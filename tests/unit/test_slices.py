@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import shutil
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +21,7 @@ from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.publish.inventory import Inventory, discover
 from gpuplane.driver.publish.slices import DeviceTaint, SliceLimitError, build_pool, render_slices, validate_pool
 from gpuplane.mig import geometry, models
-from tests.driverkit import short_tmpdir
+from tests.driverkit import simulator
 
 CLUSTER = "6f1c2d3e-4b5a-4978-8a9b-0c1d2e3f4a5b"
 ALL_MIG_ON = {i: True for i in range(8)}
@@ -143,18 +141,6 @@ CASES = (
 )
 
 
-@contextmanager
-def simulated(profile: str, node: str = "node-a", **overrides: Any) -> Iterator[Simulator]:
-    root = short_tmpdir("sl")
-    sim = Simulator(SimConfig(profile=profile, state_dir=root, node_name=node, durable=False, **overrides))
-    sim.init()
-    try:
-        yield sim
-    finally:
-        sim.shutdown()
-        shutil.rmtree(root, ignore_errors=True)
-
-
 def pool_of(sim: Simulator, node: str = "node-a", generation: int = 3, **kw: Any) -> list[dict[str, Any]]:
     return render_slices(build_pool(discover(node, sim), **kw), generation)
 
@@ -176,7 +162,7 @@ def case(request: pytest.FixtureRequest) -> Case:
 
 # --- every profile ----------------------------------------------------------------------------------------
 def test_every_profile_is_within_api_limits(case: Case) -> None:
-    with simulated(case.profile, **case.overrides) as sim:
+    with simulator(case.profile, **case.overrides) as sim:
         slices = pool_of(sim, generation=5)
     validate_pool(slices)
     assert api_violations(slices) == []
@@ -204,7 +190,7 @@ def test_every_profile_is_within_api_limits(case: Case) -> None:
 
 
 def test_required_attributes_and_capacities(case: Case) -> None:
-    with simulated(case.profile, **case.overrides) as sim:
+    with simulator(case.profile, **case.overrides) as sim:
         infos = {g.minor: g for g in sim.gpus()}
         slices = pool_of(sim)
     for name, d in devices_of(slices).items():
@@ -242,7 +228,7 @@ def test_required_attributes_and_capacities(case: Case) -> None:
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.mig], ids=lambda c: c.id)
 def test_counter_sets_match_the_mig_geometry(case: Case) -> None:
-    with simulated(case.profile, **case.overrides) as sim:
+    with simulator(case.profile, **case.overrides) as sim:
         inv = discover("node-a", sim)
         slices = render_slices(build_pool(inv), 1)
     sets = {cs["name"]: cs["counters"] for s in slices for cs in s["spec"].get("sharedCounters") or []}
@@ -271,14 +257,14 @@ def _domains(slices: Sequence[Mapping[str, Any]]) -> dict[str, str]:
 
 @pytest.mark.parametrize("profile", ["hgx-h100", "hgx-h200"])
 def test_hgx_is_one_domain_per_node(profile: str) -> None:
-    with simulated(profile, "node-a") as a, simulated(profile, "node-b") as b:
+    with simulator(profile, "node-a") as a, simulator(profile, "node-b") as b:
         dom_a, dom_b = _domains(pool_of(a, "node-a")), _domains(pool_of(b, "node-b"))
     assert len(set(dom_a.values())) == 1 and len(set(dom_b.values())) == 1
     assert set(dom_a.values()) != set(dom_b.values()), "NVSwitch domains end at the node"
 
 
 def test_h100_nvl_pcie_pairs() -> None:
-    with simulated("h100-nvl-pcie") as sim:
+    with simulator("h100-nvl-pcie") as sim:
         dom = _domains(pool_of(sim))
     assert dom["gpu-0"] == dom["gpu-1"] == dom["gpu-0-mig-7g-94gb-0"]
     assert dom["gpu-2"] == dom["gpu-3"]
@@ -289,9 +275,9 @@ def test_h100_nvl_pcie_pairs() -> None:
 def test_gb200_domain_is_the_fabric_clique_shared_across_nodes() -> None:
     rack = {"cluster_uuid": CLUSTER, "clique_id": 7}
     with (
-        simulated("gb200-nvl72", "rack1-n01", **rack) as a,
-        simulated("gb200-nvl72", "rack1-n02", **rack) as b,
-        simulated("gb200-nvl72", "rack1-n03", cluster_uuid=CLUSTER, clique_id=8) as c,
+        simulator("gb200-nvl72", "rack1-n01", **rack) as a,
+        simulator("gb200-nvl72", "rack1-n02", **rack) as b,
+        simulator("gb200-nvl72", "rack1-n03", cluster_uuid=CLUSTER, clique_id=8) as c,
     ):
         dom_a = _domains(pool_of(a, "rack1-n01"))
         dom_b = _domains(pool_of(b, "rack1-n02"))
@@ -301,7 +287,7 @@ def test_gb200_domain_is_the_fabric_clique_shared_across_nodes() -> None:
 
 
 def test_l4_is_one_domain_per_gpu() -> None:
-    with simulated("pcie-l4") as sim:
+    with simulator("pcie-l4") as sim:
         dom = _domains(pool_of(sim))
     assert len(dom) == 4 and len(set(dom.values())) == 4
 
@@ -309,7 +295,7 @@ def test_l4_is_one_domain_per_gpu() -> None:
 # --- stable names -----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("profile", ["hgx-h100", "pcie-l4"])
 def test_names_stay_stable_when_a_gpu_falls_off_the_bus(profile: str) -> None:
-    with simulated(profile) as full, simulated(profile, absent_minors=(1,)) as degraded:
+    with simulator(profile) as full, simulator(profile, absent_minors=(1,)) as degraded:
         before = devices_of(pool_of(full))
         after = devices_of(pool_of(degraded))
         assert [g.minor for g in degraded.gpus()][:3] == [0, 2, 3]
@@ -331,7 +317,7 @@ def pool_of_devices_only(devices: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_no_gpus_left_still_publishes_an_empty_pool() -> None:
-    with simulated("pcie-l4", absent_minors=(0, 1, 2, 3)) as sim:
+    with simulator("pcie-l4", absent_minors=(0, 1, 2, 3)) as sim:
         slices = pool_of(sim)
     assert [s["spec"].get("devices") for s in slices] == [[]]
     validate_pool(slices)
@@ -339,7 +325,7 @@ def test_no_gpus_left_still_publishes_an_empty_pool() -> None:
 
 # --- administrator MIG instances --------------------------------------------------------------------------
 def test_admin_mig_instance_is_a_fixed_device() -> None:
-    with simulated("hgx-h100", initial_mig_mode={0: True}) as sim:
+    with simulator("hgx-h100", initial_mig_mode={0: True}) as sim:
         uuid = sim.uuid_of_minor(0)
         gi = sim.create_gpu_instance(uuid, geometry.GI_PROFILE_3_SLICE, 4)
         gi = sim.create_compute_instance(uuid, gi.gi_id)
@@ -382,7 +368,7 @@ def test_admin_mig_instance_is_a_fixed_device() -> None:
 
 
 def test_driver_owned_instance_is_not_an_admin_one() -> None:
-    with simulated("hgx-h100", initial_mig_mode={0: True}) as sim:
+    with simulator("hgx-h100", initial_mig_mode={0: True}) as sim:
         uuid = sim.uuid_of_minor(0)
         gi = sim.create_compute_instance(uuid, sim.create_gpu_instance(uuid, geometry.GI_PROFILE_3_SLICE, 4).gi_id)
         owned: Inventory = discover("node-a", sim, [(uuid, gi.gi_id)])
@@ -393,7 +379,7 @@ def test_driver_owned_instance_is_not_an_admin_one() -> None:
 
 # --- taints and the checker itself ------------------------------------------------------------------------
 def test_taints_keep_slices_within_limits() -> None:
-    with simulated("pcie-l4") as sim:
+    with simulator("pcie-l4") as sim:
         inv = discover("node-a", sim)
     taint = DeviceTaint("gpu.gpuplane.dev/xid", "79", "NoExecute")
     slices = render_slices(build_pool(inv, taints={"gpu-2": [taint]}), 1)
@@ -464,7 +450,7 @@ def _mutations() -> list[tuple[str, Any]]:
 
 @pytest.mark.parametrize(("label", "mutate"), _mutations(), ids=[m[0] for m in _mutations()])
 def test_both_checkers_catch_each_violation(label: str, mutate: Any) -> None:
-    with simulated("hgx-h100") as sim:
+    with simulator("hgx-h100") as sim:
         slices = pool_of(sim)
     assert api_violations(slices) == []
     mutate(slices)
