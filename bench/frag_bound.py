@@ -25,6 +25,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from bench import placement_bench as pb
+from bench import trace
 from gpuplane.controller.placement import fragmentation, geometry, model, policies, snapshot
 
 PROFILES = ("1g", "2g", "3g", "4g")
@@ -121,22 +122,22 @@ def _describe(snap: snapshot.Snapshot, di: int, state: int) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("file", choices=pb.FILES)
+    ap.add_argument("file", choices=trace.FILES)
     ap.add_argument("fleet", choices=("hgx", "nvl72"))
     ap.add_argument("load", type=float)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--policies", default="gpuplane,best-fit,first-fit")
-    ap.add_argument("--trace-dir", type=Path, default=pb.DEFAULT_TRACE)
+    ap.add_argument("--trace-dir", type=Path, default=trace.DEFAULT_TRACE)
     args = ap.parse_args(argv)
 
-    topo = pb.HGX if args.fleet == "hgx" else pb.NVL72
-    pods, _ = pb.load_pods(args.trace_dir / f"openb_pod_list_{args.file}.csv")
-    mix = pb.size_mix(pods, topo)
+    topo = trace.HGX if args.fleet == "hgx" else trace.NVL72
+    pods, _ = trace.load_pods(args.trace_dir / f"openb_pod_list_{args.file}.csv")
+    mix = trace.size_mix(pods, topo)
     print(f"# {args.file} / {topo.name} / load {args.load} / seed {args.seed}: per-GPU fragmentation (GPUs)")
     print(f"{'policy':<10}{'actual':>9}{'bound':>9}{'avoidable':>11}")
     shown = []
     for name in args.policies.split(","):
-        work = pb.load_workload(pods, topo, args.load, args.seed, None)
+        work = trace.load_workload(pods, topo, args.load, args.seed, None)
         frag = fragmentation.Fragmentation(mix, snapshot.uniform_cluster(1, 1, 1).slots)
         probe = Bound(frag, topo.gpus, show_at=pb.SAMPLES // 2)
         pb.replay(topo, policies.make(name, mix), work, mix, probe=probe)
