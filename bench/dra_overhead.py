@@ -43,310 +43,33 @@ import datetime
 import json
 import os
 import platform
-import re
 import statistics
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
-
-from kubernetes import client
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from e2e.cluster import build, controlplane, procs  # noqa: E402
-from e2e.cluster import handle as cluster  # noqa: E402
-from e2e.plane import kubelet_dra, kubelet_pods, nodes, simnodes  # noqa: E402
-
-NAMESPACE = "dra-overhead"
-PAUSE = "registry.k8s.io/pause:3.10"
-
-
-def claim_template(kind: str) -> dict[str, Any]:
-    """The ResourceClaimTemplate every claim pod uses."""
-    if kind == "mig":
-        exactly: dict[str, Any] = {
-            "deviceClassName": "mig.gpuplane.dev",
-            "selectors": [{"cel": {"expression": 'device.attributes["gpu.gpuplane.dev"].migProfile == "1g.10gb"'}}],
-        }
-    elif kind == "timeslice":
-        exactly = {"deviceClassName": "gpu.gpuplane.dev", "capacity": {"requests": {"sharePercent": "50"}}}
-    else:
-        exactly = {"deviceClassName": "mps-bronze.gpu.gpuplane.dev", "capacity": {"requests": {"sharePercent": "50"}}}
-    devices: dict[str, Any] = {"requests": [{"name": "gpu", "exactly": exactly}]}
-    if kind == "timeslice":
-        devices["config"] = [
-            {
-                "opaque": {
-                    "driver": "gpu.gpuplane.dev",
-                    "parameters": {
-                        "apiVersion": "gpu.gpuplane.dev/v1alpha1",
-                        "kind": "GpuConfig",
-                        "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Default"}},
-                    },
-                }
-            }
-        ]
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": "gpu", "namespace": NAMESPACE},
-        "spec": {"spec": {"devices": devices}},
-    }
-
-
-def pod(name: str, round_label: str, with_claim: bool) -> dict[str, Any]:
-    """One benchmark pod."""
-    container: dict[str, Any] = {"name": "c", "image": PAUSE}
-    spec: dict[str, Any] = {"containers": [container], "terminationGracePeriodSeconds": 0}
-    if with_claim:
-        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "gpu"}]
-        container["resources"] = {"claims": [{"name": "gpu"}]}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"bench-round": round_label}},
-        "spec": spec,
-    }
-
-
-class _Watch:
-    """One list+watch of a namespaced collection in a thread; ``_event`` sees every event (monotonic arrival)."""
-
-    def __init__(self, list_call: Callable[..., Any]) -> None:
-        self._list = list_call
-        self._ready = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> None:
-        """Start watching; returns once the watch is established."""
-        self._thread.start()
-        self._ready.wait(10)
-
-    def stop(self) -> None:
-        """Stop watching."""
-        self._stop.set()
-
-    def _event(self, kind: str, obj: dict[str, Any], now: float) -> None:
-        raise NotImplementedError
-
-    def _run(self) -> None:
-        try:
-            self._follow()
-        except Exception as err:  # the control plane going away at the end of the run, or a broken round
-            if not self._stop.is_set():
-                print(f"watch failed: {err}", file=sys.stderr, flush=True)
-
-    def _follow(self) -> None:
-        listed: Any = self._list(_preload_content=False)
-        version = json.loads(listed.data)["metadata"]["resourceVersion"]
-        while not self._stop.is_set():
-            response: Any = self._list(watch=True, resource_version=version, timeout_seconds=30, _preload_content=False)
-            self._ready.set()
-            for line in kubelet_pods.stream_lines(response):
-                now = time.monotonic()
-                event = json.loads(line)
-                obj = event["object"]
-                version = obj["metadata"].get("resourceVersion", version)
-                self._event(event["type"], obj, now)
-                if self._stop.is_set():
-                    break
-            response.release_conn()
-
-
-class RunningWatch(_Watch):
-    """When each pod of a round is first seen bound, with claim statuses, Running (monotonic clock)."""
-
-    def __init__(self, api: client.ApiClient, round_label: str) -> None:
-        core = client.CoreV1Api(api)
-        selector = f"bench-round={round_label}"
-        super().__init__(lambda **kw: core.list_namespaced_pod(NAMESPACE, label_selector=selector, **kw))
-        self.created: dict[str, float] = {}
-        self.bound: dict[str, float] = {}
-        self.claim_status: dict[str, float] = {}
-        self.running: dict[str, float] = {}
-        self.gone: set[str] = set()
-
-    def _event(self, kind: str, obj: dict[str, Any], now: float) -> None:
-        name = obj["metadata"].get("name")
-        if kind == "DELETED":
-            self.gone.add(name)
-            return
-        status = obj.get("status") or {}
-        self.created.setdefault(name, now)
-        if (obj.get("spec") or {}).get("nodeName"):
-            self.bound.setdefault(name, now)
-        if status.get("resourceClaimStatuses"):
-            self.claim_status.setdefault(name, now)
-        if status.get("phase") == "Running":
-            self.running.setdefault(name, now)
-
-
-class ClaimWatch(_Watch):
-    """When each pod's generated ResourceClaim is first seen (created), allocated, reserved (monotonic clock)."""
-
-    def __init__(self, api: client.ApiClient) -> None:
-        custom = client.CustomObjectsApi(api)
-        super().__init__(
-            lambda **kw: custom.list_namespaced_custom_object(
-                kubelet_dra.GROUP, kubelet_dra.VERSION, NAMESPACE, "resourceclaims", **kw
-            )
-        )
-        self.created: dict[str, float] = {}  # keyed by the owning pod's name
-        self.allocated: dict[str, float] = {}
-        self.reserved: dict[str, float] = {}
-
-    def _event(self, kind: str, obj: dict[str, Any], now: float) -> None:
-        if kind not in ("ADDED", "MODIFIED"):
-            return
-        owners = [o["name"] for o in obj["metadata"].get("ownerReferences") or [] if o.get("kind") == "Pod"]
-        if not owners:
-            return
-        pod_name = owners[0]
-        self.created.setdefault(pod_name, now)
-        status = obj.get("status") or {}
-        if status.get("allocation"):
-            self.allocated.setdefault(pod_name, now)
-        if status.get("reservedFor"):
-            self.reserved.setdefault(pod_name, now)
-
-
-def wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll until ``predicate``; raise after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.1)
-
-
-Stages = dict[str, list[float]]
-"""Stage name -> one duration (s) per pod, pooled over rounds."""
-
-NODE_LINE = re.compile(
-    r"pod (?P<ns>[^/\s]+)/(?P<name>\S+) running: total_ms=(?P<total>[\d.]+) wait_ms=(?P<wait>[\d.]+) "
-    r"tries=(?P<tries>\d+) claims_ms=(?P<claims>[\d.]+) prepare_ms=(?P<prepare>[\d.]+) status_ms=(?P<status>[\d.]+)"
-    r"(?: first_wait=(?P<why>.*))?"
+from bench.dra_setup import NAMESPACE, claim_template, pod  # noqa: E402
+from bench.dra_stages import (  # noqa: E402
+    Stages,
+    add_cpu,
+    collect_stages,
+    cpu_seconds,
+    cpu_table,
+    driver_prepare_metrics,
+    node_lines,
+    percentile,
+    stage_table,
 )
-NODE_FIELDS = {
-    "wait": "stand-in: bound seen -> claims ready (poll)",
-    "claims": "stand-in: claim reads (GET)",
-    "prepare": "stand-in: NodePrepareResources call",
-    "status": "stand-in: Running status write",
-    "total": "stand-in: bound seen -> Running written",
-}
-
-
-def node_lines(
-    sim: simnodes.SimNodes, names: Sequence[str], waits: collections.Counter[str], timeout: float = 10.0
-) -> dict[str, dict[str, float]]:
-    """The stand-ins' per-pod timing lines (ms) for ``names``, from the kubelet logs.
-
-    Counts in ``waits`` why a first start attempt found a pod not ready (claim names left out).
-    """
-    wanted = set(names)
-    found: dict[str, dict[str, float]] = {}
-    why: dict[str, str] = {}
-    deadline = time.monotonic() + timeout
-    while True:
-        for node in sim.started:
-            with contextlib.suppress(OSError):
-                for line in sim.log(node.kubelet_process).read_text(errors="replace").splitlines():
-                    m = NODE_LINE.search(line)
-                    if m and m["ns"] == NAMESPACE and m["name"] in wanted:
-                        found[m["name"]] = {k: float(m[k]) for k in (*NODE_FIELDS, "tries")}
-                        reason = (m["why"] or "''").strip("'\"")
-                        why[m["name"]] = re.sub(r"claim \S+", "claim", reason) or "(none: started at once)"
-        if len(found) == len(wanted) or time.monotonic() > deadline:
-            waits.update(why.values())
-            return found
-        time.sleep(0.2)
-
-
-def driver_prepare_metrics(sim: simnodes.SimNodes) -> dict[str, tuple[float, float]]:
-    """Per node: (sum, count) of ``gpuplane_driver_rpc_duration_seconds{op="prepare"}`` from its /metrics."""
-    out: dict[str, tuple[float, float]] = {}
-    for node in sim.started:
-        total = count = 0.0
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(f"http://127.0.0.1:{node.metrics_port}/metrics", timeout=5) as response:
-                text = response.read().decode()
-            for line in text.splitlines():
-                if line.startswith("gpuplane_driver_rpc_duration_seconds_sum{") and 'op="prepare"' in line:
-                    total = float(line.rsplit(" ", 1)[1])
-                elif line.startswith("gpuplane_driver_rpc_duration_seconds_count{") and 'op="prepare"' in line:
-                    count = float(line.rsplit(" ", 1)[1])
-        out[node.name] = (total, count)
-    return out
-
-
-def cpu_seconds(state_dir: Path) -> dict[str, float]:
-    """CPU seconds (user + system) so far per component group, and ``machine busy`` over all CPUs (/proc)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out: dict[str, float] = {}
-    for name, record in procs.read_records(state_dir / "pids").items():
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = Path(f"/proc/{record.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            group = name.split("-hgx")[0] if "-hgx" in name else name  # driver-<node>, kubelet-<node>: summed
-            out[group] = out.get(group, 0.0) + (int(fields[11]) + int(fields[12])) / tick
-    own = os.times()
-    out["bench + kubectl"] = own.user + own.system + own.children_user + own.children_system
-    with contextlib.suppress(OSError, ValueError):
-        jiffies = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-        out["machine busy"] = (sum(jiffies) - jiffies[3] - jiffies[4]) / tick  # all but idle and iowait
-    return out
-
-
-def add_cpu(total: dict[str, float], before: Mapping[str, float], after: Mapping[str, float]) -> None:
-    """Add the CPU seconds spent between two ``cpu_seconds`` samples to ``total``."""
-    for key, value in after.items():
-        total[key] = total.get(key, 0.0) + value - before.get(key, 0.0)
-
-
-def collect_stages(
-    stages: Stages,
-    started: float,
-    names: Sequence[str],
-    *,
-    pods: RunningWatch,
-    claims: ClaimWatch | None,
-    node: Mapping[str, Mapping[str, float]],
-) -> None:
-    """Add each pod's stage durations (s) to ``stages``; a stage with a missing timestamp is skipped."""
-
-    def add(stage: str, end: Mapping[str, float], begin: Mapping[str, float] | float) -> None:
-        for n in names:
-            t0 = begin if isinstance(begin, float) else begin.get(n)
-            t1 = end.get(n)
-            if t0 is not None and t1 is not None:
-                stages.setdefault(stage, []).append(t1 - t0)
-
-    add("apply -> pod created (kubectl, one pod at a time)", pods.created, started)
-    if claims is None:
-        add("pod created -> bound (scheduler)", pods.bound, pods.created)
-        add("apply -> bound", pods.bound, started)
-    else:
-        add("pod created -> claim created (KCM)", claims.created, pods.created)
-        add("claim created -> pod claim status (KCM)", pods.claim_status, claims.created)
-        add("claim created -> allocated (scheduler)", claims.allocated, claims.created)
-        add("pod claim status -> allocated (scheduler)", claims.allocated, pods.claim_status)
-        add("allocated -> bound (scheduler)", pods.bound, claims.allocated)
-        add("apply -> bound", pods.bound, started)
-    add("bound -> Running (node side)", pods.running, pods.bound)
-    add("apply -> Running", pods.running, started)
-    for n in names:
-        for key, stage in NODE_FIELDS.items():
-            if n in node:
-                stages.setdefault(stage, []).append(node[n][key] / 1000)
-        if n in node:
-            stages.setdefault("stand-in: start attempts", []).append(node[n]["tries"])
+from bench.dra_watch import ClaimWatch, RunningWatch, wait  # noqa: E402
+from e2e.cluster import build, controlplane  # noqa: E402
+from e2e.cluster import handle as cluster  # noqa: E402
+from e2e.plane import nodes, simnodes  # noqa: E402
 
 
 def run_round(
@@ -399,46 +122,6 @@ def run_round(
             "claims deleted",
         )
     return latencies
-
-
-def cpu_table(plain: Mapping[str, float], dra: Mapping[str, float]) -> str:
-    """CPU seconds per component during the rounds, as a Markdown table."""
-    keys = sorted(set(plain) | set(dra), key=lambda k: (k.startswith(("wall", "machine")), -dra.get(k, 0.0)))
-    rows = ["| component | CPU s, without claims | CPU s, with a claim |", "|---|---|---|"]
-    rows += [f"| {k} | {plain.get(k, 0.0):.2f} | {dra.get(k, 0.0):.2f} |" for k in keys]
-    return "\n".join(rows) + "\n"
-
-
-def stage_table(plain: Stages, dra: Stages, prepare: tuple[float, float]) -> str:
-    """The stage breakdown as a Markdown table (also printed)."""
-    rows = ["| pods | stage | n | p50 (ms) | p99 (ms) | max (ms) | mean (ms) |", "|---|---|---|---|---|---|---|"]
-    for kind, stages in (("without claims", plain), ("with a claim", dra)):
-        for stage, values in stages.items():
-            if stage == "stand-in: start attempts":
-                rows.append(
-                    f"| {kind} | {stage} | {len(values)} | {percentile(values, 50):.0f} | "
-                    f"{percentile(values, 99):.0f} | {max(values):.0f} | {statistics.fmean(values):.2f} |"
-                )
-                continue
-            ms = [v * 1000 for v in values]
-            rows.append(
-                f"| {kind} | {stage} | {len(ms)} | {percentile(ms, 50):.0f} | {percentile(ms, 99):.0f} | "
-                f"{max(ms):.0f} | {statistics.fmean(ms):.0f} |"
-            )
-    total, count = prepare
-    if count:
-        rows.append(
-            f"| with a claim | driver: NodePrepareResources (metrics sum/count, all nodes) | {count:.0f} | | | | "
-            f"{total / count * 1000:.1f} |"
-        )
-    return "\n".join(rows) + "\n"
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile."""
-    ordered = sorted(values)
-    index = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
-    return ordered[index]
 
 
 def summary(values: Sequence[float]) -> dict[str, float]:
