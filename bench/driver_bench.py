@@ -2,7 +2,8 @@
 
 Run ``python -m bench.driver_bench [--claims 1000] [--kubeconfig PATH] [--markdown]``.
 
-The driver is the production code (DeviceState, checkpoint, CDI, MPS manager,
+The harness (the driver process, scratch directories, claim stores) is
+:mod:`bench.driver_harness`. The driver is the production code (DeviceState, checkpoint, CDI, MPS manager,
 PluginServer) on the simulator, in its own process (``tests/crash_worker.py``);
 this process plays kubelet and calls it over the unix socket with
 :class:`KubeletPluginClient`. Claims come from a real API server when
@@ -21,36 +22,23 @@ driver's size). Target: driver p50 and p99 at most 1.5x the floor's.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
+from bench.driver_harness import NAMESPACE, NODE, ApiStore, ClaimStore, Driver, FakeStore, workdir
 from gpuplane.driver.api import names
-from gpuplane.driver.host import atomic_write, proc_environ, proc_pids
-from gpuplane.driver.plugin.kubelet_client import KubeletPluginClient
+from gpuplane.driver.host import atomic_write
 from gpuplane.driver.prepare.checkpoint import CheckpointStore, decode
-from gpuplane.driver.prepare.contract import ClaimRef
-from tests.driverkit import FakeClaims, make_claim, ref
+from tests.driverkit import make_claim, ref
 
-REPO = Path(__file__).resolve().parent.parent
-NODE = "bench-node"
-PROFILE = "hgx-h100"
 GPUS = 8
 TARGET_RATIO = 1.5
 TARGET_RSS_MB = 80.0
-NAMESPACE = "default"
-DEVICE_CLASS = "gpuplane-bench"
 GPU_CONFIG = {"apiVersion": names.CONFIG_API_VERSION, "kind": "GpuConfig"}
 MPS_CONFIG = {**GPU_CONFIG, "sharing": {"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 50}}}
 TS_CONFIG = {**GPU_CONFIG, "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Default"}}}
@@ -66,189 +54,6 @@ def pct(values: Sequence[float], q: float) -> float:
 
 def ms(seconds: float) -> str:
     return f"{seconds * 1000:.2f}"
-
-
-class Driver:
-    """The driver process and kubelet's connection to it."""
-
-    def __init__(self, root: Path, *, op_latency: float = 0.0, kubeconfig: str | None = None) -> None:
-        self.root = root
-        args = [sys.executable, "-m", "tests.crash_worker", "--root", str(root), "--profile", PROFILE]
-        args += ["--node", NODE, "--op-latency", str(op_latency), "--full-imports", "--noop-plugin"]
-        if kubeconfig:
-            args += ["--kubeconfig", kubeconfig]
-        self.log = root / "driver.log"
-        with open(self.log, "ab") as err:
-            self.proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=err)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            self.proc.wait(10)
-            raise RuntimeError(f"driver did not start ({self.proc.returncode}): {self.log.read_text()[-2000:]}")
-        ready = json.loads(line)
-        self.pid = int(ready["pid"])
-        self.client = KubeletPluginClient.discover(ready["registration_socket"], timeout=60.0)
-        self.noop = KubeletPluginClient.discover(ready["noop_registration_socket"], timeout=60.0)
-
-    def stats(self) -> dict[str, Any]:
-        """Ask the driver for its simulator/MPS time and resident memory (SIGUSR1)."""
-        out = self.root / f"stats-{self.pid}.json"
-        out.unlink(missing_ok=True)
-        os.kill(self.pid, signal.SIGUSR1)
-        deadline = time.monotonic() + 10
-        while not out.exists():
-            if time.monotonic() > deadline:
-                raise RuntimeError("driver did not report its stats")
-            time.sleep(0.005)
-        data: dict[str, Any] = json.loads(out.read_text())
-        return data
-
-    def prepare(self, refs: Sequence[ClaimRef]) -> None:
-        for uid, result in self.client.prepare(refs).items():
-            if result.error:
-                raise RuntimeError(f"prepare {uid}: {result.error}")
-
-    def unprepare(self, refs: Sequence[ClaimRef]) -> None:
-        for uid, result in self.client.unprepare(refs).items():
-            if result.error:
-                raise RuntimeError(f"unprepare {uid}: {result.error}")
-
-    def close(self) -> None:
-        self.client.close()
-        self.noop.close()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-
-
-def _mps_processes(root: Path) -> list[int]:
-    prefix = f"{root}/"
-    return [pid for pid in proc_pids() if (proc_environ(pid, "CUDA_MPS_PIPE_DIRECTORY") or "").startswith(prefix)]
-
-
-@contextmanager
-def workdir(prefix: str) -> Iterator[Path]:
-    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))  # short: unix socket paths
-    try:
-        yield root
-    finally:
-        for pid in _mps_processes(root):
-            os.kill(pid, signal.SIGKILL)
-        shutil.rmtree(root, ignore_errors=True)
-
-
-# ------------------------------------------------------------------------- claim sources
-class ClaimStore:
-    """Where the bench puts claims and how the floor GETs them (the driver's own client path)."""
-
-    mode = ""
-
-    def add(self, claims: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        raise NotImplementedError
-
-    def get(self, namespace: str, name: str) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def cleanup(self) -> None:
-        pass
-
-
-class FakeStore(ClaimStore):
-    mode = "in-memory fake API (tests.driverkit.FakeClaims, file-backed so the driver process reads the same claims)"
-
-    def __init__(self, root: Path) -> None:
-        self.claims = FakeClaims(root / "claims.json")
-
-    def add(self, claims: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        self.claims.add(*claims)
-        return list(claims)
-
-    def get(self, namespace: str, name: str) -> dict[str, Any]:
-        return self.claims.get_claim(namespace, name)
-
-
-class ApiStore(ClaimStore):
-    """ResourceClaims in a real API server: spec through the API, allocation through the status subresource."""
-
-    def __init__(self, kubeconfig: str) -> None:
-        from kubernetes import client
-
-        from gpuplane.driver.kube import GROUP, VERSION, KubeApi, make_api_client
-
-        self.mode = f"real API server (kubeconfig {kubeconfig})"
-        self.api = KubeApi(make_api_client(kubeconfig))
-        self._group, self._version, self._client = GROUP, VERSION, client
-        self.created: list[str] = []
-        try:
-            self.api.custom.create_cluster_custom_object(
-                GROUP,
-                VERSION,
-                "deviceclasses",
-                {
-                    "apiVersion": f"{GROUP}/{VERSION}",
-                    "kind": "DeviceClass",
-                    "metadata": {"name": DEVICE_CLASS},
-                    "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{names.DRIVER_NAME}"'}}]},
-                },
-            )
-        except client.ApiException as exc:
-            if exc.status != 409:
-                raise
-
-    def add(self, claims: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        out = []
-        for c in claims:
-            meta = c["metadata"]
-            allocation = c["status"]["allocation"]
-            requests = sorted({r["request"] for r in allocation["devices"]["results"]})
-            body = {
-                "apiVersion": f"{self._group}/{self._version}",
-                "kind": "ResourceClaim",
-                "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-                "spec": {
-                    "devices": {
-                        "requests": [{"name": r, "exactly": {"deviceClassName": DEVICE_CLASS}} for r in requests],
-                        "config": [
-                            {"requests": [], "opaque": cfg["opaque"]} for cfg in allocation["devices"]["config"]
-                        ],
-                    }
-                },
-            }
-            made = cast(
-                dict[str, Any],
-                self.api.custom.create_namespaced_custom_object(
-                    self._group, self._version, meta["namespace"], "resourceclaims", body
-                ),
-            )
-            made["status"] = {"allocation": allocation}
-            made = cast(
-                dict[str, Any],
-                self.api.custom.replace_namespaced_custom_object_status(
-                    self._group, self._version, meta["namespace"], "resourceclaims", meta["name"], made
-                ),
-            )
-            self.created.append(meta["name"])
-            out.append(made)
-        return out
-
-    def get(self, namespace: str, name: str) -> dict[str, Any]:
-        return self.api.get_claim(namespace, name)
-
-    def cleanup(self) -> None:
-        for name in self.created:
-            try:
-                self.api.custom.delete_namespaced_custom_object(
-                    self._group, self._version, NAMESPACE, "resourceclaims", name
-                )
-            except self._client.ApiException as exc:
-                if exc.status != 404:
-                    raise
 
 
 # ----------------------------------------------------------------------------- phases
