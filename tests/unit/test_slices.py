@@ -2,13 +2,12 @@
 
 Every pool is built the production way (simulator -> ``discover`` -> ``build_pool`` -> ``render_slices``)
 and checked by ``validate_pool`` *and* by an independent re-statement of the 1.36 validation rules
-written here, so a bug shared by the builder and its own checker still fails a test.
+in :mod:`tests.slicerules`, so a bug shared by the builder and its own checker still fails a test.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,103 +18,13 @@ import pytest
 from gpuplane.driver.api import names
 from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.publish.inventory import Inventory, discover
-from gpuplane.driver.publish.slices import DeviceTaint, SliceLimitError, build_pool, render_slices, validate_pool
+from gpuplane.driver.publish.slices import DeviceTaint, build_pool, render_slices, validate_pool
 from gpuplane.mig import geometry, models
 from tests.driverkit import simulator
+from tests.slicerules import SEMVER, api_violations, dns_subdomain
 
 CLUSTER = "6f1c2d3e-4b5a-4978-8a9b-0c1d2e3f4a5b"
 ALL_MIG_ON = {i: True for i in range(8)}
-
-# --- the rules, restated independently of gpuplane/driver/publish/slices.py (resource.k8s.io/v1, Kubernetes 1.36) ---
-DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-DNS_SUBDOMAIN_PART = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$")
-
-
-def _dns_label(name: str) -> bool:
-    return len(name) <= 63 and DNS_LABEL.match(name) is not None
-
-
-def _dns_subdomain(name: str) -> bool:
-    return len(name) <= 253 and all(DNS_SUBDOMAIN_PART.match(p) and len(p) <= 63 for p in name.split("."))
-
-
-def _qualified_name_ok(key: str) -> bool:
-    domain, sep, ident = key.rpartition("/")
-    if sep and (not domain or len(domain) > 63 or not _dns_subdomain(domain)):
-        return False
-    return len(ident) <= 32 and C_IDENTIFIER.match(ident) is not None
-
-
-def api_violations(slices: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Every rule the brief lists, stated from the API docs rather than from gpuplane/driver/publish/slices.py."""
-    out: list[str] = []
-    generations = {s["spec"]["pool"]["generation"] for s in slices}
-    if len(generations) != 1:
-        out.append(f"pool generations differ: {generations}")
-    counts = {s["spec"]["pool"]["resourceSliceCount"] for s in slices}
-    if counts != {len(slices)}:
-        out.append(f"resourceSliceCount {counts} != {len(slices)} slices")
-    pools = {s["spec"]["pool"]["name"] for s in slices}
-    if len(pools) != 1:
-        out.append(f"several pools {pools}")
-    all_devices: list[str] = []
-    sets: dict[str, dict[str, int]] = {}
-    for s in slices:
-        spec = s["spec"]
-        name = s["metadata"]["name"]
-        devices = spec.get("devices") or []
-        shared = spec.get("sharedCounters") or []
-        if bool(devices) == bool(shared):
-            out.append(f"{name}: must carry devices XOR sharedCounters")
-        if len(shared) > 8:
-            out.append(f"{name}: {len(shared)} counter sets > 8")
-        for cs in shared:
-            if not _dns_label(cs["name"]):
-                out.append(f"{name}: counter set name {cs['name']!r}")
-            if not 0 < len(cs["counters"]) <= 32:
-                out.append(f"{name}: counter set {cs['name']} has {len(cs['counters'])} counters")
-            out.extend(f"{name}: counter {c!r}" for c in cs["counters"] if not _dns_label(c))
-            if cs["name"] in sets:
-                out.append(f"counter set {cs['name']} twice")
-            sets[cs["name"]] = {k: int(v["value"]) for k, v in cs["counters"].items()}
-        advanced = any(d.get("consumesCounters") or d.get("taints") for d in devices)
-        if len(devices) > (64 if advanced else 128):
-            out.append(f"{name}: {len(devices)} devices (advanced={advanced})")
-        for d in devices:
-            dn = d["name"]
-            all_devices.append(dn)
-            if not _dns_label(dn):
-                out.append(f"device name {dn!r} is not a DNS label")
-            attrs, caps = d.get("attributes", {}), d.get("capacity", {})
-            if len(attrs) + len(caps) > 32:
-                out.append(f"{dn}: {len(attrs) + len(caps)} attributes+capacities")
-            out.extend(f"{dn}: name {k!r}" for k in [*attrs, *caps] if not _qualified_name_ok(k))
-            for k, v in attrs.items():
-                if len(v) != 1 or next(iter(v)) not in ("int", "bool", "string", "version"):
-                    out.append(f"{dn}: attribute {k} = {v}")
-                    continue
-                kind, value = next(iter(v.items()))
-                if kind in ("string", "version") and len(value) > 64:
-                    out.append(f"{dn}: attribute {k} longer than 64")
-                if kind == "version" and not SEMVER.match(value):
-                    out.append(f"{dn}: attribute {k} = {value!r} is not semver")
-            consumes = d.get("consumesCounters") or []
-            if len(consumes) > 2:
-                out.append(f"{dn}: {len(consumes)} consumesCounters")
-            for c in consumes:
-                if len(c["counters"]) > 32:
-                    out.append(f"{dn}: consumes {len(c['counters'])} counters")
-    if len(all_devices) != len(set(all_devices)):
-        out.append("duplicate device names in the pool")
-    for s in slices:
-        for d in s["spec"].get("devices") or []:
-            for c in d.get("consumesCounters") or []:
-                known = sets.get(c["counterSet"])
-                if known is None or not set(c["counters"]) <= set(known):
-                    out.append(f"{d['name']}: consumes undefined counters of {c['counterSet']}")
-    return out
 
 
 # --- building pools ---------------------------------------------------------------------------------------
@@ -168,7 +77,7 @@ def test_every_profile_is_within_api_limits(case: Case) -> None:
     assert api_violations(slices) == []
     assert {s["spec"]["pool"]["generation"] for s in slices} == {5}
     assert all(s["spec"]["nodeName"] == "node-a" and s["spec"]["driver"] == names.DRIVER_NAME for s in slices)
-    assert all(_dns_subdomain(s["metadata"]["name"]) for s in slices)
+    assert all(dns_subdomain(s["metadata"]["name"]) for s in slices)
     assert len({s["metadata"]["name"] for s in slices}) == len(slices)
 
     devices = devices_of(slices)
@@ -388,75 +297,6 @@ def test_taints_keep_slices_within_limits() -> None:
     assert devices_of(slices)["gpu-2"]["taints"] == [
         {"key": "gpu.gpuplane.dev/xid", "value": "79", "effect": "NoExecute"}
     ]
-
-
-def _mutations() -> list[tuple[str, Any]]:
-    def too_many_devices(s: list[dict[str, Any]]) -> None:
-        dev_slice = next(x for x in s if x["spec"].get("devices"))
-        base = dev_slice["spec"]["devices"][1]
-        dev_slice["spec"]["devices"] += [{**base, "name": f"extra-{i}"} for i in range(64)]
-
-    def both(s: list[dict[str, Any]]) -> None:
-        s[-1]["spec"]["sharedCounters"] = [{"name": "x", "counters": {"a": {"value": "1"}}}]
-
-    def many_attrs(s: list[dict[str, Any]]) -> None:
-        d = s[-1]["spec"]["devices"][0]
-        d["attributes"].update({f"extra{i}": {"int": i} for i in range(20)})
-
-    def long_value(s: list[dict[str, Any]]) -> None:
-        s[-1]["spec"]["devices"][0]["attributes"]["productName"] = {"string": "x" * 65}
-
-    def bad_attr_name(s: list[dict[str, Any]]) -> None:
-        s[-1]["spec"]["devices"][0]["attributes"]["has-dash"] = {"bool": True}
-
-    def bad_device_name(s: list[dict[str, Any]]) -> None:
-        s[-1]["spec"]["devices"][0]["name"] = "GPU_0"
-
-    def three_consumptions(s: list[dict[str, Any]]) -> None:
-        d = s[-1]["spec"]["devices"][1]
-        d["consumesCounters"] = d["consumesCounters"] * 3
-
-    def wrong_count(s: list[dict[str, Any]]) -> None:
-        s[0]["spec"]["pool"]["resourceSliceCount"] = 99
-
-    def nine_sets(s: list[dict[str, Any]]) -> None:
-        cs = s[0]["spec"]["sharedCounters"][0]
-        s[0]["spec"]["sharedCounters"] = [{**cs, "name": f"set-{i}"} for i in range(9)]
-
-    def many_counters(s: list[dict[str, Any]]) -> None:
-        cs = s[0]["spec"]["sharedCounters"][0]
-        cs["counters"].update({f"c-{i}": {"value": "1"} for i in range(20)})
-
-    def undefined_counter(s: list[dict[str, Any]]) -> None:
-        s[-1]["spec"]["devices"][1]["consumesCounters"][0]["counters"]["nope"] = {"value": "1"}
-
-    return [
-        (f.__name__, f)
-        for f in (
-            too_many_devices,
-            both,
-            many_attrs,
-            long_value,
-            bad_attr_name,
-            bad_device_name,
-            three_consumptions,
-            wrong_count,
-            nine_sets,
-            many_counters,
-            undefined_counter,
-        )
-    ]
-
-
-@pytest.mark.parametrize(("label", "mutate"), _mutations(), ids=[m[0] for m in _mutations()])
-def test_both_checkers_catch_each_violation(label: str, mutate: Any) -> None:
-    with simulator("hgx-h100") as sim:
-        slices = pool_of(sim)
-    assert api_violations(slices) == []
-    mutate(slices)
-    assert api_violations(slices), f"independent checker missed {label}"
-    with pytest.raises(SliceLimitError):
-        validate_pool(slices)
 
 
 # --- docs/slices.md and scripts/print_slices.py -----------------------------------------------------------
