@@ -13,7 +13,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -25,7 +24,7 @@ from gpuplane.driver.api import names
 from gpuplane.driver.host import proc_environ, proc_pids
 from gpuplane.driver.plugin.kubelet_client import KubeletPluginClient
 from gpuplane.driver.prepare.contract import ClaimRef
-from tests.driverkit import FakeClaims
+from tests.driverkit import FakeClaims, start_worker
 
 REPO = Path(__file__).resolve().parent.parent
 NODE = "bench-node"
@@ -39,19 +38,11 @@ class Driver:
 
     def __init__(self, root: Path, *, op_latency: float = 0.0, kubeconfig: str | None = None) -> None:
         self.root = root
-        args = [sys.executable, "-m", "tests.crash_worker", "--root", str(root), "--profile", PROFILE]
-        args += ["--node", NODE, "--op-latency", str(op_latency), "--full-imports", "--noop-plugin"]
+        extra = ["--op-latency", str(op_latency), "--full-imports", "--noop-plugin"]
         if kubeconfig:
-            args += ["--kubeconfig", kubeconfig]
+            extra += ["--kubeconfig", kubeconfig]
         self.log = root / "driver.log"
-        with open(self.log, "ab") as err:
-            self.proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=err)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            self.proc.wait(10)
-            raise RuntimeError(f"driver did not start ({self.proc.returncode}): {self.log.read_text()[-2000:]}")
-        ready = json.loads(line)
+        self.proc, ready = start_worker(root, PROFILE, NODE, self.log, *extra)
         self.pid = int(ready["pid"])
         self.client = KubeletPluginClient.discover(ready["registration_socket"], timeout=60.0)
         self.noop = KubeletPluginClient.discover(ready["noop_registration_socket"], timeout=60.0)

@@ -13,8 +13,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -28,7 +26,7 @@ from gpuplane.driver.prepare import cdi
 from gpuplane.driver.prepare.checkpoint import decode
 from gpuplane.driver.prepare.contract import PrepareResult
 from gpuplane.driver.sharing.mps import MpsControl
-from tests.driverkit import STANDIN_MPS, FakeClaims, make_claim, mps_processes_under, ref, short_tmpdir
+from tests.driverkit import STANDIN_MPS, FakeClaims, make_claim, mps_processes_under, ref, short_tmpdir, start_worker
 
 REPO = Path(__file__).resolve().parents[1]
 NODE = "node-a"
@@ -45,18 +43,8 @@ class Worker:
     def __init__(self, root: Path, seq: int, instance: str = "") -> None:
         self.root = root
         self.log = root / f"worker-{seq}{instance}.log"
-        args = [sys.executable, "-m", "tests.crash_worker", "--root", str(root), "--profile", PROFILE]
-        args += ["--node", NODE, "--log-level", "info"]
-        if instance:
-            args += ["--instance", instance]
-        with open(self.log, "ab") as err:
-            self.proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=err)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            self.proc.wait(10)
-            raise AssertionError(f"driver exited at start ({self.proc.returncode}):\n{self.log_text()[-3000:]}")
-        self.ready: dict[str, Any] = json.loads(line)
+        extra = ["--log-level", "info", *(["--instance", instance] if instance else [])]
+        self.proc, self.ready = start_worker(root, PROFILE, NODE, self.log, *extra)
         self.client = KubeletPluginClient.discover(self.ready["registration_socket"], timeout=30.0)
 
     def log_text(self) -> str:

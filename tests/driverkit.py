@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import uuid as uuidlib
@@ -29,6 +31,7 @@ from gpuplane.driver.prepare.contract import ClaimRef
 from gpuplane.driver.prepare.state import DeviceState, StateSettings
 from gpuplane.driver.sharing.mps import MpsControl
 
+REPO = Path(__file__).resolve().parents[1]
 STANDIN_MPS = str(Path(__file__).resolve().parent / "fakes" / "nvidia-cuda-mps-control")
 
 
@@ -224,3 +227,33 @@ def serving(drv: DriverUnderTest) -> Iterator[PluginServer]:
         yield server
     finally:
         server.stop(grace=1.0)
+
+
+def start_worker(
+    root: Path, profile: str, node: str, log: Path, *extra: str
+) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    """Start the driver as its own process (``tests/crash_worker.py``); its first stdout line says where it serves.
+
+    RuntimeError with the log's tail when it exits before saying so.
+    """
+    args = [
+        sys.executable,
+        "-m",
+        "tests.crash_worker",
+        "--root",
+        str(root),
+        "--profile",
+        profile,
+        "--node",
+        node,
+        *extra,
+    ]
+    with open(log, "ab") as err:
+        proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=err)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait(10)
+        raise RuntimeError(f"driver exited at start ({proc.returncode}):\n{log.read_text(errors='replace')[-3000:]}")
+    ready: dict[str, Any] = json.loads(line)
+    return proc, ready
