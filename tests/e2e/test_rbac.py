@@ -31,6 +31,7 @@ from kubernetes.client.exceptions import ApiException
 
 from e2e.cluster import handle as cluster
 from e2e.plane import identity, install, nodes
+from e2e.plane.access_review import access, matrix
 
 pytestmark = pytest.mark.e2e
 
@@ -131,51 +132,6 @@ def driver_a(
 @pytest.fixture(scope="module")
 def controller(installed: cluster.Cluster, tmp_path_factory: pytest.TempPathFactory) -> identity.Identity:
     return identity.controller_identity(installed, tmp_path_factory.mktemp("identities"))
-
-
-def access(
-    api: client.ApiClient, user: str, key: tuple[str, str, str, str], namespace: str | None = None, name: str = ""
-) -> bool:
-    verb, group, resource, sub = key
-    namespace = (
-        namespace
-        if namespace is not None
-        else (
-            ""
-            if resource
-            in {"nodes", "resourceslices", "deviceclasses", "customresourcedefinitions", "clusterkopfpeerings"}
-            else "default"
-        )
-    )
-    review = client.V1SubjectAccessReview(
-        spec=client.V1SubjectAccessReviewSpec(
-            user=user,
-            groups=["system:serviceaccounts", "system:serviceaccounts:gpuplane-system", "system:authenticated"],
-            resource_attributes=client.V1ResourceAttributes(
-                verb=verb,
-                group=group,
-                resource=resource,
-                subresource=sub or None,
-                namespace=namespace or None,
-                name=name or None,
-            ),
-        )
-    )
-    answer = client.AuthorizationV1Api(api).create_subject_access_review(review)
-    return bool(answer.status and answer.status.allowed)
-
-
-def matrix(api: client.ApiClient, user: str, want: dict[tuple[str, str, str, str], bool]) -> str:
-    rows = []
-    for key, expected in want.items():
-        got = access(api, user, key)
-        verb, group, resource, sub = key
-        name = f"{resource}/{sub}" if sub else resource
-        rows.append(
-            f"{'ALLOW' if got else 'deny ':5} {verb:16} {group or 'core':28} {name}"
-            + ("" if got == expected else "   <-- UNEXPECTED")
-        )
-    return "\n".join(rows)
 
 
 def test_driver_access_matrix(installed: cluster.Cluster) -> None:

@@ -136,3 +136,20 @@ def test_the_checks_above_can_fail() -> None:
     assert list(_problems_in_code("import sys\nfrom e2e import procs\n")) == ["e2e has no procs"]
     assert list(_problems_in_code("from e2e.cluster import procs\n")) == []
     assert PYTHON_M.findall("run python -m driver.cost summary") == ["driver.cost"]
+
+
+MAX_MODULE_LINES = 400
+
+
+def _oversized(paths: list[Path], limit: int = MAX_MODULE_LINES) -> list[str]:
+    return [f"{p.relative_to(REPO)}: {n} lines" for p in paths if (n := len(p.read_text().splitlines())) > limit]
+
+
+def test_no_hand_written_module_passes_400_lines() -> None:
+    """Generated protobuf code (``_proto``) is exempt; everything else, code and tests, stays small."""
+    assert _oversized(_tracked("*.py")) == [], f"split these by what they do (limit {MAX_MODULE_LINES} lines)"
+
+
+def test_the_size_check_can_fail(tmp_path: Path) -> None:
+    big = REPO / "tests" / "unit" / "test_layout.py"
+    assert _oversized([big], limit=10) == [f"tests/unit/test_layout.py: {len(big.read_text().splitlines())} lines"]
