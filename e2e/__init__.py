@@ -13,6 +13,9 @@ Three packages: ``plane`` built on ``cluster`` (nothing in ``cluster`` imports `
   kube-scheduler started in order and awaited; ``flags`` their command lines (feature gates,
   API versions, ports, certificates).
 - ``handle``: ``Cluster``, a handle on a running cluster (kubeconfig, kubectl, API client).
+- ``addon_build``: builds (once) and caches workload controllers (JobSet, LeaderWorkerSet) from
+  their pinned Go modules in ``e2e/cluster/addonbuild``, with the manifests of the same release.
+- ``addons``: one such controller on the cluster: CRDs, its upstream ClusterRole, loopback webhooks.
 
 ``e2e.plane``: gpuplane on that cluster.
 

@@ -1,9 +1,10 @@
 """``python -m e2e``: build the control-plane binaries, bring a cluster up, take it down, run the demo.
 
-    python -m e2e build
+    python -m e2e build      # Kubernetes binaries, then JobSet and LeaderWorkerSet
     python -m e2e images
     python -m e2e helm
     python -m e2e up [--state-dir DIR] [--nodes hgx-h100:2,gb200-nvl72:2,a100-40gb:1] [--controllers 2]
+                     [--addons jobset,lws]
     python -m e2e down [--state-dir DIR]
     python -m e2e status [--state-dir DIR]
     python -m e2e demo [--state-dir DIR] [--nodes SPEC] [--controllers N]
@@ -18,10 +19,12 @@ which have no container runtime); the simulated GPU nodes of ``--nodes``
 to a pod on its node) plus a kubelet stand-in; and ``--controllers`` (default 2)
 ``gpuplane-controller`` replicas under the ``gpuplane-controller``
 ServiceAccount, electing a leader on a Lease (see ``e2e.plane.components``; the tokens
-last 24 h). It prints ``KUBECONFIG=<path>`` as its last line. ``demo``
-(``scripts/demo.sh``) brings the same cluster up (or reuses it), applies every
-scenario in ``manifests/examples`` and prints where each pod landed. The
-state directory defaults to ``$GPUPLANE_STATE`` or ``~/.local/state/gpuplane/e2e``.
+last 24 h); and the workload controllers of ``--addons`` (default ``jobset,lws``: JobSet
+and LeaderWorkerSet built from their Go modules, see ``e2e.cluster.addons``). It prints
+``KUBECONFIG=<path>`` as its last line. ``demo`` (``scripts/demo.sh``) brings the
+same cluster up (or reuses it), applies every scenario in ``manifests/examples``
+and prints where each pod landed. The state directory defaults to
+``$GPUPLANE_STATE`` or ``~/.local/state/gpuplane/e2e``.
 """
 
 from __future__ import annotations
@@ -37,11 +40,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
-from e2e.cluster import build, controlplane, procs
+from e2e.cluster import addon_build, addons, build, controlplane, procs
 from e2e.cluster import handle as cluster
 from e2e.plane import components, demo, identity, nodes, simnodes
 
 Printer = Callable[[str], None]
+DEFAULT_ADDONS: tuple[str, ...] = ("jobset", "lws")
 
 
 def default_state_dir(environ: Mapping[str, str]) -> Path:
@@ -95,6 +99,25 @@ def start_controllers(state_dir: Path, handle: cluster.Cluster, replicas: int, o
     ctl.detach()
 
 
+def start_addons(handle: cluster.Cluster, names: Sequence[str], out: Printer) -> None:
+    """The ``addons`` step of ``up``: build (once) and start each workload controller (reused when it runs)."""
+    if not names:
+        out("addons: none requested")
+        return
+    for name in names:
+        addon = addons.Addon(handle, addon_build.ensure_addon(name, out=out), out=out)
+        addon.start()
+        addon.detach()
+
+
+def parse_addons(text: str) -> list[str]:
+    """``jobset,lws`` -> the names (each checked against the recipes)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    for name in names:
+        addon_build.recipe(name)  # ValueError names the known ones
+    return names
+
+
 def _clear_node_state(state_dir: Path) -> None:
     for node in simnodes.load_nodes(state_dir):
         shutil.rmtree(node.socket_dir, ignore_errors=True)
@@ -117,6 +140,7 @@ def bring_up(
     out: Printer,
     *,
     controllers: int = components.DEFAULT_REPLICAS,
+    addon_names: Sequence[str] = DEFAULT_ADDONS,
 ) -> Path:
     """Start (or reuse) the control plane, gpuplane, the nodes and the controllers of ``state_dir``.
 
@@ -138,6 +162,7 @@ def bring_up(
                 _clear_node_state(state_dir)
                 start_nodes(state_dir, handle, groups, out)
             start_controllers(state_dir, handle, controllers, out)
+            start_addons(handle, addon_names, out)
         finally:
             handle.close()
         return kubeconfig
@@ -147,9 +172,9 @@ def bring_up(
     _clear_node_state(state_dir)
     shutil.rmtree(components.identities_dir(state_dir), ignore_errors=True)
     started = time.monotonic()
-    out("step 1/5: binaries")
+    out("step 1/6: binaries")
     bins = build.ensure_binaries(out=out)
-    out(f"step 2/5: control plane (state in {state_dir})")
+    out(f"step 2/6: control plane (state in {state_dir})")
     plane = controlplane.ControlPlane(state_dir, bins, out=out)
     kubeconfig = plane.start()
     handle = cluster.Cluster.connect(kubeconfig, bins, state_dir=state_dir)
@@ -160,16 +185,19 @@ def bring_up(
             "bins": str(bins.directory),
             "nodes": [{"profile": g.profile, "count": g.count} for g in groups],
             "controllers": controllers,
+            "addons": list(addon_names),
             "feature_gates": plane.feature_gates,
             "runtime_config": plane.runtime_config,
         }
         (state_dir / "cluster.json").write_text(json.dumps(info, indent=2) + "\n")
-        out("step 3/5: install gpuplane from manifests/ (kustomize, overlay e2e)")
+        out("step 3/6: install gpuplane from manifests/ (kustomize, overlay e2e)")
         components.install(handle, out)
-        out("step 4/5: nodes")
+        out("step 4/6: nodes")
         start_nodes(state_dir, handle, groups, out)
-        out("step 5/5: controller")
+        out("step 5/6: controller")
         start_controllers(state_dir, handle, controllers, out)
+        out("step 6/6: workload controllers")
+        start_addons(handle, addon_names, out)
     except BaseException:
         components.stop_controllers(state_dir, out=out)
         simnodes.stop_nodes(state_dir, out=out)
@@ -186,6 +214,9 @@ def cmd_build(args: argparse.Namespace, out: Printer) -> int:
     """Build (or find cached) binaries."""
     bins = build.ensure_binaries(out=out)
     out(f"binaries ready in {bins.directory}")
+    for name in addon_build.RECIPES:
+        built = addon_build.ensure_addon(name, out=out)
+        out(f"{name} {built.version} ready in {built.directory}")
     return 0
 
 
@@ -216,7 +247,13 @@ def cmd_helm(args: argparse.Namespace, out: Printer) -> int:
 def cmd_up(args: argparse.Namespace, out: Printer) -> int:
     """Start the control plane and the simulated nodes and leave them running."""
     state_dir: Path = args.state_dir.resolve()
-    kubeconfig = bring_up(state_dir, nodes.parse_node_spec(args.nodes or ""), out, controllers=args.controllers)
+    kubeconfig = bring_up(
+        state_dir,
+        nodes.parse_node_spec(args.nodes or ""),
+        out,
+        controllers=args.controllers,
+        addon_names=parse_addons(args.addons),
+    )
     out(f"KUBECONFIG={kubeconfig}")
     return 0
 
@@ -224,7 +261,13 @@ def cmd_up(args: argparse.Namespace, out: Printer) -> int:
 def cmd_demo(args: argparse.Namespace, out: Printer) -> int:
     """The main job: cluster up (or reused), gpuplane installed, every example applied, a table of results."""
     state_dir: Path = args.state_dir.resolve()
-    kubeconfig = bring_up(state_dir, nodes.parse_node_spec(args.nodes or ""), out, controllers=args.controllers)
+    kubeconfig = bring_up(
+        state_dir,
+        nodes.parse_node_spec(args.nodes or ""),
+        out,
+        controllers=args.controllers,
+        addon_names=parse_addons(args.addons),
+    )
     return demo.run(state_dir, kubeconfig, out=out, timeout=args.timeout)
 
 
@@ -258,6 +301,11 @@ def cmd_status(args: argparse.Namespace, out: Printer) -> int:
         alive = procs.is_alive(record)
         all_alive = all_alive and alive
         out(f"{name:25} {'running' if alive else 'stopped'} (pid {record.pid}, log {record.log})")
+    for name, record in sorted(records.items()):
+        if name.startswith(addons.PROCESS_PREFIX):
+            alive = procs.is_alive(record)
+            all_alive = all_alive and alive
+            out(f"{name:25} {'running' if alive else 'stopped'} (pid {record.pid}, log {record.log})")
     all_up = set(controlplane.COMPONENTS) <= set(controlplane.running(state_dir)) and all_alive
     if all_up:
         out(f"KUBECONFIG={state_dir / 'kubeconfig'}")
@@ -268,23 +316,29 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     """The argument parser."""
     top = argparse.ArgumentParser(prog="python -m e2e", description=__doc__.split("\n")[0] if __doc__ else None)
     sub = top.add_subparsers(dest="command", required=True)
-    sub.add_parser("build", help="build the control-plane binaries into the cache").set_defaults(func=cmd_build)
+    sub.add_parser(
+        "build", help="build the control-plane binaries and the workload controllers into the cache"
+    ).set_defaults(func=cmd_build)
     sub.add_parser(
         "images", help="build the driver and controller images from their Dockerfiles (buildah) into the cache"
     ).set_defaults(func=cmd_images)
     sub.add_parser("helm", help="build helm from its Go module into the cache").set_defaults(func=cmd_helm)
     state_help = "state directory (default: $GPUPLANE_STATE or ~/.local/state/gpuplane/e2e)"
     nodes_help = f"simulated GPU nodes, PROFILE[:COUNT],... ('' for none; default {simnodes.DEFAULT_NODE_SPEC})"
+    known = ", ".join(addon_build.RECIPES)
+    addons_help = f"workload controllers to build and run, comma-separated ('' for none; known: {known})"
     controllers_help = f"gpuplane-controller replicas (default {components.DEFAULT_REPLICAS}; 0 for none)"
     up = sub.add_parser("up", help="start a control plane with simulated GPU nodes and leave it running")
     up.add_argument("--state-dir", type=Path, default=default_state_dir(environ), help=state_help)
     up.add_argument("--nodes", default=simnodes.DEFAULT_NODE_SPEC, help=nodes_help)
     up.add_argument("--controllers", type=int, default=components.DEFAULT_REPLICAS, help=controllers_help)
+    up.add_argument("--addons", default=",".join(DEFAULT_ADDONS), help=addons_help)
     up.set_defaults(func=cmd_up)
     run_demo = sub.add_parser("demo", help="cluster up, gpuplane installed, every example applied, results shown")
     run_demo.add_argument("--state-dir", type=Path, default=default_state_dir(environ), help=state_help)
     run_demo.add_argument("--nodes", default=simnodes.DEFAULT_NODE_SPEC, help=nodes_help)
     run_demo.add_argument("--controllers", type=int, default=components.DEFAULT_REPLICAS, help=controllers_help)
+    run_demo.add_argument("--addons", default=",".join(DEFAULT_ADDONS), help=addons_help)
     run_demo.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the example pods")
     run_demo.set_defaults(func=cmd_demo)
     for name, func, text in (

@@ -77,6 +77,8 @@ class Settings:
     cdi_root: Path
     host_ip: str = "127.0.0.1"
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    extra_capacity: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Capacity added to the Node's (``nvidia.com/gpu: 8``: what a device plugin would make kubelet report)."""
     status_file: Path | None = None
     heartbeat_interval: float = 10.0
     workers_backoff_max: float = BACKOFF_MAX_S
@@ -119,6 +121,7 @@ class KubeletStandIn:
             api,
             interval=settings.heartbeat_interval,
             labels=settings.labels,
+            capacity={**nodes.DEFAULT_CAPACITY, **settings.extra_capacity},
             internal_ip=settings.host_ip,
         )
 
@@ -217,6 +220,7 @@ class KubeletStandIn:
         backoff = BACKOFF_INITIAL_S
         poll = CLAIM_POLL_INITIAL_S
         started = False
+        released = False
         while not self._stop.is_set():
             with self._lock:
                 slot = self._pods[uid]
@@ -227,6 +231,15 @@ class KubeletStandIn:
                 if gone or pod.deleting:
                     self._terminate(pod, delete=not gone)
                     break
+                if pod.terminal:
+                    # Its containers have exited (the phase says so): unprepare now, as kubelet does once a
+                    # pod is terminal, not only when it is deleted; the API object may stay for a long time.
+                    if not released:
+                        self._terminate(pod, delete=False)
+                        released = True
+                        _log.info("pod %s is %s; its claims are unprepared", pod.key, pod.phase)
+                    slot.wake.wait()
+                    continue
                 if not started:
                     slot.tries += 1
                     self._start(pod, slot)
@@ -318,12 +331,12 @@ class KubeletStandIn:
             _log.info("pod %s deleted", pod.key)
 
 
-def _labels(items: Sequence[str]) -> dict[str, str]:
+def _labels(items: Sequence[str], flag: str = "--label") -> dict[str, str]:
     labels = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise SystemExit(f"--label {item!r}: expected KEY=VALUE")
+            raise SystemExit(f"{flag} {item!r}: expected KEY=VALUE")
         labels[key] = value
     return labels
 
@@ -339,6 +352,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cdi-root", required=True, type=Path, help="where the node's CDI spec files live")
     p.add_argument("--host-ip", default="127.0.0.1", help="the node's address, also given to its pods")
     p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="Node label (repeatable)")
+    p.add_argument(
+        "--capacity",
+        action="append",
+        default=[],
+        metavar="RESOURCE=QUANTITY",
+        help="extra Node capacity and allocatable, e.g. nvidia.com/gpu=8 as a device plugin reports it (repeatable)",
+    )
     p.add_argument("--status-file", type=Path, help="JSON written once the node is Ready and on plugin changes")
     p.add_argument("--heartbeat-interval", type=float, default=10.0)
     p.add_argument("--log-level", default="INFO")
@@ -370,6 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         labels=_labels(args.label),
         status_file=args.status_file,
         heartbeat_interval=args.heartbeat_interval,
+        extra_capacity=_labels(args.capacity, flag="--capacity"),
     )
     KubeletStandIn(settings, api).run(stop)
     return 0

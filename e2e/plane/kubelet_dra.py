@@ -72,6 +72,8 @@ class PodDra:
                 generated = pod.generated[entry]
                 if generated:  # None: the template yields no claim for this pod
                     out.append(generated)
+        if pod.extended_claim:  # KEP-5004: e.g. limits nvidia.com/gpu served by a DeviceClass's extendedResourceName
+            out.append(pod.extended_claim)
         return out
 
     def claims_of(self, pod: PodView) -> list[Claim]:

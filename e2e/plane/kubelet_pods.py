@@ -20,6 +20,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 _log = logging.getLogger("e2e.plane.kubelet")
+TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
 def now() -> datetime.datetime:
@@ -42,6 +43,7 @@ class PodView:
     containers: tuple[tuple[str, str], ...]  # (name, image)
     claims: tuple[tuple[str, str | None, str | None], ...]  # (name, resourceClaimName, templateName)
     generated: Mapping[str, str | None]  # pod claim name -> generated claim name (status)
+    extended_claim: str = ""  # the scheduler's claim for extended resources backed by DRA (status)
 
     @classmethod
     def of(cls, obj: Mapping[str, Any]) -> PodView:
@@ -59,7 +61,13 @@ class PodView:
                 for c in spec.get("resourceClaims") or []
             ),
             generated={str(s["name"]): s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or []},
+            extended_claim=str((status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName") or ""),
         )
+
+    @property
+    def terminal(self) -> bool:
+        """Every container has exited for good (phase Succeeded or Failed): kubelet releases the pod's devices."""
+        return self.phase in TERMINAL_PHASES
 
     @property
     def key(self) -> str:

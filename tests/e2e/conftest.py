@@ -8,6 +8,9 @@ kube-scheduler in a temporary state directory, yields an ``e2e.cluster.handle.Cl
 SIGTERM to pytest becomes KeyboardInterrupt so teardown still runs, and the
 components die with the pytest process if it is killed outright.
 
+``workload_controllers`` builds (once, cached) and starts the JobSet and
+LeaderWorkerSet managers on that control plane (``e2e.cluster.addons``).
+
 ``gpu_cluster`` installs gpuplane on that control plane as ``python -m e2e up``
 does (``e2e.plane.components``: ``kubectl apply -k manifests/overlays/e2e``), adds
 simulated GPU nodes (``GPU_NODES``: each a real ``gpuplane-driver`` under the
@@ -36,7 +39,7 @@ from typing import Any, TypeVar, cast
 
 import pytest
 
-from e2e.cluster import build, controlplane
+from e2e.cluster import addon_build, addons, build, controlplane
 from e2e.cluster import handle as cluster
 from e2e.plane import components, nodes, simnodes
 from gpuplane.driver.prepare import checkpoint
@@ -69,6 +72,23 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.
     finally:
         plane.stop()
         signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.fixture(scope="session")
+def workload_controllers(control_plane: cluster.Cluster) -> Iterator[dict[str, addons.Addon]]:
+    """JobSet and LeaderWorkerSet managers (built from their Go modules) on the session's control plane."""
+    started: dict[str, addons.Addon] = {}
+    try:
+        for name in addon_build.RECIPES:
+            addon = addons.Addon(
+                control_plane, addon_build.ensure_addon(name), die_with_parent=True, out=lambda _: None
+            )
+            addon.start()
+            started[name] = addon
+        yield started
+    finally:
+        for addon in started.values():
+            addon.stop()
 
 
 def eventually(probe: Callable[[], T | None], timeout: float = 60.0, what: str = "condition", step: float = 0.5) -> T:

@@ -1,0 +1,4 @@
+// Package lws pins the LeaderWorkerSet release whose controller gpuplane's e2e harness builds and
+// runs (see e2e/cluster/addons.py). It has no code of its own: the controller is built with
+// `go build sigs.k8s.io/lws/cmd` from the module required in go.mod.
+package lws
