@@ -31,6 +31,7 @@ Three packages: ``plane`` built on ``cluster`` (nothing in ``cluster`` imports `
 - ``install``: rendering and applying ``manifests/``, CRD storage migration.
 - ``components``: gpuplane installed from ``manifests/overlays/e2e``, the drivers' credentials
   and the ``gpuplane-controller`` replicas.
+- ``legacynode``: a node served by the NVIDIA device plugin (``nvidia.com/gpu`` in its capacity, no DRA driver).
 - ``report``: what happened to a pod's claims, read back from the API and the node.
 - ``demo``: apply every example and print where each pod landed.
 - ``helm``: helm built (once) from its Go module and cached by version; ``helm template`` /

@@ -53,14 +53,18 @@ def read_checkpoint(node: simnodes.SimNode) -> checkpoint.Checkpoint | None:
 
 
 def pod_claim_names(pod: Mapping[str, Any]) -> list[str]:
-    """Names of the ResourceClaims a pod uses (direct, or generated from templates)."""
-    statuses = (pod.get("status") or {}).get("resourceClaimStatuses") or []
-    generated = {s["name"]: s.get("resourceClaimName") for s in statuses}
+    """Names of the ResourceClaims a pod uses (direct, generated from templates, or the scheduler's
+    claim for extended resources such as ``nvidia.com/gpu`` served through DRA)."""
+    status = pod.get("status") or {}
+    generated = {s["name"]: s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or []}
     out = []
     for entry in (pod.get("spec") or {}).get("resourceClaims") or []:
         name = entry.get("resourceClaimName") or generated.get(entry["name"])
         if name:
             out.append(str(name))
+    extended = (status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    if extended:
+        out.append(str(extended))
     return out
 
 

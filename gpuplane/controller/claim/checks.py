@@ -20,6 +20,8 @@ from gpuplane.driver.api import configs, quantity
 from gpuplane.driver.api import names as dn
 
 _MIG_PROFILE = re.compile(rf'\.{dn.ATTR_MIG_PROFILE}\s*==\s*"([^"]+)"|\["{dn.ATTR_MIG_PROFILE}"\]\s*==\s*"([^"]+)"')
+# kube-scheduler marks the ResourceClaim it makes for a pod's extended resources (KEP-5004) with this annotation.
+EXTENDED_RESOURCE_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
 
 
 @dataclass(frozen=True)
@@ -143,7 +145,15 @@ def validate(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]])
 
 
 def domain_warning(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]]) -> str | None:
-    """A warning when a multi-GPU request of this driver has no NVLink-domain matchAttribute constraint."""
+    """A warning when a multi-GPU request of this driver has no NVLink-domain matchAttribute constraint.
+
+    Not for the scheduler's claim behind an extended resource (``nvidia.com/gpu: 2``): KEP-5004 builds
+    its requests without constraints and nobody can add one, so the warning would only be noise; on a
+    node with one NVLink domain its GPUs share it anyway (docs/operations.md says when to use a claim).
+    """
+    annotations = (claim.get("metadata") or {}).get("annotations") or {}
+    if annotations.get(EXTENDED_RESOURCE_CLAIM_ANNOTATION) == "true":
+        return None
     constraints = ((claim.get("spec") or {}).get("devices") or {}).get("constraints") or []
     covered_all = False
     covered: set[str] = set()
