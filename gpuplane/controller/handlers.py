@@ -18,6 +18,7 @@ import kopf
 
 from gpuplane.controller import config, names, runtime
 from gpuplane.controller.claim import checks
+from gpuplane.controller.gang import owners
 from gpuplane.driver.api import names as dn
 
 RESOURCE = ("resource.k8s.io", "v1")
@@ -83,10 +84,22 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
         memo.touched()
         return {name: _plain(body, "spec")}
 
+    def makes_members(body: kopf.Body, **_: Any) -> bool:
+        return owners.gang_of_job(body) is not None
+
+    @kopf.index("batch", "v1", "jobs", id="gang_job_idx", when=makes_members, registry=reg)
+    def gang_job_idx(body: kopf.Body, memo: runtime.Runtime, **_: Any) -> dict[str, Any] | None:
+        key = owners.gang_of_job(body)
+        if key is None:
+            return None
+        memo.touched()
+        return {key: _plain(body, "spec", "status")}
+
     def world_of(memo: runtime.Runtime, kw: Mapping[str, Any]) -> Any:
         return runtime.make_world(
             memo,
             gang_idx=kw["gang_idx"],
+            job_idx=kw["gang_job_idx"],
             pod_idx=kw["member_pod_idx"],
             claim_idx=kw["claim_idx"],
             slice_idx=kw["slice_idx"],

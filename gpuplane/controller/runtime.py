@@ -130,6 +130,7 @@ def make_world(
     node_idx: Mapping[Any, Iterable[Any]],
     class_idx: Mapping[Any, Iterable[Any]],
     now: float,
+    job_idx: Mapping[Any, Iterable[Any]] | None = None,
 ) -> world.World:
     """Copy the indexes into a World (synchronously: one consistent instant), with the write overlay."""
     gangs_ = single(gang_idx)
@@ -152,6 +153,7 @@ def make_world(
         slices=tuple(single(slice_idx).values()),
         nodes={k: bool(v.get("schedulable")) for k, v in single(node_idx).items()},
         classes=single(class_idx),
+        jobs={key: tuple(store) for key, store in (job_idx or {}).items()},
     )
 
 
@@ -279,6 +281,13 @@ async def check_claim(
     await asyncio.to_thread(review.apply, rt.writer, found)
 
 
+def _gang_member_claim(claim: Mapping[str, Any], w: world.World) -> bool:
+    """A claim made from a template for a gang member's pod: gated or finished, its GpuGang explains it."""
+    uids = {(p.get("metadata") or {}).get("uid") for pods in w.pods.values() for p in pods}
+    owners_ = (claim.get("metadata") or {}).get("ownerReferences") or []
+    return any(o.get("kind") == "Pod" and o.get("controller") and o.get("uid") in uids for o in owners_)
+
+
 async def explain_claim(
     rt: Runtime, claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], w: world.World, now: float
 ) -> None:
@@ -287,7 +296,7 @@ async def explain_claim(
     if not rt.leading() or (claim.get("status") or {}).get("allocation") or not checks.is_ours(claim, classes):
         return
     age = now - (status.parse_time(meta.get("creationTimestamp")) or now)
-    if age < rt.cfg.claim_explain_after_s:
+    if age < rt.cfg.claim_explain_after_s or _gang_member_claim(claim, w):
         return
     _, view = plan_for(rt, w, now)
     reason = checks.explain_unallocated(claim, classes, view)

@@ -4,7 +4,11 @@
 - ``world``: one consistent read of the kopf indexes for a queue pass, plus the placement view; pure.
 - ``queue_runner``: the gang queue over :mod:`gpuplane.controller.placement.queue` (order,
   fairness, preemption): gangs in, one action per gang out; pure.
-- ``membership``: the member pods of a gang, by index, and why a pod was not counted; pure.
+- ``membership``: which member a pod is (named claim, label, Job completion index, JobSet index),
+  where its claims come from, the gang's member pods by index and why a pod was not counted; pure.
+- ``owners``: the Jobs (and JobSets) whose template makes a gang's pods: failed, suspended, Event targets; pure.
+- ``release``: when a placed gang is over (owner gave up, a member nobody replaces failed) and
+  template claims that do not match the gang; pure.
 - ``placement_record``: the placement decision in the gang's status, and back; pure.
 - ``desired``: each member's ResourceClaim and its pod's narrowed node affinity; pure.
 - ``writes``: the idempotent API steps that apply a placement or a release, in order; pure.

@@ -1,26 +1,170 @@
-"""Who is in a gang: the member pods, by index, and why a pod was not counted.
+"""Who is in a gang: which member a pod is, where its devices come from, and why a pod was not counted.
 
-How a member pod joins a gang (the contract users and Job templates follow):
+A gang's pods are written by hand or made from one template (an Indexed Job, a
+JobSet, a training operator). Every member carries the gang label and the
+gang's scheduling gate; what differs is how it says which member it is and who
+makes its ResourceClaim:
 
-* label ``gpuplane.dev/gang: <gang>``;
-* scheduling gate ``gpuplane.dev/gang``;
-* ``spec.resourceClaims: [{name: gpus, resourceClaimName: <gang>-<i>}]`` with a
-  distinct ``i`` in ``0 .. members-1``. A pod's ``resourceClaims`` cannot change
-  after creation, so the pod names its claim up front; the claim itself is
-  created by the controller only when the whole gang is placed (a gated pod may
-  reference a claim that does not exist yet). ``i`` is the member index.
+* **named claim** (hand-written pods): ``resourceClaims[].resourceClaimName:
+  <gang>-<i>``; ``i`` is the member index and the controller creates that claim,
+  pinned to the chosen devices, once the gang is placed. A pod's
+  ``resourceClaims`` cannot change after creation, so the pod names its claim up
+  front; a gated pod may reference a claim that does not exist yet;
+* **template** (every other pod): the claims come from
+  ``resourceClaimTemplateName`` (kube-controller-manager makes one per pod,
+  named in ``status.resourceClaimStatuses``) or from an extended resource such
+  as ``nvidia.com/gpu`` (the scheduler makes it at binding). The controller
+  creates nothing: it narrows the gated pod's required node affinity to the
+  decided node and lifts the gate; the scheduler allocates there.
 
-Pure: pod bodies in, :class:`Members` out.
+A template pod's member index, first rule that applies:
+
+1. label ``gpuplane.dev/member-index``;
+2. a JobSet pod (labels ``jobset.sigs.k8s.io/job-global-index`` and
+   ``jobset.sigs.k8s.io/global-replicas``): ``global index x pods per Job +
+   completion index``, where pods per Job is ``members / global-replicas`` (so
+   every Job of the JobSet has as many pods);
+3. an Indexed Job pod: label or annotation ``batch.kubernetes.io/job-completion-index``.
+
+:func:`members_of` reads a gang's pods into :class:`Members` (live members by
+index, failed ones whose index nobody took again, and why some pods count not).
+Pure: pod dicts in, indices and problems out.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuplane.controller import names
+from gpuplane.controller.gang import owners
+
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+JOBSET_GLOBAL_INDEX = "jobset.sigs.k8s.io/job-global-index"
+JOBSET_GLOBAL_REPLICAS = "jobset.sigs.k8s.io/global-replicas"
+JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+
+MODE_NAMED = "named-claim"
+MODE_TEMPLATE = "template"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A pod's member index and claim mode, or why it has none (``problem``)."""
+
+    index: int = -1
+    mode: str = ""
+    problem: str = ""
+
+
+def _int(raw: Any) -> int | None:
+    text = str(raw) if raw is not None else ""
+    return int(text) if text.isdigit() else None
+
+
+def named_claim_index(gang: str, pod: Mapping[str, Any]) -> int | None:
+    """``i`` of a ``resourceClaimName: <gang>-<i>`` entry, if the pod has one."""
+    pattern = re.compile(rf"^{re.escape(gang)}-(\d+)$")
+    for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
+        m = pattern.match(str(ref.get("resourceClaimName") or ""))
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def identity(gang: str, members: int, pod: Mapping[str, Any]) -> Identity:
+    """The pod's member index in a gang of ``members`` (rules in the module docstring)."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    name = meta.get("name", "")
+    named = named_claim_index(gang, pod)
+    if named is not None:
+        return Identity(named, MODE_NAMED)
+    explicit = labels.get(names.LABEL_MEMBER_INDEX)
+    if explicit is not None:
+        value = _int(explicit)
+        if value is None:
+            return Identity(problem=f"pod {name}: label {names.LABEL_MEMBER_INDEX}={explicit!r} is not an index")
+        return Identity(value, MODE_TEMPLATE)
+    completion = _int(labels.get(COMPLETION_INDEX, annotations.get(COMPLETION_INDEX)))
+    if JOBSET_GLOBAL_INDEX in labels:
+        job = _int(labels.get(JOBSET_GLOBAL_INDEX))
+        jobs = _int(labels.get(JOBSET_GLOBAL_REPLICAS))
+        if job is None or not jobs:
+            return Identity(
+                problem=f"pod {name}: JobSet labels {JOBSET_GLOBAL_INDEX}/{JOBSET_GLOBAL_REPLICAS} unreadable"
+            )
+        if members % jobs:
+            return Identity(
+                problem=f"pod {name}: the gang's {members} members do not split evenly over the JobSet's {jobs} Jobs"
+            )
+        per_job = members // jobs
+        local = completion if completion is not None else 0
+        if local >= per_job:
+            return Identity(
+                problem=f"pod {name}: completion index {local} but the gang has {per_job} member(s) per Job "
+                f"({members} members over {jobs} Jobs)"
+            )
+        return Identity(job * per_job + local, MODE_TEMPLATE)
+    if completion is not None:
+        return Identity(completion, MODE_TEMPLATE)
+    return Identity(
+        problem=f"pod {name} says no member index: give it resourceClaimName {gang}-<index>, the label "
+        f"{names.LABEL_MEMBER_INDEX}, or make it from an Indexed Job or a JobSet"
+    )
+
+
+def claim_names(pod: Mapping[str, Any]) -> tuple[str, ...]:
+    """Claims the pod's template entries and extended resources were given (known once they exist)."""
+    status = pod.get("status") or {}
+    out = [str(s["resourceClaimName"]) for s in status.get("resourceClaimStatuses") or [] if s.get("resourceClaimName")]
+    extended = (status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    if extended:
+        out.append(str(extended))
+    return tuple(out)
+
+
+def uses_templates(pod: Mapping[str, Any]) -> bool:
+    """Whether any claim of the pod comes from a ResourceClaimTemplate."""
+    return any(r.get("resourceClaimTemplateName") for r in (pod.get("spec") or {}).get("resourceClaims") or [])
+
+
+def device_count(claim: Mapping[str, Any], device_class: str) -> int | None:
+    """Devices the claim asks of ``device_class`` (None: it asks for none of that class, or All)."""
+    total = 0
+    seen = False
+    for req in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        exactly = req.get("exactly") or {}
+        if exactly.get("deviceClassName") != device_class:
+            continue
+        if exactly.get("allocationMode") == "All":
+            return None
+        total += int(exactly.get("count") or 1)
+        seen = True
+    return total if seen else None
+
+
+def claim_shape_problem(pod_name: str, claim: Mapping[str, Any], device_class: str, per_member: int) -> str:
+    """Why a member's template claim does not match the gang ('' when it does)."""
+    cname = (claim.get("metadata") or {}).get("name", "")
+    got = device_count(claim, device_class)
+    if got is None:
+        return (
+            f"pod {pod_name}: its claim {cname} asks no exact count of DeviceClass {device_class}; the gang "
+            f"places {per_member} device(s) of it per member"
+        )
+    if got != per_member:
+        return (
+            f"pod {pod_name}: its claim {cname} asks {got} device(s) of {device_class}, the gang places "
+            f"{per_member} per member; make the template and the GpuGang agree"
+        )
+    return ""
+
+
+# --- member pods -----------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -35,6 +179,14 @@ class MemberPod:
     uid: str
     affinity: Mapping[str, Any] | None
     gates: tuple[str, ...]
+    mode: str = MODE_NAMED  # named-claim: the controller makes <gang>-<i>; template: claims come with the pod
+    claims: tuple[str, ...] = ()  # template mode: the pod's generated claims known so far
+    controlled: bool = False  # a controller (Job, ...) owns it and may replace it
+
+    @property
+    def templated(self) -> bool:
+        """Its claims are not the controller's to create."""
+        return self.mode == MODE_TEMPLATE
 
 
 @dataclass(frozen=True)
@@ -43,6 +195,7 @@ class Members:
 
     by_index: Mapping[int, MemberPod]
     problems: tuple[str, ...] = ()
+    failed: Mapping[int, MemberPod] = field(default_factory=dict)  # terminal, and no live pod took the index
 
     def complete(self, count: int) -> bool:
         """Every index 0..count-1 has a pod."""
@@ -58,51 +211,62 @@ class Members:
         """Members in phase Running."""
         return sum(1 for p in self.by_index.values() if p.phase == "Running")
 
+    @property
+    def templated(self) -> bool:
+        """Some member's claims come from a template (the controller creates none for it)."""
+        return any(p.templated for p in self.by_index.values())
 
-def _claim_index(gang: str, pod: Mapping[str, Any]) -> int | None:
-    pattern = re.compile(rf"^{re.escape(gang)}-(\d+)$")
-    for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
-        m = pattern.match(str(ref.get("resourceClaimName") or ""))
-        if m:
-            return int(m.group(1))
-    return None
+
+def _member(pod: Mapping[str, Any], who: Identity) -> MemberPod:
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    gates = tuple(g.get("name", "") for g in spec.get("schedulingGates") or [])
+    return MemberPod(
+        name=meta.get("name", ""),
+        index=who.index,
+        gated=names.SCHEDULING_GATE in gates,
+        node=spec.get("nodeName") or "",
+        phase=(pod.get("status") or {}).get("phase") or "Pending",
+        uid=meta.get("uid", ""),
+        affinity=spec.get("affinity"),
+        gates=gates,
+        mode=who.mode,
+        claims=claim_names(pod) if who.mode == MODE_TEMPLATE else (),
+        controlled=owners.has_controller(pod),
+    )
 
 
 def members_of(gang: str, member_count: int, pods: Iterable[Mapping[str, Any]]) -> Members:
-    """Member pods of ``gang``: live pods with the gang label and a claim named ``<gang>-<i>``."""
+    """Member pods of ``gang``: live pods with the gang label and a member index (rules above)."""
     by_index: dict[int, MemberPod] = {}
+    failed: dict[int, MemberPod] = {}
     problems: list[str] = []
     for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("name", "")):
         meta = pod.get("metadata") or {}
-        spec = pod.get("spec") or {}
         status = pod.get("status") or {}
         if (meta.get("labels") or {}).get(names.LABEL_GANG) != gang:
             continue
-        if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
+        if meta.get("deletionTimestamp"):
             continue
         name = meta.get("name", "")
-        index = _claim_index(gang, pod)
-        if index is None:
-            problems.append(f"pod {name} has no resourceClaims entry with resourceClaimName {gang}-<index>")
+        who = identity(gang, member_count, pod)
+        if who.problem:
+            problems.append(who.problem)
             continue
-        if index >= member_count:
-            problems.append(f"pod {name} claims member index {index}, but the gang has {member_count} members")
+        if who.index >= member_count:
+            problems.append(f"pod {name} claims member index {who.index}, but the gang has {member_count} members")
             continue
-        if index in by_index:
-            problems.append(f"pods {by_index[index].name} and {name} both claim member index {index}")
+        if status.get("phase") in ("Succeeded", "Failed"):
+            if status.get("phase") == "Failed":
+                failed.setdefault(who.index, _member(pod, who))
             continue
-        gates = tuple(g.get("name", "") for g in spec.get("schedulingGates") or [])
-        by_index[index] = MemberPod(
-            name=name,
-            index=index,
-            gated=names.SCHEDULING_GATE in gates,
-            node=spec.get("nodeName") or "",
-            phase=status.get("phase") or "Pending",
-            uid=meta.get("uid", ""),
-            affinity=spec.get("affinity"),
-            gates=gates,
-        )
-    return Members(by_index=by_index, problems=tuple(problems))
+        if who.index in by_index:
+            problems.append(f"pods {by_index[who.index].name} and {name} both claim member index {who.index}")
+            continue
+        by_index[who.index] = _member(pod, who)
+    for index in by_index:
+        failed.pop(index, None)
+    return Members(by_index=by_index, problems=tuple(problems), failed=failed)
 
 
 def gang_claim_names(gang: str, claim_names: Sequence[str]) -> list[str]:

@@ -11,14 +11,15 @@ the victims to release. Phases:
 member bound) -> ``Running``. Side exits: ``TimedOut`` (not scheduled within
 ``timeoutSeconds``: claims and member pods are released), ``Preempted``
 (evicted for a higher-priority gang; re-queues if its pods come back),
-``Released`` (every member pod finished or was deleted: claims deleted),
-``Invalid`` (spec refused).
+``Released`` (every member pod finished or was deleted, the Job making them
+failed or was suspended, or a member nobody replaces failed: what is left of the
+gang is deleted, see :mod:`gpuplane.controller.gang.release`), ``Invalid`` (spec refused).
 
 :func:`decide` reads the gang once (:func:`_read`: spec, members, claims) and asks its phases in
 order, the first that applies deciding: :func:`_timed_out`, :func:`_holding` (a placement in
 status: apply it, follow it to Running, or release it), :func:`_waiting_for_members`,
 :func:`_queued` (the queue pass's action). Each returns an :class:`Outcome` built by
-:func:`_finish`; nothing is mutated on the way.
+:func:`~gpuplane.controller.gang.outcome.finish`; nothing is mutated on the way.
 
 :func:`apply` writes the status first (state in the API), then the steps in
 order, stopping at the first failure; a later reconcile computes only what is
@@ -27,32 +28,33 @@ left, from the API, so a crash at any point converges.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
 from gpuplane.controller import events, kube, names
-from gpuplane.controller.gang import desired, membership, placement_record, queue_runner, status, world, writes
-from gpuplane.controller.gang.spec import GangSpec, SpecError, parse_gang_spec
+from gpuplane.controller.gang import (
+    desired,
+    membership,
+    owners,
+    placement_record,
+    queue_runner,
+    release,
+    status,
+    world,
+    writes,
+)
+from gpuplane.controller.gang.outcome import EventTuple, GangRead, Outcome, finish
+from gpuplane.controller.gang.spec import SpecError, parse_gang_spec
 from gpuplane.controller.node import snapshot_builder
+
+__all__ = ["Outcome", "Settings", "apply", "decide", "victim_outcome"]
 
 log = structlog.get_logger(__name__)
 
 PRE_SCHEDULE = ("", "Pending", "Queued", "Unschedulable", "Placing", "Placed", "Preempted")
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What to write for one gang."""
-
-    status: dict[str, Any]
-    steps: tuple[writes.Step, ...] = ()
-    events: tuple[tuple[events.EventType, str, str], ...] = ()
-    victims: tuple[str, ...] = ()
-    placed_after_s: float | None = None  # set when this outcome places the gang (wait-time metric)
 
 
 @dataclass(frozen=True)
@@ -61,79 +63,6 @@ class Settings:
 
     eviction_grace_s: int | None = None
     queue: queue_runner.Settings = field(default_factory=queue_runner.Settings)
-
-
-EventTuple = tuple[events.EventType, str, str]
-
-
-@dataclass(frozen=True)
-class _Gang:
-    """What every phase of :func:`decide` reads: the gang as the API shows it, parsed once."""
-
-    key: str
-    ref: desired.GangRef
-    spec: GangSpec
-    members: membership.Members
-    claims: Mapping[str, writes.ExistingClaim]
-    prev: Mapping[str, Any]
-    stamp: str
-    created: float
-    base: Mapping[str, Any]  # the status fields every outcome carries (counts, problems)
-    events: tuple[EventTuple, ...] = ()  # raised before the phase is known (new member problems)
-
-    @property
-    def prev_phase(self) -> str:
-        return str(self.prev.get("phase", ""))
-
-    @property
-    def present(self) -> int:
-        return len(self.members.by_index)
-
-    def with_problems(self, problems: Sequence[str]) -> _Gang:
-        """The gang with ``problems`` reported (status field and a Warning each) when they are new."""
-        if not problems or sorted(problems) == sorted(self.prev.get("problems") or []):
-            return self
-        return dataclasses.replace(
-            self,
-            base={**self.base, "problems": sorted(problems)},
-            events=(*self.events, *(("Warning", events.GANG_MEMBER_PROBLEM, p) for p in problems)),
-        )
-
-    def with_event(self, event: EventTuple) -> _Gang:
-        return dataclasses.replace(self, events=(*self.events, event))
-
-
-def _finish(
-    g: _Gang,
-    phase: str,
-    reason: str,
-    message: str,
-    extra: Mapping[str, Any] | None = None,
-    *,
-    steps: Sequence[writes.Step] = (),
-    etype: events.EventType = "Normal",
-    victims: tuple[str, ...] = (),
-    placed_after: float | None = None,
-) -> Outcome:
-    """The outcome of gang ``g`` ending in ``phase``: status with conditions, and an Event when the phase changes."""
-    st = {**g.base, "phase": phase, "reason": reason, "message": message, **(extra or {})}
-    placement = st.get("placement", g.prev.get("placement"))
-    st["conditions"] = status.gang_conditions(
-        g.prev.get("conditions") or [],
-        g.stamp,
-        present=g.members.complete(g.spec.members),
-        placed=phase in world.HOLDING_PHASES,
-        scheduled=phase in ("Scheduled", "Running"),
-        msg=message,
-    )
-    if placement is None:
-        st.setdefault("placement", None)
-    out_events = list(g.events)
-    if phase != g.prev_phase or reason != g.prev.get("reason"):
-        out_events.append((etype, reason, message))
-    return Outcome(
-        status=st, steps=tuple(steps), events=tuple(out_events), victims=victims, placed_after_s=placed_after
-    )
 
 
 def decide(
@@ -156,7 +85,7 @@ def decide(
         return g
     outcome = _timed_out(g, settings, now)
     if outcome is None:
-        outcome = _holding(g, view)
+        outcome = _holding(g, view, settings)
     if outcome is None:
         outcome = _waiting_for_members(g)
     if outcome is None:
@@ -164,7 +93,7 @@ def decide(
     return outcome
 
 
-def _read(key: str, body: Mapping[str, Any], w: world.World, now: float) -> _Gang | Outcome:
+def _read(key: str, body: Mapping[str, Any], w: world.World, now: float) -> GangRead | Outcome:
     """Parse the gang and find its members and claims; an ``Invalid`` outcome for a spec that does not parse."""
     ns, name = key.split("/", 1)
     meta = body.get("metadata") or {}
@@ -177,8 +106,10 @@ def _read(key: str, body: Mapping[str, Any], w: world.World, now: float) -> _Gan
             (("Warning", events.GANG_INVALID, str(exc)),) if prev.get("phase", "") != "Invalid" else ()
         )
         return Outcome(status=st, events=evs)
-    members = membership.members_of(name, spec.members, w.pods.get(key, ()))
-    problems = sorted(members.problems)
+    members = w.members(key, spec.members)
+    jobs = w.jobs.get(key, ())
+    shape = release.shape_problems(spec, members, w.claims, ns)
+    problems = sorted({*members.problems, *shape})
     base: dict[str, Any] = {
         "observedGeneration": meta.get("generation"),
         "membersPresent": len(members.by_index),
@@ -189,7 +120,7 @@ def _read(key: str, body: Mapping[str, Any], w: world.World, now: float) -> _Gan
     new_problems: tuple[EventTuple, ...] = ()
     if problems != sorted(prev.get("problems") or []):
         new_problems = tuple(("Warning", events.GANG_MEMBER_PROBLEM, p) for p in problems)
-    return _Gang(
+    return GangRead(
         key=key,
         ref=desired.GangRef(namespace=ns, name=name, uid=meta.get("uid", "")),
         spec=spec,
@@ -200,13 +131,16 @@ def _read(key: str, body: Mapping[str, Any], w: world.World, now: float) -> _Gan
         created=world.created_at(body),
         base=base,
         events=new_problems,
+        jobs=jobs,
+        owner=owners.verdict(jobs),
+        shape=tuple(shape),
     )
 
 
-def _timed_out(g: _Gang, settings: Settings, now: float) -> Outcome | None:
+def _timed_out(g: GangRead, settings: Settings, now: float) -> Outcome | None:
     """Not scheduled within ``timeoutSeconds`` of creation: release everything (and stay ``TimedOut``)."""
     if g.prev_phase == "TimedOut":
-        return _finish(g, "TimedOut", g.prev.get("reason", "Timeout"), g.prev.get("message", ""))
+        return finish(g, "TimedOut", g.prev.get("reason", "Timeout"), g.prev.get("message", ""))
     timeout = g.spec.timeoutSeconds
     if not timeout or g.prev_phase not in PRE_SCHEDULE or now - g.created <= timeout:
         return None
@@ -214,7 +148,7 @@ def _timed_out(g: _Gang, settings: Settings, now: float) -> Outcome | None:
     if g.prev.get("message"):
         why += f"; last state {g.prev_phase}: {g.prev['message']}"
     steps = writes.release_steps(g.ref, g.members, g.claims, settings.eviction_grace_s, why)
-    return _finish(
+    return finish(
         g,
         "TimedOut",
         "Timeout",
@@ -225,7 +159,7 @@ def _timed_out(g: _Gang, settings: Settings, now: float) -> Outcome | None:
     )
 
 
-def _holding(g: _Gang, view: snapshot_builder.ClusterView) -> Outcome | None:
+def _holding(g: GangRead, view: snapshot_builder.ClusterView, settings: Settings) -> Outcome | None:
     """A gang that holds a placement: apply what is left of it, or follow its members to Running (or Released)."""
     if g.prev_phase not in world.HOLDING_PHASES:
         return None
@@ -234,29 +168,30 @@ def _holding(g: _Gang, view: snapshot_builder.ClusterView) -> Outcome | None:
     if decision is None:
         return None
     spec, members = g.spec, g.members
-    if g.present == 0:
-        gone = tuple(writes.Step("delete-claim", c, why="every member pod is gone") for c in sorted(g.claims))
-        return _finish(
+    ends = release.verdict(g.owner, members, spec.members, g.prev_phase, g.present)
+    if ends is not None:
+        steps = writes.release_steps(g.ref, members, g.claims, settings.eviction_grace_s, ends.message)
+        return finish(
             g,
             "Released",
-            "MembersGone",
-            "every member pod finished or was deleted; claims released",
+            ends.reason,
+            ends.message,
             {"placement": None, "domain": None},
-            steps=gone,
+            steps=steps,
+            etype=ends.severity,
+            tell_owners=ends.reason if ends.severity == "Warning" else "",
         )
     applied = writes.apply_steps(g.ref, spec, decision, members, g.claims, driver_profile=spec.migProfile)
     g = g.with_problems(applied.problems)
     domain = ",".join(decision.domains)
     if applied.steps:
         msg = applied.blocked or f"applying placement in NVLink domain {domain}"
-        return _finish(g, "Placing", "Applying", msg, {"domain": domain}, steps=applied.steps)
+        return finish(g, "Placing", "Applying", msg, {"domain": domain}, steps=applied.steps)
     if members.complete(spec.members) and members.running == spec.members:
-        return _finish(
-            g, "Running", "AllRunning", f"all {spec.members} members running in {domain}", {"domain": domain}
-        )
+        return finish(g, "Running", "AllRunning", f"all {spec.members} members running in {domain}", {"domain": domain})
     if members.complete(spec.members) and members.bound == spec.members:
-        return _finish(g, "Scheduled", "AllBound", f"all {spec.members} members bound in {domain}", {"domain": domain})
-    return _finish(
+        return finish(g, "Scheduled", "AllBound", f"all {spec.members} members bound in {domain}", {"domain": domain})
+    return finish(
         g,
         "Placed",
         "GatesLifted",
@@ -265,26 +200,30 @@ def _holding(g: _Gang, view: snapshot_builder.ClusterView) -> Outcome | None:
     )
 
 
-def _waiting_for_members(g: _Gang) -> Outcome | None:
+def _waiting_for_members(g: GangRead) -> Outcome | None:
     """Members missing or not gated: ``Pending`` (a preempted or released gang stays so until its pods return)."""
     spec, members = g.spec, g.members
     if members.complete(spec.members) and all(p.gated for p in members.by_index.values()):
         return None
     if g.prev_phase in ("Preempted", "Released") and g.present < spec.members:
         # Stay in whichever of the two it is until its pods come back (then it queues again).
-        return _finish(g, g.prev_phase, str(g.prev.get("reason") or g.prev_phase), str(g.prev.get("message") or ""))
+        return finish(g, g.prev_phase, str(g.prev.get("reason") or g.prev_phase), str(g.prev.get("message") or ""))
     ungated = [p.name for p in members.by_index.values() if not p.gated]
     msg = (
         f"{g.present} of {spec.members} member pods present"
         if not ungated
         else f"member pods {', '.join(ungated[:5])} lack the {names.SCHEDULING_GATE} gate"
     )
-    return _finish(g, "Pending", events.GANG_WAITING_MEMBERS, msg, {"placement": None})
+    if g.owner.gave_up:
+        msg += f" ({g.owner.message})"
+    return finish(g, "Pending", events.GANG_WAITING_MEMBERS, msg, {"placement": None})
 
 
-def _queued(g: _Gang, w: world.World, plan: queue_runner.Plan, now: float) -> Outcome:
+def _queued(g: GangRead, w: world.World, plan: queue_runner.Plan, now: float) -> Outcome:
     """A complete, gated gang: what the queue pass decided for it (place, refuse, preempt, wait)."""
     spec = g.spec
+    if g.shape:
+        return finish(g, "Pending", events.GANG_MEMBER_PROBLEM, g.shape[0], {"placement": None}, etype="Warning")
     ready_since = g.prev.get("readySince") or g.stamp
     if not g.prev.get("readySince"):  # once per queueing: the gang just became ready
         approx = world.unfiltered_selectors(w, spec)
@@ -300,7 +239,7 @@ def _queued(g: _Gang, w: world.World, plan: queue_runner.Plan, now: float) -> Ou
     action = plan.actions.get(g.key)
     queue_extra: dict[str, Any] = {"readySince": ready_since}
     if action is None:
-        return _finish(g, "Queued", events.GANG_QUEUED, "waiting for the next queue pass", queue_extra)
+        return finish(g, "Queued", events.GANG_QUEUED, "waiting for the next queue pass", queue_extra)
     queue_extra.update({"queuePosition": action.position, "effectivePriority": action.effective_priority})
     if action.kind == "place" and action.decision is not None:
         decision = action.decision
@@ -309,7 +248,7 @@ def _queued(g: _Gang, w: world.World, plan: queue_runner.Plan, now: float) -> Ou
         domain = ",".join(decision.domains)
         waited = now - (status.parse_time(ready_since) or now)
         msg = f"placed {spec.members} members in NVLink domain {domain} (decision {placement['id']})"
-        return _finish(
+        return finish(
             g,
             "Placing",
             events.GANG_PLACED,
@@ -319,9 +258,17 @@ def _queued(g: _Gang, w: world.World, plan: queue_runner.Plan, now: float) -> Ou
             placed_after=waited,
         )
     if action.kind == "unschedulable":
-        return _finish(g, "Unschedulable", events.GANG_UNSCHEDULABLE, action.reason, queue_extra, etype="Warning")
+        return finish(
+            g,
+            "Unschedulable",
+            events.GANG_UNSCHEDULABLE,
+            action.reason,
+            queue_extra,
+            etype="Warning",
+            tell_owners=events.GANG_REFUSED,
+        )
     if action.kind == "preempt":
-        return _finish(
+        return finish(
             g,
             "Queued",
             events.GANG_PREEMPTING,
@@ -331,8 +278,8 @@ def _queued(g: _Gang, w: world.World, plan: queue_runner.Plan, now: float) -> Ou
             victims=action.victims,
         )
     if action.kind == "await-victims":
-        return _finish(g, "Queued", events.GANG_PREEMPTING, action.reason, queue_extra)
-    return _finish(g, "Queued", events.GANG_QUEUED, action.reason, queue_extra)
+        return finish(g, "Queued", events.GANG_PREEMPTING, action.reason, queue_extra)
+    return finish(g, "Queued", events.GANG_QUEUED, action.reason, queue_extra)
 
 
 def victim_outcome(victim_key: str, preemptor: str, w: world.World, settings: Settings) -> Outcome | None:
@@ -389,4 +336,6 @@ def apply(
     ref = events.ObjectRef.of(body, names.GANG_API_VERSION, names.GANG_KIND)
     for etype, reason, message in outcome.events:
         recorder.event(ref, etype, reason, message)
+    for target, etype, reason, message in outcome.owner_events:
+        recorder.event(target, etype, reason, message)
     return written, ok

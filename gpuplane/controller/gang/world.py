@@ -9,8 +9,9 @@ reconciled back to back cannot be placed on the same GPUs.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuplane.controller import names
@@ -19,6 +20,7 @@ from gpuplane.controller.claim.checks import class_selectors
 from gpuplane.controller.gang import membership, placement_record, queue_runner, status, writes
 from gpuplane.controller.gang.spec import GangSpec, SpecError, parse_gang_spec
 from gpuplane.controller.node import snapshot_builder
+from gpuplane.controller.placement import model
 
 HOLDING_PHASES = ("Placing", "Placed", "Scheduled", "Running")
 
@@ -33,6 +35,24 @@ class World:
     slices: tuple[Mapping[str, Any], ...]
     nodes: Mapping[str, bool]  # node -> schedulable
     classes: Mapping[str, Mapping[str, Any]]  # DeviceClass name -> body
+    jobs: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)  # gang key -> its Jobs
+
+    def members(self, key: str, count: int) -> membership.Members:
+        """The gang's member pods (:func:`membership.members_of`)."""
+        return membership.members_of(key.split("/", 1)[1], count, self.pods.get(key, ()))
+
+    def claim_gangs(self) -> dict[str, tuple[str, int]]:
+        """ "ns/claim" -> (gang key, member index) for every claim a template member's pod was given."""
+        out: dict[str, tuple[str, int]] = {}
+        for key, body in self.gangs.items():
+            spec = parse_spec(body)
+            if spec is None:
+                continue
+            ns = key.split("/", 1)[0]
+            for pod in self.members(key, spec.members).by_index.values():
+                for cname in pod.claims:
+                    out[f"{ns}/{cname}"] = (key, pod.index)
+        return out
 
     def gang_claims(self, key: str) -> dict[str, writes.ExistingClaim]:
         """Member-claim-named claims in the gang's namespace, by claim name."""
@@ -80,11 +100,35 @@ def created_at(body: Mapping[str, Any]) -> float:
     return status.parse_time((body.get("metadata") or {}).get("creationTimestamp")) or 0.0
 
 
+def _allocated(world: World, ns: str, claim_names: Iterable[str]) -> bool:
+    found = [world.claims.get(f"{ns}/{c}") for c in claim_names]
+    return bool(found) and all(((c or {}).get("status") or {}).get("allocation") for c in found)
+
+
+def _on_free_gpus(
+    m: model.MemberPlacement, base: snapshot_builder.ClusterView, reserved: set[str]
+) -> model.MemberPlacement:
+    """A template member's whole-GPU reservation moved onto GPUs of its node that nothing holds yet.
+
+    The decision names GPUs, but the scheduler may allocate a template member any free GPUs of the
+    narrowed node; once another member's claim took the named ones, the reservation must still
+    count as many GPUs of that node, not the same GPUs twice.
+    """
+    if m.mig or not m.gpus:
+        return m
+    free = [g.id for g in base.gpus if g.node == m.node and g.id not in base.taken_whole and g.id not in reserved]
+    keep = [g for g in m.gpus if g in free]
+    extra = [g for g in free if g not in keep][: len(m.gpus) - len(keep)]
+    chosen = tuple(keep + extra) if len(keep) + len(extra) == len(m.gpus) else m.gpus
+    return dataclasses.replace(m, gpus=chosen)
+
+
 def reservations(world: World, base: snapshot_builder.ClusterView) -> list[snapshot_builder.Reservation]:
-    """Members of holding gangs whose claims are not allocated yet, at their decided devices."""
+    """Members of holding gangs whose claims are not allocated yet, at their decided devices (or node)."""
     domains = {g.id: g.domain for g in base.gpus}
     out: list[snapshot_builder.Reservation] = []
-    for key, body in world.gangs.items():
+    reserved: set[str] = set()
+    for key, body in sorted(world.gangs.items()):
         st = body.get("status") or {}
         if st.get("phase") not in HOLDING_PHASES:
             continue
@@ -92,21 +136,31 @@ def reservations(world: World, base: snapshot_builder.ClusterView) -> list[snaps
         if decision is None:
             continue
         ns, name = key.split("/", 1)
+        spec = parse_spec(body)
+        pods = world.members(key, spec.members).by_index if spec is not None else {}
         for m in decision.members:
-            claim = world.claims.get(f"{ns}/{names.claim_name(name, m.member)}")
-            allocated = bool(((claim or {}).get("status") or {}).get("allocation"))
-            if not allocated:
-                out.append(snapshot_builder.Reservation(gang=key, placement=m))
+            pod = pods.get(m.member)
+            if pod is not None and pod.templated:
+                if _allocated(world, ns, pod.claims):
+                    continue
+                m = _on_free_gpus(m, base, reserved)  # noqa: PLW2901
+            elif _allocated(world, ns, [names.claim_name(name, m.member)]):
+                continue
+            reserved.update(m.gpus)
+            out.append(snapshot_builder.Reservation(gang=key, placement=m))
     return out
 
 
 def cluster_view(world: World) -> snapshot_builder.ClusterView:
     """The placement view: published GPUs, allocated claims, and not-yet-allocated gang reservations."""
-    base = snapshot_builder.build_view(world.slices, world.claims.values(), world.nodes)
+    owned = world.claim_gangs()
+    base = snapshot_builder.build_view(world.slices, world.claims.values(), world.nodes, claim_gangs=owned)
     extra = reservations(world, base)
     if not extra:
         return base
-    return snapshot_builder.build_view(world.slices, world.claims.values(), world.nodes, reservations=extra)
+    return snapshot_builder.build_view(
+        world.slices, world.claims.values(), world.nodes, reservations=extra, claim_gangs=owned
+    )
 
 
 def admit_for(world: World, spec: GangSpec) -> selectors.Compiled:
@@ -135,8 +189,8 @@ def entries(world: World, view: snapshot_builder.ClusterView) -> list[queue_runn
             continue
         st = body.get("status") or {}
         phase = st.get("phase", "")
-        ns, name = key.split("/", 1)
-        members = membership.members_of(name, spec.members, world.pods.get(key, ()))
+        ns = key.split("/", 1)[0]
+        members = world.members(key, spec.members)
         complete = members.complete(spec.members)
         all_gated = all(p.gated for p in members.by_index.values())
         created = created_at(body)

@@ -6,7 +6,8 @@ Members come from :mod:`gpuplane.controller.gang.membership`; the objects writte
 Applying a placement is a list of :class:`Step` computed from what the API
 shows now, in this order: the decision is already in the gang's status (the
 caller writes it first), then every member's claim is created (deterministic
-name, ownerReference to the gang, the decision id in an annotation), then
+name, ownerReference to the gang, the decision id in an annotation; none for a
+member made from a template, whose claims come with its pod), then
 every pod's required node affinity is narrowed to its node, then every gate is
 lifted. A step that is already done is not emitted, so recomputing the list
 after a crash at any point yields exactly the remaining writes; gates are only
@@ -81,7 +82,10 @@ def apply_steps(
     for placement in sorted(decision.members, key=lambda m: m.member):
         cname = names.claim_name(gang.name, placement.member)
         have = claims.get(cname)
-        if have is not None and (have.decision != did or not have.owned):
+        pod = members.by_index.get(placement.member)
+        if pod is not None and pod.templated:
+            pass  # its claims come with the pod (template or extended resource); the scheduler allocates them
+        elif have is not None and (have.decision != did or not have.owned):
             if not have.owned:
                 blocked = f"claim {cname} exists and is not owned by gang {gang.name}"
                 problems.append(blocked)
@@ -93,7 +97,6 @@ def apply_steps(
         elif have is None:
             body = desired_claim(gang, spec, placement, did, driver_profile)
             claim_steps.append(Step("create-claim", cname, body, why=f"member {placement.member} on {placement.node}"))
-        pod = members.by_index.get(placement.member)
         if pod is None:
             blocked = blocked or f"member {placement.member} has no pod"
             continue

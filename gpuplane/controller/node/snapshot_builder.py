@@ -13,6 +13,7 @@ Nothing here talks to the API or mutates its inputs.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -164,6 +165,7 @@ def build_view(
     nodes: Mapping[str, bool] | None = None,
     *,
     reservations: Sequence[Reservation] = (),
+    claim_gangs: Mapping[str, tuple[str, int]] | None = None,
     driver: str = dn.DRIVER_NAME,
     geometry: MigGeometry = HOPPER,
 ) -> ClusterView:
@@ -171,7 +173,8 @@ def build_view(
 
     ``nodes`` maps node name -> schedulable; GPUs of unknown or unschedulable
     nodes are left out (None: every node counts). Only the newest generation of
-    each pool is used, as the scheduler does.
+    each pool is used, as the scheduler does. ``claim_gangs`` maps "ns/claim" -> (gang key, member index)
+    for claims a gang member got from a template (owned by its pod, not by the GpuGang).
     """
     slices = [s for s in slices if (s.get("spec") or {}).get("driver") == driver]
     newest: dict[str, int] = {}
@@ -234,7 +237,14 @@ def build_view(
     for claim in claims:
         placement = claim_placement(claim, gpus, mig, driver)
         if placement is not None:
-            take(owner_gang(claim), placement)
+            gang = owner_gang(claim)
+            if gang is None and claim_gangs:
+                meta = claim.get("metadata") or {}
+                found = claim_gangs.get(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+                if found is not None:
+                    gang = found[0]
+                    placement = dataclasses.replace(placement, member=found[1])
+            take(gang, placement)
     for r in reservations:
         take(r.gang, r.placement)
     holdings = {

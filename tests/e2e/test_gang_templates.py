@@ -1,0 +1,250 @@
+"""Gangs whose pods come from one template: an Indexed Job and a JobSet, TP=8 across two GB200 trays.
+
+The examples ``gang-indexed-job`` and ``gang-jobset`` are applied as their
+READMEs say. Their pods carry the gang label and gate from the template, get
+their claims from a ResourceClaimTemplate, and are placed by gpuplane-controller
+all or nothing in one NVLink domain by narrowing each pod's node affinity; the
+real kube-scheduler allocates the claims on the chosen trays and the node
+drivers prepare them. Then the failure semantics: a member that fails makes its
+Job give up and the whole gang's devices go back; a suspended Job releases them
+and gets them back when resumed; a member deleted while the Job still retries is
+replaced and rejoins on its node; a gang that can never fit is refused, with the
+reason on the GpuGang and as an Event on its Job.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.cluster import addons
+from e2e.plane import report
+from gpuplane.controller import events, names
+from tests.e2e.conftest import EXAMPLES, GpuCluster, eventually
+from tests.e2e.test_scenarios import assert_prepared, attr, results
+
+pytestmark = pytest.mark.e2e
+
+FAILED_STATUS = {
+    "status": {
+        "phase": "Failed",
+        "containerStatuses": [
+            {
+                "name": "rank",
+                "image": "registry.k8s.io/pause:3.10",
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": {"terminated": {"exitCode": 1, "reason": "Error"}},
+            }
+        ],
+    }
+}
+
+
+def gang_status(gpu: GpuCluster, ns: str, name: str) -> dict[str, Any]:
+    status: dict[str, Any] = gpu.kubectl_json("get", "gpugang", "-n", ns, name).get("status") or {}
+    return status
+
+
+def wait_phase(gpu: GpuCluster, ns: str, name: str, phase: str, timeout: float = 90) -> dict[str, Any]:
+    def probe() -> dict[str, Any] | None:
+        st = gang_status(gpu, ns, name)
+        return st if st.get("phase") == phase else None
+
+    return eventually(probe, timeout, f"gang {ns}/{name} to be {phase}")
+
+
+def events_on(gpu: GpuCluster, ns: str, kind: str, name: str) -> list[dict[str, Any]]:
+    items = gpu.kubectl_json("get", "events", "-n", ns).get("items", [])
+    return [e for e in items if e["involvedObject"].get("kind") == kind and e["involvedObject"].get("name") == name]
+
+
+def assert_one_domain_gang(gpu: GpuCluster, ns: str, gang: str, pods: list[dict[str, Any]]) -> list[str]:
+    """Both members bound to different GB200 trays of one domain, each through its own template claim."""
+    st = gang_status(gpu, ns, gang)
+    devices = gpu.slice_devices()
+    lines = []
+    domains = set()
+    nodes = set()
+    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+        node = pod["spec"]["nodeName"]
+        nodes.add(node)
+        terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]} in (
+            terms["nodeSelectorTerms"][0]["matchExpressions"]
+        ), "the controller narrowed the pod to the node it decided"
+        assert names.SCHEDULING_GATE not in [g["name"] for g in pod["spec"].get("schedulingGates") or []]
+        (claim_name,) = report.pod_claim_names(pod)
+        assert claim_name.startswith(pod["metadata"]["name"] + "-gpus-"), "a claim made from the template"
+        claim = gpu.claim(ns, claim_name)
+        got = results(claim)
+        assert len(got) == 4 and {r["pool"] for r in got} == {node}
+        for r in got:
+            device = devices[(r["pool"], r["device"])]
+            assert attr(device, "productName") == "NVIDIA GB200"
+            domains.add(attr(device, "nvlinkDomain"))
+        assert_prepared(gpu, gpu.node(node), claim)
+        lines.append(f"{pod['metadata']['name']:32} {node:15} {','.join(r['device'] for r in got)}")
+    assert len(nodes) == 2 and len(domains) == 1, (nodes, domains)
+    assert st["domain"] == next(iter(domains))
+    # The controller made no <gang>-<i> claim of its own for template members.
+    assert not [
+        c
+        for c in gpu.kubectl_json("get", "resourceclaims", "-n", ns)["items"]
+        if c["metadata"]["name"].startswith(f"{gang}-") and c["metadata"]["name"][len(gang) + 1 :].isdigit()
+    ]
+    lines.append(f"gang {ns}/{gang}: {st['phase']}, NVLink domain {st['domain']}")
+    return lines
+
+
+def _clean(gpu: GpuCluster) -> bool:
+    try:
+        gpu.assert_nodes_clean()
+    except AssertionError:
+        return False
+    return True
+
+
+@pytest.fixture
+def applied(gpu_cluster: GpuCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    name = str(request.param)
+    gpu_cluster.apply_example(name)
+    try:
+        yield name
+    finally:
+        gpu_cluster.delete_example(name)
+        eventually(lambda: _clean(gpu_cluster), 60, "nodes to be clean after the example")
+
+
+def fail_pod(gpu: GpuCluster, ns: str, pod: str) -> None:
+    """What kubelet writes when the container exits with 1."""
+    gpu.cluster.kubectl(
+        "patch",
+        "pod",
+        "-n",
+        ns,
+        pod,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps(FAILED_STATUS),
+    )
+
+
+def assert_released(gpu: GpuCluster, ns: str, gang: str, reason: str) -> dict[str, Any]:
+    st = wait_phase(gpu, ns, gang, "Released")
+    assert st["reason"] == reason and "the gang's devices are released" in st["message"], st
+    assert "placement" not in st or not st["placement"]
+    eventually(lambda: not gpu.kubectl_json("get", "resourceclaims", "-n", ns)["items"], 60, "every claim gone")
+    eventually(lambda: not [p for p in gpu.pods(ns) if p["status"].get("phase") == "Running"], 60, "no pod running")
+    eventually(lambda: _clean(gpu), 60, "nodes clean: every GPU of the gang unprepared")
+    return st
+
+
+@pytest.mark.parametrize("applied", ["gang-indexed-job"], indirect=True)
+def test_indexed_job_tp8_gang_in_one_domain_released_when_a_member_fails(gpu_cluster: GpuCluster, applied: str) -> None:
+    ns, gang = "gpuplane-ex-gang-indexed-job", "tp8-job"
+    wait_phase(gpu_cluster, ns, gang, "Running")
+    pods = gpu_cluster.running_pods(ns, 2)
+    print("\n" + "\n".join(assert_one_domain_gang(gpu_cluster, ns, gang, pods)))
+    indices = sorted(p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] for p in pods)
+    placed = gang_status(gpu_cluster, ns, gang)["placement"]["members"]
+    for pod in pods:
+        index = pod["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"]
+        assert placed[index] == pod["spec"]["nodeName"]  # member index = completion index
+    assert indices == ["0", "1"]
+    victim = sorted(p["metadata"]["name"] for p in pods)[0]
+    fail_pod(gpu_cluster, ns, victim)
+    st = assert_released(gpu_cluster, ns, gang, events.GANG_OWNER_FAILED)
+    assert "Job tp8-job failed" in st["message"]
+    job_events = [e["reason"] for e in events_on(gpu_cluster, ns, "Job", "tp8-job")]
+    assert events.GANG_OWNER_FAILED in job_events
+    print(f"member {victim} failed -> gang {st['phase']}: {st['message']}")
+
+
+@pytest.mark.parametrize("applied", ["gang-jobset"], indirect=True)
+def test_jobset_tp8_gang_in_one_domain_released_when_a_member_fails(
+    gpu_cluster: GpuCluster, workload_controllers: dict[str, addons.Addon], applied: str
+) -> None:
+    ns, gang = "gpuplane-ex-gang-jobset", "tp8-jobset"
+    wait_phase(gpu_cluster, ns, gang, "Running")
+    pods = gpu_cluster.running_pods(ns, 2)
+    print("\n" + "\n".join(assert_one_domain_gang(gpu_cluster, ns, gang, pods)))
+    placed = gang_status(gpu_cluster, ns, gang)["placement"]["members"]
+    for pod in pods:
+        index = pod["metadata"]["labels"]["jobset.sigs.k8s.io/job-global-index"]  # one pod per Job
+        assert placed[index] == pod["spec"]["nodeName"]
+    victim = sorted(p["metadata"]["name"] for p in pods)[1]
+    fail_pod(gpu_cluster, ns, victim)
+    st = assert_released(gpu_cluster, ns, gang, events.GANG_OWNER_FAILED)
+    reasons = [e["reason"] for e in events_on(gpu_cluster, ns, "JobSet", "tp8-jobset")]
+    assert events.GANG_OWNER_FAILED in reasons
+    print(f"member {victim} failed -> gang {st['phase']}: {st['message']}")
+
+
+@pytest.mark.parametrize("applied", ["gang-indexed-job"], indirect=True)
+def test_suspended_job_releases_the_gang_and_a_replaced_member_rejoins(gpu_cluster: GpuCluster, applied: str) -> None:
+    ns, gang, handle = "gpuplane-ex-gang-indexed-job", "tp8-job", gpu_cluster.cluster
+    first = wait_phase(gpu_cluster, ns, gang, "Running")
+    handle.kubectl("patch", "job", "-n", ns, gang, "--type=merge", "-p", '{"spec": {"suspend": true}}')
+    st = assert_released(gpu_cluster, ns, gang, events.GANG_OWNER_SUSPENDED)
+    print(f"suspended -> {st['phase']}: {st['message']}")
+    handle.kubectl(
+        "patch", "job", "-n", ns, gang, "--type=merge", "-p", '{"spec": {"suspend": false, "backoffLimit": 3}}'
+    )
+    again = wait_phase(gpu_cluster, ns, gang, "Running")
+    assert again["domain"] == first["domain"]
+    pods = gpu_cluster.running_pods(ns, 2)
+    # A member deleted while the Job still retries: the Job replaces it, the gang keeps its decision and
+    # the replacement (gated, from the template) is narrowed to the same node and ungated.
+    decision = again["placement"]["id"]
+    gone = sorted(pods, key=lambda p: p["metadata"]["name"])[1]
+    index = gone["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"]
+    handle.kubectl("delete", "pod", "-n", ns, gone["metadata"]["name"], "--wait=false")
+
+    def rejoined() -> list[dict[str, Any]] | None:
+        now = [p for p in gpu_cluster.pods(ns) if p["status"].get("phase") == "Running"]
+        names_ = {p["metadata"]["name"] for p in now}
+        return now if len(now) == 2 and gone["metadata"]["name"] not in names_ else None
+
+    now = eventually(rejoined, 120, "the replacement member running")
+    st = wait_phase(gpu_cluster, ns, gang, "Running")
+    assert st["placement"]["id"] == decision
+    (replacement,) = [p for p in now if p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == index]
+    assert replacement["spec"]["nodeName"] == gone["spec"]["nodeName"]
+    print(f"member {index} deleted -> {replacement['metadata']['name']} rejoined on {replacement['spec']['nodeName']}")
+
+
+def test_a_gang_that_can_never_fit_is_refused_on_the_gang_and_its_job(gpu_cluster: GpuCluster) -> None:
+    docs = list(yaml.safe_load_all((EXAMPLES / "gang-indexed-job" / "gang-indexed-job.yaml").read_text()))
+    ns = "gang-never-fits"
+    for doc in docs:
+        doc["metadata"]["namespace"] = ns
+        if doc["kind"] == "Namespace":
+            doc["metadata"] = {"name": ns}
+        elif doc["kind"] == "GpuGang":
+            doc["spec"].update(members=3, tensorParallelSize=12)  # 12 GB200 GPUs in one domain: the rack has 8
+        elif doc["kind"] == "Job":
+            doc["spec"].update(completions=3, parallelism=3)
+    handle = gpu_cluster.cluster
+    handle.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(docs))
+    try:
+        st = wait_phase(gpu_cluster, ns, "tp8-job", "Unschedulable", 60)
+        assert "12" in st["message"] or "NVLink" in st["message"], st
+        refused = eventually(
+            lambda: [e for e in events_on(gpu_cluster, ns, "Job", "tp8-job") if e["reason"] == events.GANG_REFUSED],
+            30,
+            "a GangRefused Event on the Job",
+        )
+        assert refused[0]["type"] == "Warning" and st["message"] in refused[0]["message"]
+        time.sleep(2)
+        assert all(not p["spec"].get("nodeName") for p in gpu_cluster.pods(ns)), "no member may start"
+        print(f"refused: {st['message']}\nEvent on Job: {refused[0]['message']}")
+    finally:
+        handle.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s", timeout=150)
