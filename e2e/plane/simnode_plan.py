@@ -177,9 +177,17 @@ def socket_root(state_dir: Path) -> Path:
 
 
 def plan_nodes(
-    state_dir: Path, groups: Sequence[nodes.NodeGroup], *, existing: Sequence[SimNode] = ()
+    state_dir: Path,
+    groups: Sequence[nodes.NodeGroup],
+    *,
+    existing: Sequence[SimNode] = (),
+    rack_nodes: int = GB200_RACK_NODES,
 ) -> list[SimNode]:
-    """Names, directories, addresses, ports and simulator configs for ``groups`` (after ``existing`` nodes)."""
+    """Names, directories, addresses, ports and simulator configs for ``groups`` (after ``existing`` nodes).
+
+    ``rack_nodes``: GB200 trays per rack (one NVLink domain each rack); smaller than a real NVL72's 18
+    only for benchmarks that need several multi-node domains on a small machine.
+    """
     for group in groups:
         sim_profiles.node_profile(group.profile)  # ValueError names the known profiles
     sockets = socket_root(state_dir)
@@ -199,7 +207,7 @@ def plan_nodes(
             name = f"{group.profile}-{number}"
             sim_config: dict[str, Any] = {}
             if group.profile == GB200_PROFILE:
-                rack = gb200_seen // GB200_RACK_NODES
+                rack = gb200_seen // rack_nodes
                 gb200_seen += 1
                 cluster_uuid = rack_ids.setdefault(
                     rack, str(uuid.uuid5(uuid.NAMESPACE_URL, f"gpuplane-e2e:{state_dir}:rack-{rack}"))

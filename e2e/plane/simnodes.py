@@ -48,6 +48,7 @@ from kubernetes import client, config
 from e2e.cluster import pki, procs
 from e2e.plane import nodes
 from e2e.plane.simnode_plan import (
+    GB200_RACK_NODES,
     ClusterAccess,
     DriverCredentials,
     SimNode,
@@ -182,9 +183,11 @@ class SimNodes:
         driver_credentials: DriverCredentials = admin_credentials,
         die_with_parent: bool = False,
         ready_timeout: float = READY_TIMEOUT_S,
+        rack_nodes: int = GB200_RACK_NODES,
         out: Printer = print,
     ) -> None:
         self.state_dir = Path(state_dir).resolve()
+        self.rack_nodes = rack_nodes
         self.access = ClusterAccess.from_state_dir(self.state_dir, Path(kubeconfig))
         self.driver_credentials = driver_credentials
         self.die_with_parent = die_with_parent
@@ -227,7 +230,7 @@ class SimNodes:
         if not groups:
             return []
         started = time.monotonic()
-        renumbered = plan_nodes(self.state_dir, groups, existing=load_nodes(self.state_dir))
+        renumbered = plan_nodes(self.state_dir, groups, existing=load_nodes(self.state_dir), rack_nodes=self.rack_nodes)
         self.nodes = [*load_nodes(self.state_dir), *renumbered]
         self.started.extend(renumbered)
         save_nodes(self.state_dir, self.nodes)
