@@ -4,7 +4,10 @@
 and started the node drivers and the controller (``e2e.plane.components``).
 ``run(state_dir, kubeconfig)``:
 
-1. ``kubectl apply -f manifests/examples/<scenario>/`` for every scenario
+0. the examples that each need the demo's whole GB200 rack (``TAKES_TURNS``:
+   the Job, JobSet and Workload API gangs) one after another: apply, wait until
+   their pods run, print their lines, delete;
+1. ``kubectl apply -f manifests/examples/<scenario>/`` for every other scenario
    folder; folders with a GpuGang first, each waited for until the controller
    has placed its gangs, so that the other examples' pods cannot take the
    NVLink clique a gang needs while the controller is deciding;
@@ -35,6 +38,8 @@ MANIFESTS = REPO_ROOT / "manifests"
 EXAMPLES = MANIFESTS / "examples"
 GANG_GROUP, GANG_VERSION, GANG_PLURAL = "gpuplane.dev", "v1alpha1", "gpugangs"
 PLACED_PHASES = ("Placed", "Scheduled", "Running")
+# Gang examples that each take both GB200 trays of the demo's rack (8 GPUs): shown one at a time, before the rest.
+TAKES_TURNS = ("gang-indexed-job", "gang-jobset", "gang-workload-api", "gang-workload-steered")
 
 
 def example_dirs(root: Path = EXAMPLES) -> list[Path]:
@@ -157,6 +162,26 @@ def wait_for_pods(
         time.sleep(1.0)
 
 
+def take_turn(handle: cluster.Cluster, folder: Path, state_dir: Path, timeout: float, out: Printer) -> None:
+    """Apply one rack-sized example, wait until its pods run, print where they are, delete it."""
+    out(f"apply (alone: it needs the whole GB200 rack): kubectl apply -f {folder.relative_to(REPO_ROOT)}/")
+    handle.kubectl("apply", "-f", str(folder))
+    namespaces = sorted(namespaces_of(folder))
+    try:
+        gangs = gangs_of(folder)
+        if gangs:
+            wait_for_gangs(handle, gangs, timeout, out, phases=("Running",))
+        pods = wait_for_pods(handle, namespaces, timeout, out)
+        sim_nodes = {n.name: n for n in simnodes.load_nodes(state_dir)}
+        attributes = report.device_attributes(handle.custom)
+        for line in report.render_table([report.PodReport.collect(handle.api, p, sim_nodes, attributes) for p in pods]):
+            out(line)
+        for line in gang_lines(handle, gangs):
+            out(line)
+    finally:
+        handle.kubectl("delete", "-f", str(folder), "--wait=true", "--timeout=120s", timeout=150)
+
+
 def run(
     state_dir: Path,
     kubeconfig: Path,
@@ -168,7 +193,11 @@ def run(
     bins = build.ensure_binaries(out=out)
     handle = cluster.Cluster.connect(kubeconfig, bins, state_dir=state_dir)
     try:
-        folders = sorted(example_dirs(), key=lambda f: (not gangs_of(f), f.name))
+        for folder in [f for f in example_dirs() if f.name in TAKES_TURNS]:
+            take_turn(handle, folder, state_dir, timeout, out)
+        folders = sorted(
+            (f for f in example_dirs() if f.name not in TAKES_TURNS), key=lambda f: (not gangs_of(f), f.name)
+        )
         namespaces: set[str] = set()
         gangs: list[tuple[str, str]] = []
         for folder in folders:
