@@ -106,12 +106,15 @@ def test_feature_switches(helm_bin: Path) -> None:
         "features.ownNodeSlicePolicy=false",
         "features.mig=false",
         "features.mps=false",
+        "features.nvidiaGpuExtendedResource=false",
     )
     kinds = {(o["kind"], o["metadata"]["name"]) for o in objects}
     assert not any("controller" in name for _, name in kinds)
     assert ("ValidatingAdmissionPolicy", "gpuplane-driver-own-node-slices") not in kinds
     assert {name for kind, name in kinds if kind == "DeviceClass"} == {"gpu.gpuplane.dev"}
     assert ("DaemonSet", "gpuplane-driver") in kinds
+    default = {o["metadata"]["name"]: o for o in template(helm_bin) if o["kind"] == "DeviceClass"}
+    assert default["nvidia-gpu.gpuplane.dev"]["spec"]["extendedResourceName"] == "nvidia.com/gpu"
 
 
 def test_driver_backend_and_kubelet_root(helm_bin: Path) -> None:
