@@ -33,6 +33,7 @@ GANG_OWNER_FAILED = "OwnerFailed"  # the Job making the members failed: the gang
 GANG_OWNER_SUSPENDED = "OwnerSuspended"  # the Job is suspended: the gang is released
 GANG_MEMBER_FAILED = "MemberFailed"  # a member without a controller to replace it failed or went away
 GANG_REFUSED = "GangRefused"  # on a Job or JobSet: its gang can never fit (the reason is the message)
+GANG_OWNER_TIMED_OUT = "GangTimedOut"  # on a Job or JobSet: its gang timed out, so it was suspended
 CLAIM_INVALID_CONFIG = "InvalidDeviceConfig"
 CLAIM_UNALLOCATED = "NotAllocated"
 CLAIM_NO_DOMAIN_CONSTRAINT = "NoNVLinkDomainConstraint"

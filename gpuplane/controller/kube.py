@@ -29,6 +29,10 @@ RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_VERSION = "v1"
 MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
+SUSPENDABLE = {  # step kind -> (group, version, plural) of an owner whose spec.suspend stops its pods
+    "suspend-job": ("batch", "v1", "jobs"),
+    "suspend-jobset": ("jobset.x-k8s.io", "v1alpha2", "jobsets"),
+}
 
 
 def make_api_client(kubeconfig: str | None) -> client.ApiClient:
@@ -101,6 +105,11 @@ class KubeWriter:
                 self.core.patch_namespaced_pod(step.name, namespace, step.body, _content_type=JSON_PATCH)
             elif step.kind == "delete-pod":
                 self.core.delete_namespaced_pod(step.name, namespace, grace_period_seconds=step.body)
+            elif step.kind in SUSPENDABLE:
+                group, version, plural = SUSPENDABLE[step.kind]
+                self.custom.patch_namespaced_custom_object(
+                    group, version, namespace, plural, step.name, {"spec": {"suspend": True}}, _content_type=MERGE
+                )
             elif step.kind == "wait":
                 raise StepFailed(step.why)
             else:  # pragma: no cover - kinds are a closed set
@@ -108,8 +117,8 @@ class KubeWriter:
         except ApiException as exc:
             if step.kind == "create-claim" and exc.status == 409:
                 return  # created by an earlier attempt; the next plan checks its decision annotation
-            if step.kind.startswith("delete-") and exc.status == 404:
-                return
+            if step.kind.startswith(("delete-", "suspend-")) and exc.status == 404:
+                return  # gone already: nothing left to delete or to stop
             raise StepFailed(f"{step.kind} {namespace}/{step.name}: {exc.status} {exc.reason}") from exc
 
     # --- claims and nodes ------------------------------------------------------------------------

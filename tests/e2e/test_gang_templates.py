@@ -9,7 +9,8 @@ drivers prepare them. Then the failure semantics: a member that fails makes its
 Job give up and the whole gang's devices go back; a suspended Job releases them
 and gets them back when resumed; a member deleted while the Job still retries is
 replaced and rejoins on its node; a gang that can never fit is refused, with the
-reason on the GpuGang and as an Event on its Job.
+reason on the GpuGang and as an Event on its Job; one that times out has its
+Job suspended (nothing left waiting gated) and a GangTimedOut Event on the Job.
 """
 
 from __future__ import annotations
@@ -221,19 +222,24 @@ def test_suspended_job_releases_the_gang_and_a_replaced_member_rejoins(gpu_clust
     print(f"member {index} deleted -> {replacement['metadata']['name']} rejoined on {replacement['spec']['nodeName']}")
 
 
-def test_a_gang_that_can_never_fit_is_refused_on_the_gang_and_its_job(gpu_cluster: GpuCluster) -> None:
+def never_fits(ns: str, **gang: Any) -> str:
+    """The Indexed Job example in namespace ``ns``, grown to 3 members of 4 GB200 GPUs: the rack has 8."""
     docs = list(yaml.safe_load_all((EXAMPLES / "gang-indexed-job" / "gang-indexed-job.yaml").read_text()))
-    ns = "gang-never-fits"
     for doc in docs:
         doc["metadata"]["namespace"] = ns
         if doc["kind"] == "Namespace":
             doc["metadata"] = {"name": ns}
         elif doc["kind"] == "GpuGang":
-            doc["spec"].update(members=3, tensorParallelSize=12)  # 12 GB200 GPUs in one domain: the rack has 8
+            doc["spec"].update(members=3, tensorParallelSize=12, **gang)  # 12 GB200 GPUs in one domain
         elif doc["kind"] == "Job":
             doc["spec"].update(completions=3, parallelism=3)
+    return yaml.safe_dump_all(docs)
+
+
+def test_a_gang_that_can_never_fit_is_refused_on_the_gang_and_its_job(gpu_cluster: GpuCluster) -> None:
+    ns = "gang-never-fits"
     handle = gpu_cluster.cluster
-    handle.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(docs))
+    handle.kubectl("apply", "-f", "-", input_text=never_fits(ns))
     try:
         st = wait_phase(gpu_cluster, ns, "tp8-job", "Unschedulable", 60)
         assert "12" in st["message"] or "NVLink" in st["message"], st
@@ -246,5 +252,35 @@ def test_a_gang_that_can_never_fit_is_refused_on_the_gang_and_its_job(gpu_cluste
         time.sleep(2)
         assert all(not p["spec"].get("nodeName") for p in gpu_cluster.pods(ns)), "no member may start"
         print(f"refused: {st['message']}\nEvent on Job: {refused[0]['message']}")
+    finally:
+        handle.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s", timeout=150)
+
+
+def test_a_template_gang_that_times_out_suspends_its_job_and_leaves_nothing_gated(gpu_cluster: GpuCluster) -> None:
+    """Not scheduled within timeoutSeconds: the gang is TimedOut with the reason, its Job is suspended (so it
+    stops making pods gated for a gang that will never place them), and the Job carries a GangTimedOut Event."""
+    ns, gang, handle = "gang-times-out", "tp8-job", gpu_cluster.cluster
+    handle.kubectl("apply", "-f", "-", input_text=never_fits(ns, timeoutSeconds=20))
+    try:
+        st = wait_phase(gpu_cluster, ns, gang, "TimedOut", 120)
+        assert "not scheduled within 20s" in st["message"] and "Job tp8-job suspended" in st["message"], st
+        assert '"suspend":false' in st["message"], "the message says how to resume"
+        job = eventually(
+            lambda: (j := gpu_cluster.kubectl_json("get", "job", "-n", ns, gang))["spec"].get("suspend") and j,
+            60,
+            "the Job suspended",
+        )
+        told = eventually(
+            lambda: [e for e in events_on(gpu_cluster, ns, "Job", gang) if e["reason"] == events.GANG_OWNER_TIMED_OUT],
+            30,
+            "a GangTimedOut Event on the Job",
+        )
+        assert told[0]["type"] == "Warning" and "not scheduled within 20s" in told[0]["message"]
+        eventually(lambda: not gpu_cluster.pods(ns), 90, "every member pod gone, none made again")
+        time.sleep(5)
+        assert not gpu_cluster.pods(ns), "a suspended Job makes no pod that would wait gated"
+        assert gang_status(gpu_cluster, ns, gang)["phase"] == "TimedOut"
+        conditions = {c["type"]: c["status"] for c in (job.get("status") or {}).get("conditions") or []}
+        print(f"timed out: {st['message']}\nEvent on Job: {told[0]['message']}\nJob conditions: {conditions}")
     finally:
         handle.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s", timeout=150)

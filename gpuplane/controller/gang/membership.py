@@ -182,6 +182,7 @@ class MemberPod:
     mode: str = MODE_NAMED  # named-claim: the controller makes <gang>-<i>; template: claims come with the pod
     claims: tuple[str, ...] = ()  # template mode: the pod's generated claims known so far
     controlled: bool = False  # a controller (Job, ...) owns it and may replace it
+    job: str = ""  # the Job that controls it ('' when none does)
 
     @property
     def templated(self) -> bool:
@@ -221,6 +222,7 @@ def _member(pod: Mapping[str, Any], who: Identity) -> MemberPod:
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     gates = tuple(g.get("name", "") for g in spec.get("schedulingGates") or [])
+    controller = owners.controller_of(pod)
     return MemberPod(
         name=meta.get("name", ""),
         index=who.index,
@@ -232,7 +234,8 @@ def _member(pod: Mapping[str, Any], who: Identity) -> MemberPod:
         gates=gates,
         mode=who.mode,
         claims=claim_names(pod) if who.mode == MODE_TEMPLATE else (),
-        controlled=owners.has_controller(pod),
+        controlled=controller is not None,
+        job=controller[1] if controller is not None and controller[0] == "Job" else "",
     )
 
 

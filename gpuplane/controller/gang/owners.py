@@ -10,6 +10,10 @@ inherit the template's labels, and is named in each Job's controller reference.
   running will replace a member that failed or was deleted, so the gang waits.
 * :func:`event_targets`: the objects a user looks at, each Job and its JobSet,
   for Events such as "this gang can never fit".
+* :func:`to_suspend`: what to suspend so that a gang that timed out gets no more
+  gated pods: each Job, or the JobSet that controls it (suspending a JobSet's Job
+  alone would be undone by the JobSet controller). Their own controllers then
+  delete the pods, so a Job does not count them as failures.
 
 Pure: Job dicts in, a verdict and object references out.
 """
@@ -30,9 +34,21 @@ class Verdict:
     gave_up: bool
     reason: str = ""
     message: str = ""
+    active: bool = False  # some Job has not finished: it may still make (or replace) member pods
 
 
 STILL_TRYING = Verdict(False)
+
+
+@dataclass(frozen=True)
+class Owner:
+    """A Job or JobSet whose suspension stops it from making a gang's pods."""
+
+    kind: str  # "Job" or "JobSet"
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name}"
 
 
 def gang_of_job(job: Mapping[str, Any]) -> str | None:
@@ -63,7 +79,11 @@ def _condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
 
 
 def verdict(jobs: Sequence[Mapping[str, Any]]) -> Verdict:
-    """Given up when any Job failed (or is about to: FailureTarget) or is suspended; else still trying."""
+    """Given up when any Job failed (or is about to: FailureTarget) or is suspended; else still trying.
+
+    ``active`` while a Job has not completed: its pods may all be gone for a moment (a Job about to fail
+    deletes the others before this replica's Job watch shows it failed; deleted pods are replaced).
+    """
     for job in jobs:
         name = (job.get("metadata") or {}).get("name", "")
         failed = _condition(job, "Failed") or _condition(job, "FailureTarget")
@@ -72,7 +92,36 @@ def verdict(jobs: Sequence[Mapping[str, Any]]) -> Verdict:
             return Verdict(True, events.GANG_OWNER_FAILED, f"Job {name} failed" + (f" ({why})" if why else ""))
         if (job.get("spec") or {}).get("suspend"):
             return Verdict(True, events.GANG_OWNER_SUSPENDED, f"Job {name} is suspended")
+    if any(not (_condition(j, "Complete") or _condition(j, "SuccessCriteriaMet")) for j in jobs):
+        return Verdict(False, active=True)
     return STILL_TRYING
+
+
+def _jobset_of(job: Mapping[str, Any]) -> str:
+    """The name of the JobSet that controls the Job ('' when none does)."""
+    for ref in (job.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == "JobSet":
+            return str(ref.get("name", ""))
+    return ""
+
+
+def ever_suspended(job: Mapping[str, Any]) -> bool:
+    """Whether the Job controller has recorded a suspension (condition Suspended, True or False once resumed)."""
+    conditions: list[Mapping[str, Any]] = (job.get("status") or {}).get("conditions") or []
+    return (job.get("spec") or {}).get("suspend") is True or any(c.get("type") == "Suspended" for c in conditions)
+
+
+def to_suspend(jobs: Iterable[Mapping[str, Any]]) -> tuple[Owner, ...]:
+    """Each Job not yet suspended nor finished, as itself or as the JobSet that controls it (once each)."""
+    out: list[Owner] = []
+    for job in jobs:
+        if (job.get("spec") or {}).get("suspend") or _condition(job, "Complete") or _condition(job, "Failed"):
+            continue
+        jobset = _jobset_of(job)
+        owner = Owner("JobSet", jobset) if jobset else Owner("Job", (job.get("metadata") or {}).get("name", ""))
+        if owner.name and owner not in out:
+            out.append(owner)
+    return tuple(out)
 
 
 def event_targets(jobs: Sequence[Mapping[str, Any]]) -> tuple[events.ObjectRef, ...]:
@@ -97,6 +146,14 @@ def event_targets(jobs: Sequence[Mapping[str, Any]]) -> tuple[events.ObjectRef, 
     return tuple(out)
 
 
+def controller_of(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(kind, name) of the pod's controller (a Job, a ReplicaSet, an operator), if it has one."""
+    for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return str(ref.get("kind", "")), str(ref.get("name", ""))
+    return None
+
+
 def has_controller(pod: Mapping[str, Any]) -> bool:
     """Whether some controller (a Job, a ReplicaSet, an operator) owns the pod and may replace it."""
-    return any(ref.get("controller") for ref in (pod.get("metadata") or {}).get("ownerReferences") or [])
+    return controller_of(pod) is not None

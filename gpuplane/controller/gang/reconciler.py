@@ -138,24 +138,32 @@ def _read(key: str, body: Mapping[str, Any], w: world.World, now: float) -> Gang
 
 
 def _timed_out(g: GangRead, settings: Settings, now: float) -> Outcome | None:
-    """Not scheduled within ``timeoutSeconds`` of creation: release everything (and stay ``TimedOut``)."""
+    """Not scheduled within ``timeoutSeconds`` of creation: give the gang up (and stay ``TimedOut``).
+
+    Its pods and claims go; the Jobs (or JobSet) making its pods are suspended rather than left to make
+    them again, gated for nothing, and are told so by an Event (:func:`release.timeout_steps`).
+    """
+    grace = settings.eviction_grace_s
     if g.prev_phase == "TimedOut":
-        return finish(g, "TimedOut", g.prev.get("reason", "Timeout"), g.prev.get("message", ""))
+        message = str(g.prev.get("message", ""))
+        again = release.timeout_steps(g.ref, g.members, (), g.jobs, grace_seconds=grace, why=message, again=True)
+        return finish(g, "TimedOut", g.prev.get("reason", "Timeout"), message, steps=again.steps)
     timeout = g.spec.timeoutSeconds
     if not timeout or g.prev_phase not in PRE_SCHEDULE or now - g.created <= timeout:
         return None
     why = f"not scheduled within {timeout}s"
     if g.prev.get("message"):
         why += f"; last state {g.prev_phase}: {g.prev['message']}"
-    steps = writes.release_steps(g.ref, g.members, g.claims, settings.eviction_grace_s, why)
+    stop = release.timeout_steps(g.ref, g.members, g.claims, g.jobs, grace_seconds=grace, why=why)
     return finish(
         g,
         "TimedOut",
         "Timeout",
-        why,
+        why + stop.note(g.ref.namespace, g.ref.name),
         {"placement": None, "domain": None, "nominatedVictims": None},
-        steps=steps,
+        steps=stop.steps,
         etype="Warning",
+        tell_owners=events.GANG_OWNER_TIMED_OUT,
     )
 
 

@@ -8,12 +8,22 @@ what is left of it: member pods, the claims the controller made):
 * its Job (or a Job of its JobSet) failed or was suspended: the owner gave up;
 * a member failed, or was deleted after the gang started, and no controller
   owns the pods to replace it (hand-written pods): nothing will bring it back;
-* every member pod finished or was deleted.
+* every member pod finished or was deleted (and no Job that makes them is still
+  active: one about to fail deletes the other pods before it says so).
 
 While a Job still retries, a failed or deleted member is *not* the end: the Job
 makes a replacement pod (gated, from its template), and the reconciler narrows
 it to the member's node and lifts its gate; the gang's reservation keeps the
 member's GPUs meanwhile.
+
+:func:`timeout_steps`: a gang not scheduled within ``timeoutSeconds`` is given up
+for good. Deleting a Job's pods would only make it create them again, gated for a
+gang that no longer places anything, so its Jobs (or their JobSet) are suspended
+instead: their controllers delete the pods and make no more; pods nobody
+suspended makes again (hand-written ones) are deleted, and the claims the
+controller made. While the gang stays ``TimedOut`` a Job that was never
+suspended (the write failed, a Job created later) is suspended again; one the
+user resumed is left alone.
 
 :func:`shape_problems`: a template member's claim must ask for as many devices
 of the gang's class as the GpuGang places per member, or the placement is a lie.
@@ -23,15 +33,18 @@ Pure.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gpuplane.controller import events
 from gpuplane.controller.gang import membership, owners
 from gpuplane.controller.gang import spec as gangspec
+from gpuplane.controller.gang.desired import GangRef
+from gpuplane.controller.gang.writes import Step, release_steps
 
 STARTED = ("Scheduled", "Running")
+RESUME_PATCH = '{"spec":{"suspend":false}}'
 
 
 @dataclass(frozen=True)
@@ -55,6 +68,8 @@ def verdict(
         who = ", ".join(f"member {i} (pod {n})" for i, n in orphans)
         return Ending(events.GANG_MEMBER_FAILED, f"{who} failed and no controller replaces it; {released}")
     if present == 0:
+        if owner.active:
+            return None  # its Job may replace them, or is about to say it failed: its verdict decides
         return Ending("MembersGone", "every member pod finished or was deleted; claims released", "Normal")
     missing = [i for i in range(count) if i not in members.by_index and i not in members.failed]
     replaceable = any(p.controlled for p in members.by_index.values())
@@ -65,6 +80,59 @@ def verdict(
             f"member(s) {who} went away after the gang started, nothing replaces them; {released}",
         )
     return None
+
+
+@dataclass(frozen=True)
+class Stop:
+    """What giving up a timed-out gang writes, and what it tells the user about its owners."""
+
+    steps: tuple[Step, ...]
+    suspended: tuple[owners.Owner, ...] = ()
+
+    def note(self, namespace: str, gang: str) -> str:
+        """What the gang's message adds: who was suspended, and how to try again."""
+        if not self.suspended:
+            return ""
+        who = ", ".join(str(o) for o in self.suspended)
+        resume = "; ".join(
+            f"kubectl patch {o.kind.lower()} -n {namespace} {o.name} --type merge -p '{RESUME_PATCH}'"
+            for o in self.suspended
+        )
+        return (
+            f"; {who} suspended, so no member pod waits gated for it. To try again, delete and re-create "
+            f"GpuGang {gang} (its timeout counts from creation), then resume: {resume}"
+        )
+
+
+def timeout_steps(
+    gang: GangRef,
+    members: membership.Members,
+    claims: Iterable[str],
+    jobs: Sequence[Mapping[str, Any]],
+    *,
+    grace_seconds: int | None,
+    why: str,
+    again: bool = False,
+) -> Stop:
+    """The writes that give up a gang that timed out (rules in the module docstring).
+
+    ``again``: the gang is already ``TimedOut``; only Jobs never suspended are suspended (nothing is deleted).
+    """
+    if again:
+        stop = owners.to_suspend(j for j in jobs if not owners.ever_suspended(j))
+        return Stop(tuple(Step(f"suspend-{o.kind.lower()}", o.name, why=why) for o in stop), stop)
+    stop = owners.to_suspend(jobs)
+    if not stop:
+        return Stop(release_steps(gang, members, claims, grace_seconds, why))
+    suspended_jobs = {(j.get("metadata") or {}).get("name", "") for j in jobs}
+    steps = [Step(f"suspend-{o.kind.lower()}", o.name, why=why) for o in stop]
+    steps += [
+        Step("delete-pod", p.name, grace_seconds, why=why)
+        for p in members.by_index.values()
+        if not p.job or p.job not in suspended_jobs
+    ]
+    steps += [Step("delete-claim", c, why=why) for c in sorted(claims)]
+    return Stop(tuple(steps), stop)
 
 
 def shape_problems(

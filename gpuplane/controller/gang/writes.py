@@ -31,7 +31,8 @@ from gpuplane.controller.placement import model
 
 @dataclass(frozen=True)
 class Step:
-    """One idempotent API write. ``kind``: create-claim, delete-claim, patch-pod, delete-pod, wait."""
+    """One idempotent API write. ``kind``: create-claim, delete-claim, patch-pod, delete-pod, suspend-job,
+    suspend-jobset, wait."""
 
     kind: str
     name: str
