@@ -34,6 +34,7 @@ class ControllerConfig(BaseModel):
     aging_cap: int = Field(default=10, ge=0)
     starvation_s: float = Field(default=600.0, gt=0)
     status_interval_s: float = Field(default=5.0, ge=0)
+    rightsize_resync_s: float = Field(default=10.0, gt=0)
     eviction_grace_s: int | None = Field(default=None, ge=0)  # None: each pod's own grace period
     log_level: str = "INFO"
     log_format: Literal["auto", "json", "console"] = "auto"
@@ -82,6 +83,12 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Contro
     p.add_argument("--aging-cap", type=int, default=int(env("AGING_CAP", "10") or 10))
     p.add_argument("--starvation", type=float, default=float(env("STARVATION", "600") or 600))
     p.add_argument("--status-interval", type=float, default=float(env("STATUS_INTERVAL", "5") or 5))
+    p.add_argument(
+        "--rightsize-resync",
+        type=float,
+        default=float(env("RIGHTSIZE_RESYNC", "10") or 10),
+        help="seconds between re-checks of every GpuRequest against the fleet",
+    )
     grace = env("EVICTION_GRACE")
     p.add_argument("--eviction-grace", type=int, default=int(grace) if grace else None)
     p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
@@ -105,6 +112,7 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Contro
         aging_cap=a.aging_cap,
         starvation_s=a.starvation,
         status_interval_s=a.status_interval,
+        rightsize_resync_s=a.rightsize_resync,
         eviction_grace_s=a.eviction_grace,
         log_level=a.log_level,
         log_format=a.log_format,

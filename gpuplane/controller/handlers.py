@@ -19,6 +19,8 @@ import kopf
 from gpuplane.controller import config, names, runtime
 from gpuplane.controller.claim import checks
 from gpuplane.controller.gang import owners
+from gpuplane.controller.rightsize import apply as rightsize
+from gpuplane.controller.rightsize import template as rs_template
 from gpuplane.driver.api import names as dn
 
 RESOURCE = ("resource.k8s.io", "v1")
@@ -166,5 +168,42 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
         async with memo.lock():
             now = time.time()
             await runtime.explain_claim(memo, plain, classes, world_of(memo, kw), now)
+
+    # --- GpuRequests (right-sizing) -----------------------------------------------------------
+    @kopf.index(
+        *RESOURCE,
+        "resourceclaimtemplates",
+        labels={rs_template.LABEL_REQUEST: kopf.PRESENT},
+        id="template_idx",
+        registry=reg,
+    )
+    def template_idx(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[str, Any]:
+        return {f"{namespace}/{name}": _plain(body, "spec")}
+
+    async def gpu_request(body: kopf.Body, memo: runtime.Runtime, kw: Mapping[str, Any]) -> None:
+        if not memo.leading():
+            return
+        plain = _plain(body, "spec", "status")
+        meta = plain.get("metadata") or {}
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        async with memo.lock():
+            existing = runtime.single(kw["template_idx"]).get(key)
+            await rightsize.reconcile(
+                memo.writer,
+                plain,
+                runtime.recent_template(memo, key, existing, time.time()),
+                runtime.single(kw["slice_idx"]).values(),
+                runtime.single(kw["class_idx"]),
+                created=lambda t: runtime.remember_template(memo, key, t, time.time()),
+            )
+
+    @kopf.on.event(names.GROUP, names.VERSION, rs_template.PLURAL, registry=reg)
+    async def gpu_request_event(body: kopf.Body, type: str, memo: Any, **kw: Any) -> None:
+        if type in ("ADDED", "MODIFIED"):
+            await gpu_request(body, memo, kw)
+
+    @kopf.timer(names.GROUP, names.VERSION, rs_template.PLURAL, interval=cfg.rightsize_resync_s, registry=reg)
+    async def gpu_request_timer(body: kopf.Body, memo: Any, **kw: Any) -> None:
+        await gpu_request(body, memo, kw)
 
     return reg

@@ -121,6 +121,36 @@ class KubeWriter:
                 return  # gone already: nothing left to delete or to stop
             raise StepFailed(f"{step.kind} {namespace}/{step.name}: {exc.status} {exc.reason}") from exc
 
+    # --- right-sizing: GpuRequests and their ResourceClaimTemplates -------------------------------
+    def create_claim_template(self, namespace: str, body: Mapping[str, Any]) -> None:
+        """Create a ResourceClaimTemplate; 409 (made by an earlier pass) is done."""
+        self.fence()
+        try:
+            self.custom.create_namespaced_custom_object(
+                RESOURCE_GROUP, RESOURCE_VERSION, namespace, "resourceclaimtemplates", dict(body)
+            )
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    def delete_claim_template(self, namespace: str, name: str) -> None:
+        """Delete a ResourceClaimTemplate; 404 is done."""
+        self.fence()
+        try:
+            self.custom.delete_namespaced_custom_object(
+                RESOURCE_GROUP, RESOURCE_VERSION, namespace, "resourceclaimtemplates", name
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def patch_gpu_request_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        """Merge-patch a GpuRequest's status subresource."""
+        self.fence()
+        self.custom.patch_namespaced_custom_object_status(
+            names.GROUP, names.VERSION, namespace, "gpurequests", name, {"status": dict(status)}, _content_type=MERGE
+        )
+
     # --- claims and nodes ------------------------------------------------------------------------
     def annotate_claim(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
         """Merge-patch annotations onto a ResourceClaim (None removes one)."""

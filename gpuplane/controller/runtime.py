@@ -30,6 +30,7 @@ from gpuplane.controller.gang import queue_runner, reconciler, status, world
 from gpuplane.controller.node import labels, snapshot_builder
 from gpuplane.controller.placement.policies import base as policy_base
 from gpuplane.controller.placement.policies import make as make_policy
+from gpuplane.controller.rightsize import template as rs_template
 
 log = structlog.get_logger(__name__)
 
@@ -45,6 +46,7 @@ class Shared:
     plan: tuple[int, queue_runner.Plan, snapshot_builder.ClusterView] | None = None
     overlay: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
     term: int = 0  # the leadership term the caches above belong to
+    templates: dict[str, tuple[dict[str, Any], float]] = field(default_factory=dict)  # right-sizing writes in flight
 
 
 @dataclass
@@ -86,6 +88,7 @@ class Runtime:
             self.shared.term = term
             self.shared.plan = None
             self.shared.overlay.clear()
+            self.shared.templates.clear()
             self.coalescer.reset()
             self.metrics.leader_terms.inc()
         return True
@@ -155,6 +158,31 @@ def make_world(
         classes=single(class_idx),
         jobs={key: tuple(store) for key, store in (job_idx or {}).items()},
     )
+
+
+def remember_template(rt: Runtime, key: str, body: Mapping[str, Any], now: float) -> None:
+    """A ResourceClaimTemplate this replica just created (until its index shows it)."""
+    rt.shared.templates[key] = (dict(body), now)
+
+
+def recent_template(rt: Runtime, key: str, indexed: Mapping[str, Any] | None, now: float) -> Mapping[str, Any] | None:
+    """The template as the index shows it, or the one just created when the index still lags behind.
+
+    Without this a replaced template read back stale (old plan) would be replaced again.
+    """
+    entry = rt.shared.templates.get(key)
+    if entry is None:
+        return indexed
+    body, when = entry
+    ann = rs_template.ANNOTATION_HASH
+    if now - when > OVERLAY_TTL_S or (
+        indexed is not None
+        and ((indexed.get("metadata") or {}).get("annotations") or {}).get(ann)
+        == ((body.get("metadata") or {}).get("annotations") or {}).get(ann)
+    ):
+        del rt.shared.templates[key]
+        return indexed
+    return body
 
 
 def plan_for(rt: Runtime, w: world.World, now: float) -> tuple[queue_runner.Plan, snapshot_builder.ClusterView]:

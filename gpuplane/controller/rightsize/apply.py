@@ -1,0 +1,90 @@
+"""Carry out one GpuRequest decision: template writes, status, Event, a log line. Does I/O.
+
+The decision is :func:`gpuplane.controller.rightsize.decide.decide`; here it is written in
+order (delete the stale template, create the new one, patch the status, record the Event),
+each write fenced by the leader Lease. When the API refuses the template it is given (a
+validation error, 422), the GpuRequest says so in its status instead of retrying blindly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
+
+import structlog
+from kubernetes.client.exceptions import ApiException
+
+from gpuplane.controller import events, kube
+from gpuplane.controller.rightsize import decide, template
+
+log = structlog.get_logger(__name__)
+
+
+class Writer(Protocol):
+    """The writes a right-sizing reconcile makes (gpuplane.controller.kube.KubeWriter)."""
+
+    def create_claim_template(self, namespace: str, body: Mapping[str, Any]) -> None: ...
+    def delete_claim_template(self, namespace: str, name: str) -> None: ...
+    def patch_gpu_request_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None: ...
+    def event(self, ref: events.ObjectRef, kind: events.EventType, reason: str, message: str) -> None: ...
+
+
+async def reconcile(
+    writer: Writer,
+    request: Mapping[str, Any],
+    existing: Mapping[str, Any] | None,
+    slices: Iterable[Mapping[str, Any]],
+    classes: Mapping[str, Mapping[str, Any]],
+    *,
+    created: Callable[[Mapping[str, Any]], None] = lambda _: None,
+) -> decide.Outcome:
+    """Decide and write for one GpuRequest; returns the outcome (for tests and metrics)."""
+    meta = request.get("metadata") or {}
+    ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+    out = decide.decide(request, existing, list(slices), classes)
+    ref = events.ObjectRef.of(request, template.API_VERSION, template.KIND)
+    try:
+        if out.delete:
+            await asyncio.to_thread(writer.delete_claim_template, ns, out.delete)
+        if out.create is not None:
+            await asyncio.to_thread(writer.create_claim_template, ns, out.create)
+            created(out.create)
+    except kube.NotLeader:
+        return out
+    except ApiException as exc:
+        message = f"the API refused the generated ResourceClaimTemplate: {exc.status} {_api_message(exc)}"
+        log.error("gpu request template refused", gpu_request=f"{ns}/{name}", status=exc.status, error=message)
+        failed = template.invalid_status(message, meta.get("generation"))
+        if out.create is not None:  # not tried again until the plan changes (decide reads this back)
+            failed["refusedPlan"] = out.create["metadata"]["annotations"][template.ANNOTATION_HASH]
+        if (request.get("status") or {}).get("message") != message:
+            await asyncio.to_thread(writer.patch_gpu_request_status, ns, name, failed)
+            await asyncio.to_thread(writer.event, ref, "Warning", decide.REASON_INVALID, message)
+        return decide.Outcome(failed)
+    try:
+        if out.status is not None:
+            await asyncio.to_thread(writer.patch_gpu_request_status, ns, name, out.status)
+        if out.event is not None:
+            await asyncio.to_thread(writer.event, ref, *out.event)
+    except kube.NotLeader:
+        return out
+    if out.status is not None or out.create is not None:
+        status = out.status or {}
+        log.info(
+            "gpu request reconciled",
+            gpu_request=f"{ns}/{name}",
+            phase=status.get("phase"),
+            template_replaced=bool(out.delete and out.create),
+            alternatives=status.get("alternatives"),
+            message=status.get("message"),
+        )
+    return out
+
+
+def _api_message(exc: ApiException) -> str:
+    try:
+        return str(json.loads(exc.body or "{}").get("message") or exc.reason)
+    except ValueError:
+        return str(exc.reason)
