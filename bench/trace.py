@@ -123,6 +123,7 @@ class Workload:
     arrivals: list[float]
     durations: list[float]
     prefill: list[tuple[model.Request, float]] = field(default_factory=list)  # (request, residual duration)
+    sources: list[int] = field(default_factory=list)  # trace pod index of each request (prefill first), if known
 
 
 def trace_time_workload(pods: Sequence[Pod], topo: Topology, limit: int | None) -> Workload:
@@ -154,7 +155,7 @@ def load_workload(pods: Sequence[Pod], topo: Topology, load: float, seed: int, l
         t += rng.expovariate(lam)
         arrivals.append(t)
         reqs.append(dataclasses.replace(r, created=t))
-    prefill: list[tuple[float, model.Request, float]] = []
+    prefill: list[tuple[float, model.Request, float, int]] = []
     back = 0.0
     k = len(use) - 1
     while True:
@@ -163,10 +164,11 @@ def load_workload(pods: Sequence[Pod], topo: Topology, load: float, seed: int, l
             break
         if durs[k] > back:
             r = dataclasses.replace(proto[k], id=f"w{len(prefill)}", created=-back)
-            prefill.append((-back, r, durs[k] - back))
+            prefill.append((-back, r, durs[k] - back, k))
         k = (k - 1) % len(use)
     prefill.sort(key=lambda x: x[0])
-    return Workload(reqs, arrivals, durs, [(r, res) for _, r, res in prefill])
+    sources = [k for *_, k in prefill] + list(range(len(use)))
+    return Workload(reqs, arrivals, durs, [(r, res) for _, r, res, _ in prefill], sources)
 
 
 def size_mix(pods: Sequence[Pod], topo: Topology) -> fragmentation.SizeMix:
