@@ -35,6 +35,11 @@ class ControllerConfig(BaseModel):
     starvation_s: float = Field(default=600.0, gt=0)
     status_interval_s: float = Field(default=5.0, ge=0)
     rightsize_resync_s: float = Field(default=10.0, gt=0)
+    rebalance: bool = True  # evict noisy neighbours (needs the DeviceTaintRule API)
+    rebalance_interval_s: float = Field(default=5.0, gt=0)
+    noisy_persist_s: float = Field(default=60.0, ge=0)
+    rebalance_cooldown_s: float = Field(default=300.0, gt=0)
+    move_ledger: str | None = None  # JSON-lines cost ledger of moves; None: metric and log only
     eviction_grace_s: int | None = Field(default=None, ge=0)  # None: each pod's own grace period
     log_level: str = "INFO"
     log_format: Literal["auto", "json", "console"] = "auto"
@@ -89,6 +94,26 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Contro
         default=float(env("RIGHTSIZE_RESYNC", "10") or 10),
         help="seconds between re-checks of every GpuRequest against the fleet",
     )
+    p.add_argument(
+        "--rebalance",
+        action=argparse.BooleanOptionalAction,
+        default=env("REBALANCE", "1") != "0",
+        help="move noisy neighbours off GPUs they share with higher tiers",
+    )
+    p.add_argument("--rebalance-interval", type=float, default=float(env("REBALANCE_INTERVAL", "5") or 5))
+    p.add_argument(
+        "--noisy-persist",
+        type=float,
+        default=float(env("NOISY_PERSIST", "60") or 60),
+        help="seconds a noisy-neighbour alert must stand before the offender is moved",
+    )
+    p.add_argument(
+        "--rebalance-cooldown",
+        type=float,
+        default=float(env("REBALANCE_COOLDOWN", "300") or 300),
+        help="seconds after a move before another neighbour is moved off the same GPU",
+    )
+    p.add_argument("--move-ledger", default=env("MOVE_LEDGER"), help="JSON-lines ledger of moves (cost format)")
     grace = env("EVICTION_GRACE")
     p.add_argument("--eviction-grace", type=int, default=int(grace) if grace else None)
     p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
@@ -113,6 +138,11 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Contro
         starvation_s=a.starvation,
         status_interval_s=a.status_interval,
         rightsize_resync_s=a.rightsize_resync,
+        rebalance=a.rebalance,
+        rebalance_interval_s=a.rebalance_interval,
+        noisy_persist_s=a.noisy_persist,
+        rebalance_cooldown_s=a.rebalance_cooldown,
+        move_ledger=a.move_ledger,
         eviction_grace_s=a.eviction_grace,
         log_level=a.log_level,
         log_format=a.log_format,

@@ -8,10 +8,12 @@ module-level registry, so tests and main() each get their own).
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -19,6 +21,7 @@ import kopf
 from gpuplane.controller import config, names, runtime
 from gpuplane.controller.claim import checks
 from gpuplane.controller.gang import owners
+from gpuplane.controller.rebalance import act, decide, loop
 from gpuplane.controller.rightsize import apply as rightsize
 from gpuplane.controller.rightsize import template as rs_template
 from gpuplane.driver.api import names as dn
@@ -205,5 +208,28 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
     @kopf.timer(names.GROUP, names.VERSION, rs_template.PLURAL, interval=cfg.rightsize_resync_s, registry=reg)
     async def gpu_request_timer(body: kopf.Body, memo: Any, **kw: Any) -> None:
         await gpu_request(body, memo, kw)
+
+    # --- rebalancing: noisy neighbours ---------------------------------------------------------
+    @kopf.on.startup(registry=reg)
+    async def start_rebalancer(memo: runtime.Runtime, **kw: Any) -> None:
+        if not cfg.rebalance:
+            return
+        rebalancer = act.Rebalancer(
+            memo.writer,
+            decide.Settings(persist_s=cfg.noisy_persist_s, cooldown_s=cfg.rebalance_cooldown_s),
+            memo.metrics,
+            Path(cfg.move_ledger) if cfg.move_ledger else None,
+        )
+        memo.shared.tasks.append(
+            asyncio.create_task(
+                loop.run(rebalancer, memo.leading, kw["slice_idx"], kw["claim_idx"], cfg.rebalance_interval_s)
+            )
+        )
+
+    @kopf.on.cleanup(registry=reg)
+    async def stop_tasks(memo: runtime.Runtime, **_: Any) -> None:
+        for task in memo.shared.tasks:
+            task.cancel()
+        memo.shared.tasks.clear()
 
     return reg

@@ -13,6 +13,7 @@ leadership mid-reconcile stops at the next write.
 from __future__ import annotations
 
 import datetime
+import json
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
@@ -151,6 +152,74 @@ class KubeWriter:
             names.GROUP, names.VERSION, namespace, "gpurequests", name, {"status": dict(status)}, _content_type=MERGE
         )
 
+    # --- rebalancing: pods, evictions, DeviceTaintRules -------------------------------------------
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A pod as a plain dict (camelCase keys), or None when it is gone."""
+        try:
+            pod = self.core.read_namespaced_pod(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return cast(dict[str, Any], self.core.api_client.sanitize_for_serialization(pod))
+
+    def list_pods(self, namespace: str) -> list[dict[str, Any]]:
+        """The pods of a namespace as plain dicts."""
+        pods = self.core.list_namespaced_pod(namespace)
+        return [cast(dict[str, Any], self.core.api_client.sanitize_for_serialization(p)) for p in pods.items]
+
+    def evict_pod(self, namespace: str, name: str) -> str | None:
+        """Evict through the Eviction API (PodDisruptionBudgets apply). None when done, else why not (429)."""
+        self.fence()
+        body = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace))
+        try:
+            self.core.create_namespaced_pod_eviction(name, namespace, body)
+        except ApiException as exc:
+            if exc.status == 429:
+                return api_message(exc)
+            if exc.status == 404:
+                return "the pod is gone"
+            raise
+        return None
+
+    def list_device_taint_rules(self, label: str) -> list[dict[str, Any]] | None:
+        """DeviceTaintRules with a label (None when the API is not served: DRADeviceTaintRules off)."""
+        try:
+            out = self.custom.list_cluster_custom_object(
+                RESOURCE_GROUP, "v1beta2", "devicetaintrules", label_selector=f"{label}=true"
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return list(cast(dict[str, Any], out).get("items") or [])
+
+    def create_device_taint_rule(self, body: Mapping[str, Any]) -> None:
+        """Create a DeviceTaintRule (raises ApiException: 404 when the API is not served)."""
+        self.fence()
+        self.custom.create_cluster_custom_object(RESOURCE_GROUP, "v1beta2", "devicetaintrules", dict(body))
+
+    def delete_device_taint_rule(self, name: str) -> None:
+        """Delete a DeviceTaintRule; 404 is done."""
+        self.fence()
+        try:
+            self.custom.delete_cluster_custom_object(RESOURCE_GROUP, "v1beta2", "devicetaintrules", name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def annotate_device_taint_rule(self, name: str, annotations: Mapping[str, str]) -> None:
+        """Merge-patch annotations onto a DeviceTaintRule."""
+        self.fence()
+        self.custom.patch_cluster_custom_object(
+            RESOURCE_GROUP,
+            "v1beta2",
+            "devicetaintrules",
+            name,
+            {"metadata": {"annotations": dict(annotations)}},
+            _content_type=MERGE,
+        )
+
     # --- claims and nodes ------------------------------------------------------------------------
     def annotate_claim(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
         """Merge-patch annotations onto a ResourceClaim (None removes one)."""
@@ -226,6 +295,17 @@ class KubeWriter:
 
 def _ts(moment: datetime.datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def api_message(exc: ApiException) -> str:
+    """The API server's message of an error, with its causes (a PDB refusal names the budget)."""
+    try:
+        body = json.loads(exc.body or "{}")
+    except ValueError:
+        return str(exc.reason)
+    causes = "; ".join(str(c.get("message", "")) for c in (body.get("details") or {}).get("causes") or [])
+    text = str(body.get("message") or exc.reason)
+    return f"{text} ({causes})" if causes else text
 
 
 def as_dict(obj: Any) -> dict[str, Any]:

@@ -43,6 +43,18 @@ class ControllerMetrics:
             ["finding"],
             registry=self.registry,
         )
+        self.rebalance = prom.Counter(
+            "gpuplane_rebalance_decisions_total",
+            "Noisy-neighbour moves by outcome (evicted, refused, bare-pod, shared-claim, cooldown, no-taint-rules).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.moved_gpu_seconds = prom.Counter(
+            "gpuplane_rebalance_gpu_seconds_lost_total",
+            "GPU-seconds moved pods lost between their eviction and their replacement running.",
+            ["namespace", "tier"],
+            registry=self.registry,
+        )
 
         self.leader_terms = prom.Counter(
             "gpuplane_controller_leader_terms_total",

@@ -47,6 +47,7 @@ class Shared:
     overlay: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
     term: int = 0  # the leadership term the caches above belong to
     templates: dict[str, tuple[dict[str, Any], float]] = field(default_factory=dict)  # right-sizing writes in flight
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)  # background loops (rebalancing)
 
 
 @dataclass

@@ -1,0 +1,331 @@
+"""One rebalancing pass: decide on every alert, move or report, and keep the moves' records. Does I/O.
+
+For an alert :func:`~gpuplane.controller.rebalance.decide.decide` lets through, the offender's pod
+is looked up and:
+
+* a pod with a controller (ReplicaSet, StatefulSet, Job, ...) is **evicted through the Eviction
+  API**, so every PodDisruptionBudget applies; the DeviceTaintRule that keeps its replacement off
+  the GPU is created first (:mod:`gpuplane.controller.rebalance.moves`) and deleted again when the
+  eviction is refused;
+* a bare pod (no controller: nothing would bring it back) is not evicted, only reported;
+* a claim used by several pods is not moved (evicting one would not free the GPU);
+* without the DeviceTaintRule API (DRADeviceTaintRules off) nothing is moved: the replacement
+  could land on the same GPU again.
+
+Every outcome is an Event on the offender's pod and claim and on the higher-tier neighbours'
+claims and pods, and a log line with the figures; an outcome that is only reported is recorded on
+the offender's claim (annotation :data:`ANNOTATION`) so it is reported once per alert, and a
+refused eviction is tried again after a cool-down. Each pass also charges finished moves to the
+ledger (their replacement runs) and deletes the rules whose cool-down is over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import structlog
+from kubernetes.client.exceptions import ApiException
+
+from gpuplane.controller import events, kube
+from gpuplane.controller.metrics import ControllerMetrics
+from gpuplane.controller.rebalance import moves, signal
+from gpuplane.controller.rebalance.decide import Decision, LastMove, Settings, decide
+
+log = structlog.get_logger(__name__)
+
+ANNOTATION = "gpuplane.dev/noisy-neighbour-decision"
+EVICTED = "NoisyNeighbourEvicted"
+MOVED = "NoisyNeighbourMoved"
+NOT_MOVED = "NoisyNeighbourNotMoved"
+REPLACED = "NoisyNeighbourReplaced"
+CLAIM_API = "resource.k8s.io/v1"
+
+
+class Writer(Protocol):
+    """What a rebalancing pass reads and writes (gpuplane.controller.kube.KubeWriter)."""
+
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def list_pods(self, namespace: str) -> list[dict[str, Any]]: ...
+    def evict_pod(self, namespace: str, name: str) -> str | None: ...
+    def list_device_taint_rules(self, label: str) -> list[dict[str, Any]] | None: ...
+    def create_device_taint_rule(self, body: Mapping[str, Any]) -> None: ...
+    def delete_device_taint_rule(self, name: str) -> None: ...
+    def annotate_device_taint_rule(self, name: str, annotations: Mapping[str, str]) -> None: ...
+    def annotate_claim(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None: ...
+    def event(self, ref: events.ObjectRef, kind: events.EventType, reason: str, message: str) -> None: ...
+
+
+def _pod_ref(namespace: str, name: str, uid: str) -> events.ObjectRef:
+    return events.ObjectRef("v1", "Pod", name, namespace, uid)
+
+
+def _claim_ref(t: signal.Tenant) -> events.ObjectRef:
+    return events.ObjectRef(CLAIM_API, "ResourceClaim", t.name, t.namespace, t.uid)
+
+
+def _controller_of(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
+        if isinstance(ref, Mapping) and ref.get("controller"):
+            return dict(ref)
+    return None
+
+
+class Rebalancer:
+    """The pass and the state it keeps between passes (nothing a new leader needs: that is in the API)."""
+
+    def __init__(
+        self, writer: Writer, settings: Settings, metrics: ControllerMetrics, ledger: Path | None = None
+    ) -> None:
+        self.w = writer
+        self.s = settings
+        self.metrics = metrics
+        self.ledger = ledger
+
+    async def run_pass(
+        self, slices: Iterable[Mapping[str, Any]], claims: Sequence[Mapping[str, Any]], now: float | None = None
+    ) -> list[tuple[Decision, str]]:
+        """One pass; returns each alert's decision and outcome (for tests)."""
+        now = time.time() if now is None else now
+        rules = await asyncio.to_thread(self.w.list_device_taint_rules, moves.LABEL)
+        records = {
+            (m.pool, m.device): (str(r["metadata"]["name"]), m)
+            for r in rules or []
+            if (m := moves.move_of(r)) is not None
+        }
+        out: list[tuple[Decision, str]] = []
+        for alert in signal.alerts(slices):
+            rec = records.get((alert.pool, alert.device))
+            last = LastMove(rec[1].hog_uid, rec[1].evicted_at) if rec else None
+            d = decide(alert, claims, last, now, self.s)
+            outcome: str = d.kind
+            if d.kind == "evict":
+                outcome = await self._move(d, claims, rules is not None, now)
+            elif d.kind == "cooldown":
+                outcome = await self._report(d, claims, "cooldown", d.why, now)
+            out.append((d, outcome))
+        for name, m in records.values():
+            await self._upkeep(name, m, now)
+        return out
+
+    # --- moving ---------------------------------------------------------------------------------
+    async def _move(self, d: Decision, claims: Sequence[Mapping[str, Any]], rules_served: bool, now: float) -> str:
+        hog = d.hog
+        assert hog is not None
+        if len(hog.pods) != 1:
+            why = (
+                f"claim {hog.namespace}/{hog.name} is used by {len(hog.pods)} pods; evicting one would not free the GPU"
+                if hog.pods
+                else f"claim {hog.namespace}/{hog.name} has no pod"
+            )
+            return await self._report(d, claims, "shared-claim", why, now)
+        claim = next((c for c in claims if (c.get("metadata") or {}).get("uid") == hog.uid), {})
+        if self._reported(claim, "refused", d.alert.since, now):
+            return "refused"  # refused for this alert less than a cool-down ago: not asked again yet
+        pod = await asyncio.to_thread(self.w.read_pod, hog.namespace, hog.pods[0].name)
+        if pod is None:
+            return "gone"
+        owner = _controller_of(pod)
+        if owner is None:
+            why = (
+                f"pod {hog.namespace}/{hog.pods[0].name} has no controller (a bare pod would not come back "
+                "elsewhere); not evicted: move it, or run it under a Deployment or a Job"
+            )
+            return await self._report(d, claims, "bare-pod", why, now)
+        if not rules_served:
+            why = (
+                "the DeviceTaintRule API (resource.k8s.io/v1beta2, feature gate DRADeviceTaintRules) is not "
+                "served, so its replacement could land on the same GPU; not evicted"
+            )
+            return await self._report(d, claims, "no-taint-rules", why, now)
+        move = moves.Move(
+            pool=d.alert.pool,
+            node=d.alert.node,
+            device=d.alert.device,
+            hog_uid=hog.uid,
+            namespace=hog.namespace,
+            claim=hog.name,
+            pod=hog.pods[0].name,
+            tier=hog.tier,
+            owner=f"{owner.get('kind')}/{owner.get('name')}",
+            owner_uid=str(owner.get("uid", "")),
+            fraction=moves.fraction_of(claim, d.alert.pool, d.alert.device),
+            evicted_at=now,
+            figures=d.figures(),
+            victims=", ".join(v.label() for v in d.victims),
+        )
+        body = moves.rule(move)
+        name = body["metadata"]["name"]
+        try:
+            await asyncio.to_thread(self.w.delete_device_taint_rule, name)  # an expired rule not yet removed
+            await asyncio.to_thread(self.w.create_device_taint_rule, body)
+        except ApiException as exc:
+            why = f"cannot create DeviceTaintRule {name} to keep the replacement off the GPU: {kube.api_message(exc)}"
+            return await self._report(d, claims, "no-taint-rules", why, now)
+        refused = await asyncio.to_thread(self.w.evict_pod, hog.namespace, move.pod)
+        if refused is not None:
+            await asyncio.to_thread(self.w.delete_device_taint_rule, name)
+            return await self._report(d, claims, "refused", f"the Eviction API refused: {refused}", now)
+        self.metrics.rebalance.labels(outcome="evicted").inc()
+        until = time.strftime("%H:%M:%SZ", time.gmtime(now + self.s.cooldown_s))
+        msg = (
+            f"evicted: claim {hog.label()} used {d.figures()} while {move.victims} shares it; its "
+            f"{move.owner} makes a replacement, kept off {d.alert.gpu} until {until} by DeviceTaintRule {name}"
+        )
+        log.warning(
+            "noisy neighbour evicted",
+            gpu=d.alert.gpu,
+            pod=f"{hog.namespace}/{move.pod}",
+            owner=move.owner,
+            claim=hog.label(),
+            share_pct=d.alert.figures.share_pct,
+            threshold_pct=d.alert.figures.threshold_pct,
+            sustain_s=d.alert.figures.sustain_s,
+            persisted_s=round(d.persisted_s),
+            victims=move.victims,
+            fraction=move.fraction,
+            rule=name,
+        )
+        pod_meta = pod.get("metadata") or {}
+        await self._events(
+            [
+                (_pod_ref(hog.namespace, move.pod, str(pod_meta.get("uid", ""))), "Warning"),
+                (_claim_ref(hog), "Warning"),
+            ],
+            EVICTED,
+            msg,
+        )
+        vmsg = f"{hog.tier} pod {hog.namespace}/{move.pod} ({d.figures()}) was evicted off the GPU this claim shares"
+        await self._events(self._victim_refs(d), MOVED, vmsg)
+        return "evicted"
+
+    async def _report(
+        self, d: Decision, claims: Sequence[Mapping[str, Any]], outcome: str, why: str, now: float
+    ) -> str:
+        """An outcome that moves nothing: say so once per alert (a refusal: again after a cool-down)."""
+        hog = d.hog
+        assert hog is not None
+        claim = next((c for c in claims if (c.get("metadata") or {}).get("uid") == hog.uid), {})
+        if self._reported(claim, outcome, d.alert.since, now):
+            return outcome
+        self.metrics.rebalance.labels(outcome=outcome).inc()
+        who = ", ".join(v.label() for v in d.victims)
+        msg = f"not moved: claim {hog.label()} uses {d.figures()} while {who} shares it; {why}"
+        log.warning(
+            "noisy neighbour not moved",
+            outcome=outcome,
+            gpu=d.alert.gpu,
+            claim=hog.label(),
+            share_pct=d.alert.figures.share_pct,
+            threshold_pct=d.alert.figures.threshold_pct,
+            persisted_s=round(d.persisted_s),
+            why=why,
+        )
+        warn: events.EventType = "Warning"
+        targets = [_claim_ref(hog)] + [_pod_ref(hog.namespace, p.name, p.uid) for p in hog.pods]
+        targets += [r for r, _ in self._victim_refs(d)]
+        await self._events([(r, warn) for r in targets], NOT_MOVED, msg)
+        try:
+            await asyncio.to_thread(
+                self.w.annotate_claim, hog.namespace, hog.name, {ANNOTATION: f"{outcome}@{d.alert.since:.0f}@{now:.0f}"}
+            )
+        except ApiException as exc:
+            log.info("could not annotate claim", claim=hog.label(), status=exc.status)
+        return outcome
+
+    def _reported(self, claim: Mapping[str, Any], outcome: str, since: float, now: float) -> bool:
+        """Whether ``outcome`` was reported for this alert already (a refusal: less than a cool-down ago)."""
+        seen = ((claim.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION, "")
+        parts = str(seen).split("@")
+        if len(parts) != 3 or parts[0] != outcome or parts[1] != f"{since:.0f}":
+            return False
+        try:
+            return outcome != "refused" or now - float(parts[2]) < self.s.cooldown_s
+        except ValueError:
+            return False
+
+    def _victim_refs(self, d: Decision) -> list[tuple[events.ObjectRef, events.EventType]]:
+        refs: list[tuple[events.ObjectRef, events.EventType]] = []
+        for v in d.victims:
+            refs.append((_claim_ref(v), "Normal"))
+            refs.extend((_pod_ref(v.namespace, p.name, p.uid), "Normal") for p in v.pods)
+        return refs
+
+    async def _events(self, refs: Sequence[tuple[events.ObjectRef, events.EventType]], reason: str, msg: str) -> None:
+        for ref, etype in refs:
+            await asyncio.to_thread(self.w.event, ref, etype, reason, msg)
+
+    # --- after a move ---------------------------------------------------------------------------
+    async def _upkeep(self, name: str, m: moves.Move, now: float) -> None:
+        """Charge a move once its replacement runs (or its cool-down ends); delete expired rules."""
+        expired = now - m.evicted_at >= self.s.cooldown_s
+        if not m.charged:
+            replacement = await self._replacement(m)
+            if replacement is not None or expired:
+                end = replacement[1] if replacement is not None else now
+                self._charge(m, end, replacement[0] if replacement else "")
+                if replacement is not None:
+                    msg = (
+                        f"replaces {m.namespace}/{m.pod}, moved off {m.pool}/{m.device} (noisy neighbour); "
+                        f"the move cost {m.fraction * (end - m.evicted_at):.1f} GPU-seconds "
+                        f"({m.fraction:.2f} of a GPU for {end - m.evicted_at:.1f}s)"
+                    )
+                    await asyncio.to_thread(
+                        self.w.event, _pod_ref(m.namespace, replacement[0], replacement[2]), "Normal", REPLACED, msg
+                    )
+                if not expired:
+                    charged = dataclasses.replace(m, charged=True, replacement=replacement[0] if replacement else "")
+                    await asyncio.to_thread(
+                        self.w.annotate_device_taint_rule, name, {moves.ANNOTATION: charged.to_json()}
+                    )
+        if expired:
+            await asyncio.to_thread(self.w.delete_device_taint_rule, name)
+            log.info("noisy-neighbour cool-down over", gpu=f"{m.pool}/{m.device}", rule=name)
+
+    async def _replacement(self, m: moves.Move) -> tuple[str, float, str] | None:
+        """(name, running since, uid) of the pod that replaced the moved one, once it runs."""
+        pods = await asyncio.to_thread(self.w.list_pods, m.namespace)
+        for p in pods:
+            meta = p.get("metadata") or {}
+            owner = _controller_of(p)
+            if owner is None or owner.get("uid") != m.owner_uid or meta.get("name") == m.pod:
+                continue
+            created = signal.parse_time(meta.get("creationTimestamp")) or 0.0
+            status = p.get("status") or {}
+            if created + 1.0 < m.evicted_at or status.get("phase") != "Running":
+                continue
+            ready = [
+                signal.parse_time(c.get("lastTransitionTime"))
+                for c in status.get("conditions") or []
+                if c.get("type") == "Ready" and c.get("status") == "True"
+            ]
+            since = next((t for t in ready if t), None) or signal.parse_time(status.get("startTime")) or time.time()
+            return str(meta.get("name")), since, str(meta.get("uid", ""))
+        return None
+
+    def _charge(self, m: moves.Move, end: float, replacement: str) -> None:
+        seg = moves.segment(m, end)
+        self.metrics.moved_gpu_seconds.labels(namespace=m.namespace, tier=m.tier).inc(seg.gpu_seconds)
+        log.info(
+            "noisy-neighbour move charged",
+            pod=f"{m.namespace}/{m.pod}",
+            replacement=replacement or None,
+            gpu=f"{m.pool}/{m.device}",
+            fraction=m.fraction,
+            seconds=round(seg.end - seg.start, 1),
+            gpu_seconds=round(seg.gpu_seconds, 3),
+            ledger=str(self.ledger) if self.ledger else None,
+        )
+        if self.ledger is None:
+            return
+        self.ledger.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (seg.to_json() + "\n").encode())
+        finally:
+            os.close(fd)

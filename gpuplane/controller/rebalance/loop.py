@@ -1,0 +1,51 @@
+"""The rebalancing loop: a pass every ``--rebalance-interval`` seconds while this replica leads. Does I/O.
+
+Started by a kopf startup handler as an asyncio task (kopf timers need an object to hang on, and
+add a finalizer to it); it reads kopf's live indexes of ResourceSlices and ResourceClaims, so a
+pass costs one API read (the DeviceTaintRules) when nothing is noisy. A pass that fails is logged
+and the next one runs; a lost leadership ends a pass at its next write (NotLeader).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import structlog
+
+from gpuplane.controller import kube
+from gpuplane.controller.rebalance.act import Rebalancer
+
+log = structlog.get_logger(__name__)
+
+
+def _values(index: Mapping[Any, Iterable[Any]]) -> list[Any]:
+    out = []
+    for store in index.values():
+        for value in store:
+            out.append(value)
+            break
+    return out
+
+
+async def run(
+    rebalancer: Rebalancer,
+    leading: Any,
+    slice_idx: Mapping[Any, Iterable[Any]],
+    claim_idx: Mapping[Any, Iterable[Any]],
+    interval_s: float,
+) -> None:
+    """Forever: wait, then one pass if ``leading()``."""
+    while True:
+        await asyncio.sleep(interval_s)
+        if not leading():
+            continue
+        try:
+            await rebalancer.run_pass(_values(slice_idx), _values(claim_idx))
+        except kube.NotLeader:
+            continue
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("rebalancing pass failed; the next one runs in a moment")

@@ -1,0 +1,136 @@
+"""A move's record: the DeviceTaintRule that keeps the replacement off the GPU, and the ledger line. Pure.
+
+Keeping the replacement off the GPU: the evicted pod's controller (a ReplicaSet, a Job...) makes
+a new pod from its own template, and a new claim from the pod's ResourceClaimTemplate; neither a
+node affinity nor a device selector of ours can be put on it (templates and claim specs are
+immutable, the pod is not ours to edit before it is scheduled). What can reach it is a
+**DeviceTaintRule** (resource.k8s.io/v1beta2, DRADeviceTaintRules) that taints exactly that
+device (driver, pool, device) ``NoSchedule`` for the cool-down: the scheduler then allocates it
+to no claim that does not tolerate the taint, the replacement included, while the claims already
+allocated on it (the higher-tier victim) are untouched (``NoSchedule`` evicts nothing). The cost:
+for the cool-down the GPU takes no new claim at all, which is also what the victim wants. The
+rule is created before the eviction (the replacement can be scheduled within a second) and
+deleted after the cool-down; its annotation is the move's record (who, when, the figures), so a
+restarted leader knows the cool-down and what is still to be charged.
+
+The ledger: when the replacement runs (or, failing that, when the cool-down ends), one segment of
+kind ``moved`` in the cost ledger's format (:class:`gpuplane.driver.observe.cost.Segment`): the
+moved pod, its fraction of the GPU, from the eviction until its replacement ran, i.e. the
+GPU-seconds the move cost it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gpuplane.controller import names
+from gpuplane.driver.api import names as dn
+from gpuplane.driver.observe.cost import Segment
+
+API_VERSION = "resource.k8s.io/v1beta2"
+PLURAL = "devicetaintrules"
+LABEL = "gpuplane.dev/noisy-neighbour-move"
+ANNOTATION = "gpuplane.dev/move"
+TAINT_KEY = "gpuplane.dev/moved-noisy-neighbour"
+LEDGER_KIND = "moved"
+
+
+@dataclass(frozen=True)
+class Move:
+    """What a move's DeviceTaintRule records."""
+
+    pool: str
+    node: str
+    device: str
+    hog_uid: str
+    namespace: str
+    claim: str
+    pod: str
+    tier: str
+    owner: str  # "ReplicaSet/name"
+    owner_uid: str
+    fraction: float
+    evicted_at: float
+    figures: str
+    victims: str
+    replacement: str = ""
+    charged: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: object) -> Move | None:
+        if not isinstance(text, str):
+            return None
+        try:
+            data = json.loads(text)
+            return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+        except (ValueError, TypeError, KeyError):
+            return None
+
+
+def rule_name(pool: str, device: str) -> str:
+    """One rule name per GPU (a DNS subdomain; hashed when too long)."""
+    name = f"gpuplane-moved.{pool}.{device}".lower()
+    if len(name) <= 253:
+        return name
+    return "gpuplane-moved." + hashlib.sha256(f"{pool}/{device}".encode()).hexdigest()[:32]
+
+
+def rule(move: Move) -> dict[str, Any]:
+    """The DeviceTaintRule of a move."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "DeviceTaintRule",
+        "metadata": {
+            "name": rule_name(move.pool, move.device),
+            "labels": {LABEL: "true", "app.kubernetes.io/managed-by": names.COMPONENT},
+            "annotations": {ANNOTATION: move.to_json()},
+        },
+        "spec": {
+            "deviceSelector": {"driver": dn.DRIVER_NAME, "pool": move.pool, "device": move.device},
+            "taint": {"key": TAINT_KEY, "value": move.hog_uid, "effect": "NoSchedule"},
+        },
+    }
+
+
+def move_of(rule_body: Mapping[str, Any]) -> Move | None:
+    """The record a rule carries (None for a rule that is not one of ours)."""
+    meta = rule_body.get("metadata") or {}
+    if (meta.get("labels") or {}).get(LABEL) != "true":
+        return None
+    return Move.from_json((meta.get("annotations") or {}).get(ANNOTATION))
+
+
+def fraction_of(claim: Mapping[str, Any], pool: str, device: str) -> float:
+    """The claim's share of the GPU (consumed sharePercent / 100; 1 when it holds it whole)."""
+    results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
+    for r in results:
+        if r.get("pool") == pool and r.get("device") == device:
+            share = (r.get("consumedCapacity") or {}).get(dn.CAP_SHARE_PERCENT)
+            try:
+                return max(0.0, min(1.0, float(str(share)) / 100.0)) if share is not None else 1.0
+            except ValueError:
+                return 1.0
+    return 1.0
+
+
+def segment(move: Move, end: float) -> Segment:
+    """The ledger line of a move: the moved pod's fraction from its eviction until ``end``."""
+    return Segment(
+        start=move.evicted_at,
+        end=max(move.evicted_at, end),
+        node=move.node,
+        claim_uid=move.hog_uid,
+        namespace=move.namespace,
+        name=move.pod,
+        tier=move.tier,
+        kind=LEDGER_KIND,
+        device=move.device,
+        fraction=move.fraction,
+    )

@@ -1,0 +1,144 @@
+"""Noisy-neighbour alerts and the tenants of a GPU, read from ResourceSlices and ResourceClaims. Pure.
+
+An alert is a device taint :data:`gpuplane.driver.api.noisy_taint.KEY` on a device of a
+gpuplane ResourceSlice (see that module for why a slice taint); its ``timeAdded`` is when the
+driver raised it. The tenants of a GPU are the allocated claims whose results name that device
+of that pool, each with its tier: the ``mps-<tier>`` DeviceClass of the request (or
+``firstAvailable`` subrequest) the device was allocated for.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpuplane.controller.rightsize import fleet
+from gpuplane.driver.api import names, noisy_taint
+
+DEFAULT_RANKS: Mapping[str, int] = {"gold": 3, "silver": 2, "bronze": 1}
+
+
+@dataclass(frozen=True)
+class Alert:
+    """An active noisy-neighbour alert on one GPU."""
+
+    pool: str
+    node: str
+    device: str
+    figures: noisy_taint.NoisyFigures
+    since: float  # unix seconds: when the driver raised it
+
+    @property
+    def gpu(self) -> str:
+        """``<pool>/<device>`` for messages."""
+        return f"{self.pool}/{self.device}"
+
+
+@dataclass(frozen=True)
+class PodRef:
+    """A consumer of a claim (``status.reservedFor``)."""
+
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """A claim allocated on the alert's GPU."""
+
+    uid: str
+    namespace: str
+    name: str
+    tier: str
+    rank: int
+    pods: tuple[PodRef, ...]
+
+    def label(self) -> str:
+        """``ns/name (tier)`` for messages."""
+        return f"{self.namespace}/{self.name} ({self.tier})"
+
+
+def parse_time(text: object) -> float | None:
+    """RFC 3339 -> unix seconds (None when absent or malformed)."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def alerts(slices: Iterable[Mapping[str, Any]]) -> list[Alert]:
+    """Every noisy-neighbour taint on gpuplane's published devices (malformed ones are ignored)."""
+    out: list[Alert] = []
+    for item in slices:
+        spec = item.get("spec") if "spec" in item else item
+        if not isinstance(spec, Mapping) or spec.get("driver") != names.DRIVER_NAME:
+            continue
+        pool = (spec.get("pool") or {}).get("name")
+        node = spec.get("nodeName") or pool
+        if not isinstance(pool, str) or not isinstance(node, str):
+            continue
+        for device in spec.get("devices") or []:
+            if not isinstance(device, Mapping) or not isinstance(device.get("name"), str):
+                continue
+            for taint in device.get("taints") or []:
+                if not isinstance(taint, Mapping) or taint.get("key") != noisy_taint.KEY:
+                    continue
+                figures = noisy_taint.decode(taint.get("value"))
+                since = parse_time(taint.get("timeAdded"))
+                if figures is not None and since is not None:
+                    out.append(Alert(pool, node, str(device["name"]), figures, since))
+    return sorted(out, key=lambda a: (a.pool, a.device))
+
+
+def _class_of(claim: Mapping[str, Any], request: str) -> str | None:
+    main, _, sub = request.partition("/")
+    for req in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        if req.get("name") != main:
+            continue
+        if not sub:
+            name = (req.get("exactly") or {}).get("deviceClassName")
+            return name if isinstance(name, str) else None
+        for alt in req.get("firstAvailable") or []:
+            if alt.get("name") == sub and isinstance(alt.get("deviceClassName"), str):
+                return str(alt["deviceClassName"])
+    return None
+
+
+def tenants(
+    claims: Iterable[Mapping[str, Any]], pool: str, device: str, ranks: Mapping[str, int] = DEFAULT_RANKS
+) -> list[Tenant]:
+    """The allocated claims on ``pool``/``device``, with their tiers (an untiered claim has rank 0)."""
+    out: list[Tenant] = []
+    for claim in claims:
+        meta = claim.get("metadata") or {}
+        status = claim.get("status") or {}
+        results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+        here = [
+            r
+            for r in results
+            if r.get("driver") == names.DRIVER_NAME and r.get("pool") == pool and r.get("device") == device
+        ]
+        if not here:
+            continue
+        class_name = _class_of(claim, str(here[0].get("request", "")))
+        tier = fleet.tier_of_class(class_name or "") or "none"
+        pods = tuple(
+            PodRef(str(r.get("name", "")), str(r.get("uid", "")))
+            for r in status.get("reservedFor") or []
+            if r.get("resource") == "pods" and r.get("name")
+        )
+        out.append(
+            Tenant(
+                uid=str(meta.get("uid", "")),
+                namespace=str(meta.get("namespace", "")),
+                name=str(meta.get("name", "")),
+                tier=tier,
+                rank=ranks.get(tier, 0),
+                pods=pods,
+            )
+        )
+    return sorted(out, key=lambda t: (-t.rank, t.namespace, t.name))
