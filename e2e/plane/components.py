@@ -83,8 +83,14 @@ def _controller_command() -> list[str]:
     return [str(script)] if script.is_file() else [sys.executable, "-m", "gpuplane.controller.main"]
 
 
-def controller_argv(kubeconfig: Path, replica: str, metrics_port: int, health_port: int) -> list[str]:
-    """The command line of one controller replica (its identity is the name a pod would have)."""
+def controller_argv(
+    kubeconfig: Path, replica: str, metrics_port: int, health_port: int, move_ledger: Path | None = None
+) -> list[str]:
+    """The command line of one controller replica (its identity is the name a pod would have).
+
+    Noisy-neighbour moves use e2e timings (an alert must stand 5 s, not 60; a GPU cools down
+    60 s, not 300), and their ledger is ``move_ledger``.
+    """
     return [
         *_controller_command(),
         f"--kubeconfig={kubeconfig}",
@@ -93,6 +99,10 @@ def controller_argv(kubeconfig: Path, replica: str, metrics_port: int, health_po
         f"--metrics-port={metrics_port}",
         f"--liveness=http://127.0.0.1:{health_port}/healthz",
         "--log-format=json",
+        "--noisy-persist=5",
+        "--rebalance-interval=1",
+        "--rebalance-cooldown=60",
+        *([f"--move-ledger={move_ledger}"] if move_ledger else []),
     ]
 
 
@@ -158,6 +168,10 @@ class Controllers:
         """The log of replica ``index``."""
         return self.state_dir / "logs" / f"{CONTROLLER_PREFIX}{index}.log"
 
+    def move_ledger(self, index: int) -> Path:
+        """The ledger of noisy-neighbour moves replica ``index`` makes while it leads."""
+        return self.state_dir / "logs" / f"{CONTROLLER_PREFIX}{index}-moves.jsonl"
+
     def all_running(self) -> bool:
         """Whether every replica recorded in the state directory runs (and there are ``replicas`` of them)."""
         records = controller_records(self.state_dir)
@@ -175,7 +189,9 @@ class Controllers:
         try:
             for index in range(self.replicas):
                 replica = self.replica_name(index)
-                argv = controller_argv(who.kubeconfig, replica, free_port(taken), free_port(taken))
+                argv = controller_argv(
+                    who.kubeconfig, replica, free_port(taken), free_port(taken), self.move_ledger(index)
+                )
                 name = f"{CONTROLLER_PREFIX}{index}"
                 self._children[name] = procs.spawn(
                     name,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 
 import structlog
@@ -16,9 +16,10 @@ from gpuplane.driver.hw.select import make_backend
 from gpuplane.driver.hw.sim import SimConfig
 from gpuplane.driver.kube import KubeApi, make_api_client
 from gpuplane.driver.metrics import DriverMetrics
-from gpuplane.driver.observe import cost, health, noisy, telemetry
+from gpuplane.driver.observe import cost, health, noisy, noisy_taints, telemetry
 from gpuplane.driver.observe.health_board import HealthBoard
 from gpuplane.driver.observe.health_watcher import HealthMetrics, HealthWatcher
+from gpuplane.driver.observe.noisy_taints import NoisyTaints
 from gpuplane.driver.observe.telemetry_metrics import TelemetryMetrics
 from gpuplane.driver.observe.tiers import TierResolver
 from gpuplane.driver.plugin.server import PluginServer
@@ -98,7 +99,14 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
             boot_id=boot_id,
             heartbeat=lambda: checks.beat(HEALTH_LOOP),
         )
-        publisher = SlicePublisher(api, cfg.node_name, cfg.driver_name, taints=watcher.taints)
+        noisy_settings = noisy.NoisySettings(
+            threshold=cfg.noisy_bandwidth_threshold, release=cfg.noisy_release_threshold, sustain_s=cfg.noisy_sustain_s
+        )
+        alerts: list[Callable[[], list[noisy.Alert]]] = []  # the sampler's detector, once it exists
+        noisy_on_gpus = NoisyTaints(lambda: alerts[0]() if alerts else [], noisy_settings)
+        publisher = SlicePublisher(
+            api, cfg.node_name, cfg.driver_name, taints=noisy_taints.merged(watcher.taints, noisy_on_gpus.taints)
+        )
 
         def on_change(inventory: object) -> None:
             del inventory
@@ -128,11 +136,7 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
             telemetry.TelemetrySettings(
                 interval_s=cfg.telemetry_interval_s,
                 hostname=cfg.node_name,
-                noisy=noisy.NoisySettings(
-                    threshold=cfg.noisy_bandwidth_threshold,
-                    release=cfg.noisy_release_threshold,
-                    sustain_s=cfg.noisy_sustain_s,
-                ),
+                noisy=noisy_settings,
             ),
             telemetry_metrics,
             inventory=state.inventory,
@@ -147,6 +151,7 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
                 sink=telemetry_metrics,
             ),
         )
+        alerts.append(sampler.noisy.detector.active)
         sampler.start()
         log.info(
             "driver ready",
@@ -161,6 +166,8 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
             while not stop.is_set():
                 checks.beat(MAIN_LOOP)
                 wake.wait(timeout=1.0)
+                if noisy_on_gpus.refresh():  # a noisy-neighbour alert raised or cleared: republish now
+                    wake.set()
                 now = time.monotonic()
                 due = now >= next_publish
                 if wake.is_set() or due:

@@ -14,6 +14,7 @@ around the threshold from flapping), the higher-tier claims leave, or H leaves; 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -72,11 +73,17 @@ class NoisyNeighbourDetector:
     def __init__(self, settings: NoisySettings) -> None:
         self.settings = settings
         self._tracks: dict[tuple[str, str], _Track] = {}
+        self._lock = threading.RLock()  # active() is read from the driver's main loop (noisy taints)
 
     def active(self) -> list[Alert]:
-        return [t.alert for t in self._tracks.values() if t.alert is not None]
+        with self._lock:
+            return [t.alert for t in self._tracks.values() if t.alert is not None]
 
     def update(self, gpu: str, tenants: Sequence[Tenant], shares: Mapping[str, float], now: float) -> list[Transition]:
+        with self._lock:
+            return self._update(gpu, tenants, shares, now)
+
+    def _update(self, gpu: str, tenants: Sequence[Tenant], shares: Mapping[str, float], now: float) -> list[Transition]:
         s = self.settings
         out: list[Transition] = []
         present = {t.claim_uid for t in tenants}
