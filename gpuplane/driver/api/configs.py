@@ -24,6 +24,10 @@ from gpuplane.driver.api import names, quantity
 
 SharingStrategy = Literal["Exclusive", "TimeSlicing", "MPS"]
 TimeSliceInterval = Literal["Default", "Short", "Medium", "Long"]
+ClientPriority = Literal["Normal", "BelowNormal"]
+# CUDA_MPS_CLIENT_PRIORITY / set_default_client_priority values (NVIDIA MPS guide, "Tools and Interface
+# Reference": "Allowed values are 0 [NORMAL] and 1 [BELOW NORMAL]"; a hint to the CUDA driver).
+CLIENT_PRIORITY_VALUES: dict[str, int] = {"Normal": 0, "BelowNormal": 1}
 
 
 class _Strict(BaseModel):
@@ -40,12 +44,14 @@ class MpsConfig(_Strict):
     ``defaultActiveThreadPercentage`` caps the share of SMs each client may use;
     ``defaultPinnedDeviceMemoryLimit`` caps pinned device memory per device;
     ``perDevicePinnedMemoryLimit`` overrides it per allocated device (keyed by
-    the device name in the ResourceSlice, e.g. ``gpu-0``).
+    the device name in the ResourceSlice, e.g. ``gpu-0``); ``clientPriority`` is the
+    scheduling priority of the claim's MPS clients (``Normal`` or ``BelowNormal``).
     """
 
     defaultActiveThreadPercentage: Annotated[int, Field(ge=1, le=100)] | None = None
     defaultPinnedDeviceMemoryLimit: str | None = None
     perDevicePinnedMemoryLimit: dict[str, str] = Field(default_factory=dict)
+    clientPriority: ClientPriority | None = None
 
     @field_validator("defaultActiveThreadPercentage", mode="before")
     @classmethod
@@ -77,6 +83,10 @@ class MpsConfig(_Strict):
         if self.defaultPinnedDeviceMemoryLimit is None:
             return None
         return quantity.parse_quantity(self.defaultPinnedDeviceMemoryLimit)
+
+    def client_priority_value(self) -> int | None:
+        """The CUDA_MPS_CLIENT_PRIORITY value (0 normal, 1 below normal), or None when unset."""
+        return None if self.clientPriority is None else CLIENT_PRIORITY_VALUES[self.clientPriority]
 
     def limit_bytes_for(self, device_name: str) -> int | None:
         if device_name in self.perDevicePinnedMemoryLimit:
@@ -196,6 +206,12 @@ def _tightened(merged: MpsConfig | None, claim: MpsConfig, ceiling: MpsConfig | 
                     f"{where}: mps.{label} {value} exceeds the device class limit "
                     f"{ceiling.defaultPinnedDeviceMemoryLimit}; a claim may only tighten its class's quota"
                 )
+        want, tier = claim.client_priority_value(), ceiling.client_priority_value()
+        if want is not None and tier is not None and want < tier:
+            raise ConfigError(
+                f"{where}: mps.clientPriority {claim.clientPriority} is above the device class's "
+                f"{ceiling.clientPriority}; a claim may lower its priority, never raise it above its tier"
+            )
     return MpsConfig(
         defaultActiveThreadPercentage=(
             claim.defaultActiveThreadPercentage
@@ -208,6 +224,7 @@ def _tightened(merged: MpsConfig | None, claim: MpsConfig, ceiling: MpsConfig | 
             else base.defaultPinnedDeviceMemoryLimit
         ),
         perDevicePinnedMemoryLimit={**base.perDevicePinnedMemoryLimit, **claim.perDevicePinnedMemoryLimit},
+        clientPriority=claim.clientPriority if claim.clientPriority is not None else base.clientPriority,
     )
 
 
