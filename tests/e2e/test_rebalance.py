@@ -180,8 +180,12 @@ class Scenario:
         ]
 
     def claim_of(self, pod: dict[str, Any]) -> dict[str, Any]:
-        (status,) = pod["status"]["resourceClaimStatuses"]
-        return self.gpu.claim(self.ns, status["resourceClaimName"])
+        (ref,) = pod["spec"]["resourceClaims"]
+        name = ref.get("resourceClaimName")
+        if name is None:  # made from a template: its name is in the pod's status
+            (status,) = pod["status"]["resourceClaimStatuses"]
+            name = status["resourceClaimName"]
+        return self.gpu.claim(self.ns, name)
 
     @staticmethod
     def device(claim: dict[str, Any]) -> str:
