@@ -62,6 +62,7 @@ def test_two_claims_on_one_gpu_each_get_their_own_daemon_and_limits(
             "CUDA_VISIBLE_DEVICES": GPU,
             "CUDA_MPS_PIPE_DIRECTORY": str(daemon.pipe_dir),
             "CUDA_MPS_LOG_DIRECTORY": str(daemon.log_dir),
+            "CUDA_MPS_CLIENT_PRIORITY": None,
         }
         # Not from the driver: LC_CTYPE (python3's PEP 538 locale coercion) and what a shell-script
         # ``python3`` launcher such as a pyenv shim exports before it execs the interpreter.
@@ -75,6 +76,7 @@ def test_two_claims_on_one_gpu_each_get_their_own_daemon_and_limits(
         assert rec["defaults"] == {
             "active_thread_percentage": float(pct),
             "device_pinned_mem_limit_mib": {"0": mib},
+            "client_priority": 0,
         }
         told = [c["command"] for c in rec["commands"]]
         assert f"set_default_active_thread_percentage {pct}" in told

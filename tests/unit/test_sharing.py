@@ -116,7 +116,11 @@ def test_two_tiers_share_a_gpu_each_with_its_own_daemon(drv: DriverUnderTest) ->
         rec = record(daemon)
         assert rec["env"]["CUDA_VISIBLE_DEVICES"] == uuid
         assert rec["env"]["CUDA_MPS_PIPE_DIRECTORY"] == str(daemon.pipe_dir)
-        assert rec["defaults"] == {"active_thread_percentage": pct, "device_pinned_mem_limit_mib": limits}
+        assert rec["defaults"] == {
+            "active_thread_percentage": pct,
+            "device_pinned_mem_limit_mib": limits,
+            "client_priority": 0,
+        }
         assert all(c["ok"] for c in rec["commands"])
         doc = cdi_doc(drv, claim)
         mounts = {m["containerPath"]: m["hostPath"] for m in doc["containerEdits"]["mounts"]}
@@ -160,7 +164,11 @@ def test_daemon_limits_are_the_tightest_of_class_claim_and_allocation(drv: Drive
     )
     assert err == ""
     rec = record(daemon_of(drv, claim))
-    assert rec["defaults"] == {"active_thread_percentage": pct, "device_pinned_mem_limit_mib": mib}
+    assert rec["defaults"] == {
+        "active_thread_percentage": pct,
+        "device_pinned_mem_limit_mib": mib,
+        "client_priority": 0,
+    }
     told = [c["command"] for c in rec["commands"]]
     assert any(c.startswith("set_default_active_thread_percentage") for c in told) == (pct != 100.0)
     unprepare(drv, claim)
