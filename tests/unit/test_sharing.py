@@ -97,14 +97,18 @@ def test_two_tiers_share_a_gpu_each_with_its_own_daemon(drv: DriverUnderTest) ->
         drv,
         "gold",
         [shared("gpu-0", "share-gold", sharePercent="60")],
-        class_config=[mps_config(defaultActiveThreadPercentage=60)],
+        class_config=[mps_config(defaultActiveThreadPercentage=60, clientPriority="Normal")],
     )
     assert err == ""
     bronze, err = prepare(
         drv,
         "bronze",
         [shared("gpu-0", "share-bronze", sharePercent="20")],
-        class_config=[mps_config(defaultActiveThreadPercentage=20, defaultPinnedDeviceMemoryLimit="8Gi")],
+        class_config=[
+            mps_config(
+                defaultActiveThreadPercentage=20, defaultPinnedDeviceMemoryLimit="8Gi", clientPriority="BelowNormal"
+            )
+        ],
     )
     assert err == ""
     prepared = drv.state.prepare([ref(gold), ref(bronze)])  # repeated: answered from the checkpoint
@@ -112,21 +116,25 @@ def test_two_tiers_share_a_gpu_each_with_its_own_daemon(drv: DriverUnderTest) ->
 
     d_gold, d_bronze = daemon_of(drv, gold), daemon_of(drv, bronze)
     assert d_gold.pipe_dir != d_bronze.pipe_dir
-    for claim, daemon, pct, limits in ((gold, d_gold, 60.0, {}), (bronze, d_bronze, 20.0, {"0": 8192})):
+    tiers = ((gold, d_gold, 60.0, {}, 0), (bronze, d_bronze, 20.0, {"0": 8192}, 1))
+    for claim, daemon, pct, limits, priority in tiers:
         rec = record(daemon)
         assert rec["env"]["CUDA_VISIBLE_DEVICES"] == uuid
         assert rec["env"]["CUDA_MPS_PIPE_DIRECTORY"] == str(daemon.pipe_dir)
+        assert rec["env"]["CUDA_MPS_CLIENT_PRIORITY"] == str(priority)
         assert rec["defaults"] == {
             "active_thread_percentage": pct,
             "device_pinned_mem_limit_mib": limits,
-            "client_priority": 0,
+            "client_priority": priority,
         }
+        assert f"set_default_client_priority {priority}" in [c["command"] for c in rec["commands"]]
         assert all(c["ok"] for c in rec["commands"])
         doc = cdi_doc(drv, claim)
         mounts = {m["containerPath"]: m["hostPath"] for m in doc["containerEdits"]["mounts"]}
         assert mounts == {mps_spec.CONTAINER_PIPE_DIR: str(daemon.pipe_dir), "/dev/shm": str(daemon.shm_dir)}
         assert f"CUDA_MPS_PIPE_DIRECTORY={mps_spec.CONTAINER_PIPE_DIR}" in doc["containerEdits"]["env"]
         assert f"CUDA_VISIBLE_DEVICES={uuid}" in doc["containerEdits"]["env"]
+        assert f"CUDA_MPS_CLIENT_PRIORITY={priority}" in doc["containerEdits"]["env"]
         assert drv.state.snapshot().claims[claim["metadata"]["uid"]].mps_daemon
 
     gold_pid, bronze_pid = d_gold.pid, d_bronze.pid
@@ -164,6 +172,7 @@ def test_daemon_limits_are_the_tightest_of_class_claim_and_allocation(drv: Drive
     )
     assert err == ""
     rec = record(daemon_of(drv, claim))
+    # No tier priority in these configs: the daemon keeps NVIDIA's default, 0 (normal).
     assert rec["defaults"] == {
         "active_thread_percentage": pct,
         "device_pinned_mem_limit_mib": mib,

@@ -35,7 +35,14 @@ class _Strict(BaseModel):
 
 
 class TimeSlicingConfig(_Strict):
+    """The GPU's time-slice (one per GPU: see gpuplane/driver/sharing/timeslice_tiers.py).
+
+    ``shareWithLowerTiers`` (a class's choice, never a claim's) lets claims of lower tiers, i.e.
+    longer intervals, share a GPU with this class's claims; the GPU then keeps this interval.
+    """
+
     interval: TimeSliceInterval = "Default"
+    shareWithLowerTiers: bool = False
 
 
 class MpsConfig(_Strict):
@@ -228,6 +235,27 @@ def _tightened(merged: MpsConfig | None, claim: MpsConfig, ceiling: MpsConfig | 
     )
 
 
+_TS_RANK = {"Short": 3, "Medium": 2, "Long": 1, "Default": 0}  # as gpuplane.driver.sharing.timeslice_tiers
+
+
+def _timeslice_within(ceiling: TimeSlicingConfig, sharing: Sharing, where: str) -> Sharing:
+    """A claim's time-slicing under a tier class: a longer interval is fine, a shorter one or consent is not."""
+    claim = sharing.timeSlicing or TimeSlicingConfig(interval=ceiling.interval)
+    if _TS_RANK[claim.interval] > _TS_RANK[ceiling.interval]:
+        raise ConfigError(
+            f"{where}: timeSlicing.interval {claim.interval} is a higher tier than the device class's "
+            f"{ceiling.interval}; a claim may lengthen its interval, never shorten it"
+        )
+    if claim.shareWithLowerTiers and not ceiling.shareWithLowerTiers:
+        raise ConfigError(
+            f"{where}: timeSlicing.shareWithLowerTiers is the device class's choice; this class does not allow it"
+        )
+    return Sharing(
+        strategy="TimeSlicing",
+        timeSlicing=TimeSlicingConfig(interval=claim.interval, shareWithLowerTiers=ceiling.shareWithLowerTiers),
+    )
+
+
 def merge_configs(entries: Sequence[SourcedConfig], request: str, device_type: str) -> DeviceConfig:
     """The effective config for one request: class configs, then claim configs, later wins.
 
@@ -239,6 +267,7 @@ def merge_configs(entries: Sequence[SourcedConfig], request: str, device_type: s
     )
     merged: DeviceConfig = want(apiVersion=names.CONFIG_API_VERSION, kind=want.__name__)
     class_mps: MpsConfig | None = None
+    class_ts: TimeSlicingConfig | None = None
     ordered = [e for e in entries if e.source == "FromClass"] + [e for e in entries if e.source == "FromClaim"]
     for entry in ordered:
         if not entry.applies_to(request):
@@ -250,6 +279,10 @@ def merge_configs(entries: Sequence[SourcedConfig], request: str, device_type: s
                 f"{where}: kind {parsed.kind!r} does not apply to a {device_type!r} device; use {want.__name__!r}"
             )
         sharing = parsed.sharing
+        if sharing.strategy == "TimeSlicing" and entry.source == "FromClaim" and class_ts is not None:
+            sharing = _timeslice_within(class_ts, sharing, where)
+        if sharing.strategy == "TimeSlicing" and entry.source == "FromClass":
+            class_ts = sharing.timeSlicing or TimeSlicingConfig()
         if sharing.strategy == "MPS":
             mps = sharing.mps or MpsConfig()
             if entry.source == "FromClass":

@@ -3,7 +3,8 @@
 Each device gets its ``/dev/nvidia<minor>`` node (and, for a MIG device, the ``nvidia-caps`` nodes
 of its GPU and compute instance) and an env var naming its UUID; the claim gets
 ``NVIDIA_VISIBLE_DEVICES``/``CUDA_VISIBLE_DEVICES`` with the runtime UUIDs (MIG UUIDs for MIG
-devices), the control nodes, its MPS daemon's env and bind mounts, and the annotation naming the
+devices), the control nodes, its MPS daemon's env (with the claim's ``CUDA_MPS_CLIENT_PRIORITY``)
+and bind mounts, and the annotation naming the
 MIG instances the driver made for it (so a claim rebuilt after a corrupt checkpoint owns them
 again). Pure, given the caps minors (``caps_of``) and the daemon; the file is written by
 :func:`gpuplane.driver.prepare.cdi.write_spec`.
@@ -52,7 +53,8 @@ def claim_spec(
     ]
     common_mounts: list[cdi.Mount] = []
     if daemon is not None:
-        common_env.extend(f"{k}={v}" for k, v in sorted(daemon.container_env().items()))
+        daemon_env = daemon.container_env(rec.sharing.mps_client_priority)
+        common_env.extend(f"{k}={v}" for k, v in sorted(daemon_env.items()))
         common_mounts.extend(
             cdi.Mount(host_path=str(m.host_path), container_path=str(m.container_path), options=tuple(m.options))
             for m in daemon.container_mounts()

@@ -71,8 +71,10 @@ class DeviceRecord(_Tolerant):
 class SharingRecord(_Tolerant):
     strategy: str = "Exclusive"
     timeslice_interval: str | None = None
+    timeslice_share_lower: bool = False  # the class lets lower tiers share its GPUs
     mps_active_thread_percentage: int | None = None
     mps_pinned_limits: dict[str, int] = Field(default_factory=dict)  # device uuid -> bytes
+    mps_client_priority: int | None = None  # CUDA_MPS_CLIENT_PRIORITY: 0 normal, 1 below normal
 
 
 class ClaimRecord(_Tolerant):

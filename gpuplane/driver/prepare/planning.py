@@ -14,6 +14,7 @@ from gpuplane.driver.api import configs, names, quantity
 from gpuplane.driver.prepare.checkpoint import ClaimRecord, SharingRecord
 from gpuplane.driver.prepare.claims import AllocatedDevice, ClaimAllocation, ClaimError
 from gpuplane.driver.publish.inventory import GpuEntry, Inventory, MigSlot
+from gpuplane.driver.sharing import timeslice_tiers
 
 
 @dataclass
@@ -77,6 +78,9 @@ def plan_claim(
         if len(intervals) > 1:
             raise ClaimError(f"requests ask for different time-slice intervals {sorted(intervals)}; pick one")
         sharing.timeslice_interval = intervals.pop()
+        sharing.timeslice_share_lower = any(
+            cfg.sharing.timeSlicing is not None and cfg.sharing.timeSlicing.shareWithLowerTiers for *_, cfg in effective
+        )
     if strategy == "MPS":
         _plan_mps(alloc, effective, sharing)
     _check_co_tenants(claims, alloc, devices, sharing)
@@ -89,8 +93,12 @@ def _plan_mps(
     sharing: SharingRecord,
 ) -> None:
     percentages: set[int] = set()
+    priorities: set[int] = set()
     for dev, gpu, slot, cfg in effective:
         mps = cfg.sharing.mps or configs.MpsConfig()
+        priority = mps.client_priority_value()
+        if priority is not None:
+            priorities.add(priority)
         pct = mps.defaultActiveThreadPercentage
         share = consumed_percent(dev)
         if share is not None:
@@ -116,6 +124,8 @@ def _plan_mps(
             f"{sorted(percentages)}; one MPS daemon serves the claim, so use one value"
         )
     sharing.mps_active_thread_percentage = percentages.pop() if percentages else None
+    # Two requests of one claim with different priorities get the lower one: one daemon serves the claim.
+    sharing.mps_client_priority = max(priorities) if priorities else None
 
 
 def _check_co_tenants(
@@ -141,12 +151,15 @@ def _check_co_tenants(
                     f"with sharing strategy {theirs}; a {strategy} claim cannot share it "
                     "(only MPS with MPS, or time-slicing with time-slicing, may share a GPU)"
                 )
-            if strategy == "TimeSlicing" and other.sharing.timeslice_interval != sharing.timeslice_interval:
-                raise ClaimError(
-                    f"device {dev.device} is time-sliced with interval {other.sharing.timeslice_interval} "
-                    f"by claim {other.namespace}/{other.name}; this claim asks for "
-                    f"{sharing.timeslice_interval}. One GPU has one interval: use the same one"
+            if strategy == "TimeSlicing":
+                why = timeslice_tiers.mix_refusal(
+                    (sharing.timeslice_interval, sharing.timeslice_share_lower),
+                    (other.sharing.timeslice_interval, other.sharing.timeslice_share_lower),
+                    f"{other.namespace}/{other.name}",
+                    dev.device,
                 )
+                if why is not None:
+                    raise ClaimError(why)
 
 
 def limit_key(gpu_uuid: str, mig_start: int | None) -> str:

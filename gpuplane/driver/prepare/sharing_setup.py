@@ -2,24 +2,26 @@
 
 Side effects:
 
-- :meth:`ClaimSharing.setup`, for ``TimeSlicing`` with an interval: sets the time-slice of every
-  GPU of the claim through the backend (``nvidia-smi compute-policy`` on NVML). For ``MPS``:
+- :meth:`ClaimSharing.setup`, for ``TimeSlicing``: sets the time-slice of every GPU of the claim
+  through the backend (``nvidia-smi compute-policy`` on NVML) to the highest tier's interval among
+  the time-sliced claims on it (:mod:`gpuplane.driver.sharing.timeslice_tiers`). For ``MPS``:
   records ``mps_daemon`` in the checkpoint first (``save``), then starts the claim's daemon with
-  its thread percentage and pinned-memory limits (:class:`~gpuplane.driver.sharing.mps.MpsControl`:
+  its thread percentage, pinned-memory limits and client priority (:class:`~gpuplane.driver.sharing.mps.MpsControl`:
   directories, a process, its settings read back).
-- :meth:`ClaimSharing.undo`: stops the claim's daemon and removes its directories; puts each GPU's
-  time-slice back to ``Default`` unless another time-sliced claim still uses that GPU.
+- :meth:`ClaimSharing.undo`: stops the claim's daemon and removes its directories; sets each GPU's
+  time-slice to the interval of the time-sliced claims still on it (``Default`` when none is left).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from gpuplane.driver.hw import interface as hw
 from gpuplane.driver.prepare import planning
 from gpuplane.driver.prepare.cdi_assembly import runtime_uuid
 from gpuplane.driver.prepare.checkpoint import Checkpoint, ClaimRecord
+from gpuplane.driver.sharing import timeslice_tiers
 from gpuplane.driver.sharing.mps import MpsControl
 from gpuplane.driver.sharing.mps_spec import MpsSpec
 
@@ -32,11 +34,13 @@ class ClaimSharing:
         self.mps = mps
         self._step = step
 
-    def setup(self, rec: ClaimRecord, save: Callable[[], None]) -> None:
-        """Set up what ``rec.sharing`` asks for (nothing for ``Exclusive``)."""
-        if rec.sharing.strategy == "TimeSlicing" and rec.sharing.timeslice_interval:
-            for dev_rec in rec.devices:
-                self.backend.set_timeslice(dev_rec.gpu_uuid, rec.sharing.timeslice_interval)
+    def setup(self, cp: Checkpoint, rec: ClaimRecord, save: Callable[[], None]) -> None:
+        """Set up what ``rec.sharing`` asks for (nothing for ``Exclusive``); ``cp`` holds the GPUs' other claims."""
+        if rec.sharing.strategy == "TimeSlicing":
+            for dev_rec in rec.devices:  # the highest tier's interval (gpuplane.driver.sharing.timeslice_tiers)
+                others = timesliced_on(cp.claims, dev_rec.gpu_uuid, exclude=rec.uid)
+                interval = timeslice_tiers.gpu_interval([rec.sharing.timeslice_interval, *others])
+                self.backend.set_timeslice(dev_rec.gpu_uuid, interval)
         if rec.sharing.strategy == "MPS":
             uuids = tuple(runtime_uuid(d) for d in rec.devices)
             limits = {
@@ -54,6 +58,7 @@ class ClaimSharing:
                     device_uuids=uuids,
                     active_thread_percentage=rec.sharing.mps_active_thread_percentage,
                     pinned_memory_limits=limits,
+                    client_priority=rec.sharing.mps_client_priority,
                 )
             )
             self._step("prepare:mps-started")
@@ -66,12 +71,18 @@ class ClaimSharing:
             self._step("undo:mps-stopped")
         if rec.sharing.strategy == "TimeSlicing":
             for d in rec.devices:
-                still_shared = any(
-                    o.uid != rec.uid
-                    and o.sharing.strategy == "TimeSlicing"
-                    and any(x.gpu_uuid == d.gpu_uuid for x in o.devices)
-                    for o in cp.claims.values()
-                )
-                if not still_shared:
-                    with contextlib.suppress(hw.HardwareError):
-                        self.backend.set_timeslice(d.gpu_uuid, "Default")
+                # The next tier's interval once this claim leaves; Default when no time-sliced claim is left.
+                remaining = timeslice_tiers.gpu_interval(timesliced_on(cp.claims, d.gpu_uuid, exclude=rec.uid))
+                with contextlib.suppress(hw.HardwareError):
+                    self.backend.set_timeslice(d.gpu_uuid, remaining)
+
+
+def timesliced_on(claims: Mapping[str, ClaimRecord], gpu_uuid: str, *, exclude: str) -> list[str | None]:
+    """The intervals of the other time-sliced claims on one GPU."""
+    return [
+        o.sharing.timeslice_interval
+        for o in claims.values()
+        if o.uid != exclude
+        and o.sharing.strategy == "TimeSlicing"
+        and any(x.gpu_uuid == gpu_uuid and x.kind == "gpu" for x in o.devices)
+    ]

@@ -250,7 +250,7 @@ class DeviceState:
                 self.mig.create(dev_rec, gpu, slot, owned, lambda: self.store.save(cp))
             elif slot is None:
                 self.mig.leave_mig_mode(gpu)
-        self.sharing.setup(rec, lambda: self.store.save(cp))
+        self.sharing.setup(cp, rec, lambda: self.store.save(cp))
 
     def _write_cdi(self, rec: ClaimRecord) -> None:
         daemon = None

@@ -6,7 +6,8 @@ answers. Its exit status says only whether a daemon was reached, so :meth:`MpsCl
 reads each setting back: ``set_default_active_thread_percentage`` echoes the value (``25.0``);
 ``set_default_device_pinned_mem_limit <dev> <N>M`` takes the device ordinal within
 CUDA_VISIBLE_DEVICES and prints nothing, and real daemons show a limit of at least 1 GiB in whole
-GiB. Both defaults apply to servers started afterwards and are lost on ``quit``.
+GiB. ``set_default_client_priority`` (0 normal, 1 below normal) is read back with
+``get_default_client_priority``. The defaults apply to servers started afterwards and are lost on ``quit``.
 
 Side effects: runs the client binary (a subprocess per command) in a clean environment naming
 the claim's pipe and log dirs; :meth:`MpsClient.configure` changes the daemon's defaults.
@@ -97,6 +98,15 @@ class MpsClient:
                     f"claim {claim}: active thread percentage reads back as {one_line(reply)!r}, "
                     f"not {pct}{log_tail(tail)}"
                 )
+        if spec.client_priority is not None:
+            answer = self.ask(f"set_default_client_priority {spec.client_priority}")
+            reply = self.ask("get_default_client_priority")
+            if parse_priority(reply) != spec.client_priority:
+                raise MpsError(
+                    f"claim {claim}: set_default_client_priority {spec.client_priority} did not take: it answered "
+                    f"{one_line(answer)!r} and the priority reads back as {one_line(reply)!r} (a driver without "
+                    f"MPS client priorities? use a tier without clientPriority){log_tail(tail)}"
+                )
         for index, uuid in enumerate(spec.device_uuids):
             limit = spec.pinned_memory_limits.get(uuid)
             if limit is None:
@@ -130,6 +140,15 @@ def parse_float(text: str) -> float | None:
         return float(text.strip())
     except ValueError:
         return None
+
+
+def parse_priority(reply: str) -> int | None:
+    """A client-priority reply: ``1``, ``1 [BELOW NORMAL]``, ``BELOW_NORMAL`` -> 1; None when unreadable."""
+    text = reply.strip().upper().replace(" ", "_")
+    m = re.match(r"^(\d+)", text)
+    if m:
+        return int(m.group(1))
+    return {"NORMAL": 0, "BELOW_NORMAL": 1}.get(text.strip("[]"))
 
 
 def mem_reply_matches(reply: str, mib: int) -> bool:

@@ -34,7 +34,7 @@ import structlog
 from gpuplane.driver.host import atomic_write
 from gpuplane.driver.sharing.mps_client import MpsClient, log_tail, one_line
 from gpuplane.driver.sharing.mps_procs import MpsProcesses
-from gpuplane.driver.sharing.mps_spec import DaemonPaths, MpsDaemon, MpsError, MpsSpec, check_spec
+from gpuplane.driver.sharing.mps_spec import CLIENT_PRIORITY_ENV, DaemonPaths, MpsDaemon, MpsError, MpsSpec, check_spec
 
 log = structlog.get_logger(__name__)
 
@@ -203,6 +203,8 @@ class ClaimDaemon:
         binary, timeout_s = self.settings.binary, self.settings.start_timeout_s
         env = self.client.env()
         env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.device_uuids)
+        if spec.client_priority is not None:  # set before the daemon starts, it is the daemon's default too
+            env[CLIENT_PRIORITY_ENV] = str(spec.client_priority)
         launcher_log = self.paths.log / "launcher.log"
         with open(launcher_log, "wb") as out:
             try:

@@ -1,7 +1,7 @@
 """The values of per-claim MPS: what a daemon must look like, where it lives, what containers get.
 
 - :class:`MpsSpec`: what one claim's daemon must look like (devices, thread percentage, pinned
-  memory limits), with :func:`check_spec`, the checks made before anything is created;
+  memory limits, client priority), with :func:`check_spec`, the checks made before anything is created;
 - :class:`DaemonPaths`: the claim's directories under the MPS root (``daemon.json``, ``pipe/``,
   ``log/``, ``shm/``), from a claim uid that cannot escape the root;
 - :class:`MpsDaemon` and :class:`Mount`: a daemon as found, and the environment and bind mounts
@@ -29,6 +29,8 @@ PID_FILE = "nvidia-cuda-mps-control.pid"
 CONTROL_SOCKET = "control"
 MAX_SOCKET_PATH = 107  # bytes in sockaddr_un.sun_path, less the terminating NUL
 MIB = 1024 * 1024
+CLIENT_PRIORITY_ENV = "CUDA_MPS_CLIENT_PRIORITY"
+CLIENT_PRIORITIES = (0, 1)  # NVIDIA MPS guide: "Allowed values are 0 [NORMAL] and 1 [BELOW NORMAL]"
 
 CLAIM_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _BIND_OPTIONS = ("rw", "nosuid", "nodev", "bind")
@@ -47,7 +49,8 @@ class MpsSpec:
     ``device_uuids[i]``. ``pinned_memory_limits`` maps some of those UUIDs to
     a per-client limit in bytes (sent in whole MiB, rounded down).
     ``owner_uid``, if set, owns the pipe and shm dirs (a non-root workload
-    must be able to reach the control socket).
+    must be able to reach the control socket). ``client_priority`` is the
+    default scheduling priority of the claim's clients (0 normal, 1 below normal).
     """
 
     claim_uid: str
@@ -55,6 +58,7 @@ class MpsSpec:
     active_thread_percentage: int | None
     pinned_memory_limits: Mapping[str, int]
     owner_uid: int | None = None
+    client_priority: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -63,18 +67,21 @@ class MpsSpec:
             "active_thread_percentage": self.active_thread_percentage,
             "pinned_memory_limits": dict(sorted(self.pinned_memory_limits.items())),
             "owner_uid": self.owner_uid,
+            "client_priority": self.client_priority,
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> MpsSpec:
         pct = data.get("active_thread_percentage")
         owner = data.get("owner_uid")
+        priority = data.get("client_priority")
         return cls(
             claim_uid=str(data["claim_uid"]),
             device_uuids=tuple(str(u) for u in data["device_uuids"]),
             active_thread_percentage=None if pct is None else int(pct),
             pinned_memory_limits={str(k): int(v) for k, v in dict(data["pinned_memory_limits"]).items()},
             owner_uid=None if owner is None else int(owner),
+            client_priority=None if priority is None else int(priority),
         )
 
 
@@ -98,9 +105,12 @@ class MpsDaemon:
     shm_dir: Path
     pid: int | None
 
-    def container_env(self) -> dict[str, str]:
-        """Environment the claim's containers need to reach this daemon."""
-        return {"CUDA_MPS_PIPE_DIRECTORY": CONTAINER_PIPE_DIR}
+    def container_env(self, client_priority: int | None = None) -> dict[str, str]:
+        """Environment the claim's containers need: the daemon's pipe dir, and the clients' priority."""
+        env = {"CUDA_MPS_PIPE_DIRECTORY": CONTAINER_PIPE_DIR}
+        if client_priority is not None:
+            env[CLIENT_PRIORITY_ENV] = str(client_priority)
+        return env
 
     def container_mounts(self) -> list[Mount]:
         """The pipe dir (socket to the daemon) and the shared /dev/shm."""
@@ -163,6 +173,8 @@ def check_spec(spec: MpsSpec, paths: DaemonPaths) -> None:
     pct = spec.active_thread_percentage
     if pct is not None and not 1 <= pct <= 100:
         raise MpsError(f"claim {claim}: active thread percentage {pct} is outside 1..100")
+    if spec.client_priority is not None and spec.client_priority not in CLIENT_PRIORITIES:
+        raise MpsError(f"claim {claim}: client priority {spec.client_priority} is not 0 (normal) or 1 (below normal)")
     unknown = sorted(set(spec.pinned_memory_limits) - set(spec.device_uuids))
     if unknown:
         raise MpsError(f"claim {claim}: pinned memory limits for devices not in the claim: {unknown}")

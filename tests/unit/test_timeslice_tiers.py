@@ -1,0 +1,77 @@
+"""Tiers on a time-sliced GPU, through the driver's prepare path on the simulator.
+
+The GPU is set to the interval of the highest tier time-slicing it; a tier joins a GPU another
+tier time-slices only when the higher tier's class allows it; a claim may lengthen its class's
+interval (a lower tier), never shorten it, and cannot give consent its class did not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpuplane.driver.api import configs
+from gpuplane.driver.sharing import timeslice_tiers
+from tests.driverkit import driver_env, make_claim, ref
+
+CFG = {"apiVersion": "gpu.gpuplane.dev/v1alpha1", "kind": "GpuConfig"}
+
+
+def tier(interval: str, share_lower: bool = False) -> dict[str, Any]:
+    ts: dict[str, Any] = {"interval": interval}
+    if share_lower:
+        ts["shareWithLowerTiers"] = True
+    return {**CFG, "sharing": {"strategy": "TimeSlicing", "timeSlicing": ts}}
+
+
+def test_the_gpu_gets_the_highest_tier_interval_and_falls_back_when_it_leaves() -> None:
+    with driver_env("hgx-h100", "node-a") as drv:
+        uuid = drv.sim.uuid_of_minor(0)
+        gold = make_claim("gold", drv.node, [{"device": "gpu-0", "shareID": "1"}], class_config=[tier("Short", True)])
+        bronze = make_claim("bronze", drv.node, [{"device": "gpu-0", "shareID": "2"}], class_config=[tier("Long")])
+        drv.claims.add(gold, bronze)
+        assert drv.state.prepare([ref(bronze)])[bronze["metadata"]["uid"]].error == ""
+        assert drv.sim.timeslice(uuid) == "Long"
+        assert drv.state.prepare([ref(gold)])[gold["metadata"]["uid"]].error == ""  # gold's class consents
+        assert drv.sim.timeslice(uuid) == "Short", "the GPU takes the gold tier's interval"
+        drv.state.unprepare([ref(gold)])
+        assert drv.sim.timeslice(uuid) == "Long", "back to the bronze tier's once gold leaves"
+        drv.state.unprepare([ref(bronze)])
+        assert drv.sim.timeslice(uuid) == "Default"
+
+
+def test_gold_never_lands_with_bronze_unless_its_class_allows_it() -> None:
+    with driver_env("hgx-h100", "node-a") as drv:
+        uuid = drv.sim.uuid_of_minor(1)
+        bronze = make_claim("bronze", drv.node, [{"device": "gpu-1", "shareID": "1"}], class_config=[tier("Long")])
+        gold = make_claim("gold", drv.node, [{"device": "gpu-1", "shareID": "2"}], class_config=[tier("Short")])
+        drv.claims.add(bronze, gold)
+        assert drv.state.prepare([ref(bronze)])[bronze["metadata"]["uid"]].error == ""
+        err = drv.state.prepare([ref(gold)])[gold["metadata"]["uid"]].error
+        assert "tier bronze (interval Long)" in err and "this claim is tier gold (interval Short)" in err
+        assert "shareWithLowerTiers" in err
+        assert drv.sim.timeslice(uuid) == "Long", "the refused claim changed nothing"
+        assert gold["metadata"]["uid"] not in drv.state.snapshot().claims
+
+
+def test_a_claim_may_lengthen_its_interval_but_not_shorten_it_or_consent() -> None:
+    def merged(claim: dict[str, Any], cls: dict[str, Any]) -> configs.DeviceConfig:
+        return configs.merge_configs(
+            [configs.SourcedConfig("FromClass", (), cls), configs.SourcedConfig("FromClaim", (), claim)], "gpu", "gpu"
+        )
+
+    lengthened = merged(tier("Long"), tier("Short"))
+    assert lengthened.sharing.timeSlicing is not None and lengthened.sharing.timeSlicing.interval == "Long"
+    with pytest.raises(configs.ConfigError, match="Short is a higher tier than the device class's Long"):
+        merged(tier("Short"), tier("Long"))
+    with pytest.raises(configs.ConfigError, match="shareWithLowerTiers is the device class's choice"):
+        merged(tier("Long", True), tier("Long"))
+
+
+def test_interval_rule_is_pure_and_total() -> None:
+    assert timeslice_tiers.gpu_interval([]) == "Default"
+    assert timeslice_tiers.gpu_interval(["Long", None, "Medium"]) == "Medium"
+    assert timeslice_tiers.mix_refusal(("Short", False), ("Short", False), "x", "gpu-0") is None
+    assert timeslice_tiers.mix_refusal(("Long", False), ("Short", True), "x", "gpu-0") is None
+    assert timeslice_tiers.mix_refusal(("Long", False), ("Short", False), "x", "gpu-0") is not None
