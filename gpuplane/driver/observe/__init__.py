@@ -14,6 +14,7 @@
 - ``attribution``: which claim a GPU process belongs to (reads ``/proc``).
 - ``noisy_watch``: bandwidth shares on MPS-shared GPUs into ``noisy``, alerts into Events and counters.
 - ``noisy``: noisy-neighbour detection on MPS-shared GPUs; pure.
+- ``noisy_taints``: the active alerts as device taints for the publisher (the controller's signal).
 - ``cost``: GPU time per claim into a ledger file, and the ``python -m
   gpuplane.driver.observe.cost`` summary.
 """

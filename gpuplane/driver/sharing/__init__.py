@@ -8,6 +8,8 @@
 - ``mps_procs``: finds MPS daemons and servers in ``/proc`` (reads it) and signals them.
 - ``mps_spec``: the values (spec, paths, what containers get) and the spec checks; no I/O.
 
+- ``timeslice_tiers``: which interval a time-sliced GPU gets and which tiers may share it; pure.
+
 Time-slicing needs no daemon: ``DeviceState`` (:mod:`gpuplane.driver.prepare.state`) sets the
 GPU's time-slice through the hardware backend.
 """
