@@ -32,9 +32,9 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from bench.placement_bench import DEFAULT_TRACE, HGX, REPO, Topology, load_pods, load_workload, size_mix
 from bench.rightsize_needs import Option, Variant, h100, options, soft_threshold
 from bench.rightsize_replay import Item, Result, replay
+from bench.trace import DEFAULT_TRACE, HGX, REPO, Topology, load_pods, load_workload, size_mix
 from gpuplane.controller.placement import model, snapshot
 from gpuplane.controller.placement.policies import make as make_policy
 

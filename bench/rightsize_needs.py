@@ -5,7 +5,7 @@ that share of its SMs (``compute`` = ceil(milli / 10) %) and of its memory (the 
 GPU memory column; GPU-sharing in that cluster hands out memory with the share, so the need's
 memory is ``milli / 1000`` of the GPU's). What it is offered is decided by gpuplane's own rule,
 :func:`gpuplane.controller.rightsize.alternatives.plan`, on the fleet's one model, an H100 80GB
-with the driver's MIG table (``gpuplane.driver.hw.mig_tables.H100_80GB``, SMs and memory as the
+with the driver's MIG table (``gpuplane.mig.models.H100_80GB``, SMs and memory as the
 driver publishes them):
 
 * ``fixed``: the smallest MIG profile that meets the need, and nothing else (what a user who
@@ -27,11 +27,12 @@ from typing import Literal
 
 from gpuplane.controller.rightsize import alternatives, fleet
 from gpuplane.controller.rightsize.need import Need
-from gpuplane.driver.hw import mig_tables, sim_profiles
+from gpuplane.driver.hw import sim_profiles
+from gpuplane.mig import models
 
 Variant = Literal["fixed", "right-sized"]
 GPU = sim_profiles.H100_SXM
-MIG_TABLE = mig_tables.H100_80GB
+MIG_TABLE = models.H100_80GB
 # The placement module's Hopper geometry names, by (compute slices, memory slices).
 PLACEMENT_PROFILE = {(1, 1): "1g", (1, 2): "1g.2m", (2, 2): "2g", (3, 4): "3g", (4, 4): "4g", (7, 8): "7g"}
 

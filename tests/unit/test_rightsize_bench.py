@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.placement_bench import HGX, Pod, load_workload
+from bench.trace import HGX, Pod, load_workload
 from bench.rightsize_needs import Option, h100, need_of, options, soft_threshold
 from bench.rightsize_replay import Item, replay
 from gpuplane.controller.placement import model, snapshot
