@@ -107,6 +107,7 @@ def test_feature_switches(helm_bin: Path) -> None:
         "features.mig=false",
         "features.mps=false",
         "features.nvidiaGpuExtendedResource=false",
+        "features.timeSlicing=false",
     )
     kinds = {(o["kind"], o["metadata"]["name"]) for o in objects}
     assert not any("controller" in name for _, name in kinds)
