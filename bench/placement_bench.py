@@ -23,8 +23,20 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from bench.placement_deciders import Decider, Placer, make_policy
 from bench.placement_latency import latency_curve
-from bench.placement_report import POLICIES, Check, Run, avg, checks_for, percentile, table
+from bench.placement_report import (
+    LEVERS,
+    POLICIES,
+    Check,
+    Run,
+    avg,
+    checks_for,
+    compact,
+    percentile,
+    steering_checks,
+    table,
+)
 from bench.trace import (
     DEFAULT_TRACE,
     DURATION_CAP_S,
@@ -39,6 +51,7 @@ from bench.trace import (
     load_workload,
     size_mix,
     trace_time_workload,
+    units,
 )
 from gpuplane.controller.placement import fragmentation, geometry, model, place, policies, snapshot
 
@@ -89,7 +102,7 @@ Probe = Callable[[snapshot.Snapshot, Sequence[model.Decision]], None]
 
 def replay(
     topo: Topology,
-    policy: policies.base.Policy,
+    policy: Decider,
     work: Workload,
     mix: fragmentation.SizeMix,
     probe: Probe | None = None,
@@ -99,6 +112,7 @@ def replay(
     ``probe``, if given, sees the snapshot and the running decisions at every sample time (analysis only).
     """
     t0 = time.perf_counter()
+    placer = policy if isinstance(policy, Placer) else None
     snap = snapshot.uniform_cluster(topo.domains, topo.nodes_per_domain, topo.gpus_per_node)
     slots = snap.slots
     frag = fragmentation.Fragmentation(mix, slots)
@@ -136,8 +150,8 @@ def replay(
         if own:
             queued[shapes[i]] -= 1  # the request being placed is not part of what waits behind it
         a = time.perf_counter_ns()
-        policies.base.observe_queue(policy, queued)
-        d = place.place(reqs[i], snap, policy)
+        policies.base.observe_queue(policy, queued)  # type: ignore[arg-type]
+        d = placer.place(reqs[i], snap) if placer is not None else place.place(reqs[i], snap, policy)  # type: ignore[arg-type]
         lat.append(time.perf_counter_ns() - a)
         if own:
             queued[shapes[i]] += 1
@@ -163,6 +177,8 @@ def replay(
             failed.add(shapes[i])
             return False
         snap = snap.with_allocation(d)
+        if placer is not None:
+            placer.allocated(d)
         run.crossings += crossings(reqs[i], d)
         heapq.heappush(deps, (now + dur[i], seq, d))
         seq += 1
@@ -186,7 +202,10 @@ def replay(
             si += 1
         if t_dep <= t_arr:
             while deps and deps[0][0] == t_dep:
-                snap = snap.with_release(heapq.heappop(deps)[2])
+                gone = heapq.heappop(deps)[2]
+                snap = snap.with_release(gone)
+                if placer is not None:
+                    placer.released(gone)
             failed.clear()
             for i in list(waiting):
                 if shapes[i] not in failed and try_place(i, t_dep):
@@ -204,6 +223,18 @@ def replay(
     run.waiting_end = sum(1 for i in waiting if i >= npre)
     run.wait_mean = statistics.fmean(waits)
     run.wait_p99 = percentile(waits, 0.99)
+    mig_w = [w for i, w in zip(range(npre, n), waits, strict=True) if reqs[i].mig_profile is not None]
+    whole_w = [w for i, w in zip(range(npre, n), waits, strict=True) if reqs[i].mig_profile is None]
+    run.wait_mig = statistics.fmean(mig_w) if mig_w else 0.0
+    run.wait_whole = statistics.fmean(whole_w) if whole_w else 0.0
+    u = [units(reqs[i]) for i in range(npre, n)]
+    groups: dict[str, list[tuple[bool, float]]] = {}
+    for i, w in zip(range(npre, n), waits, strict=True):
+        groups.setdefault(shapes[i].label(), []).append((i in started, w))
+    run.by_shape = {
+        k: (len(v), sum(1 for ok, _ in v if ok), statistics.fmean(w for _, w in v)) for k, v in sorted(groups.items())
+    }
+    run.wait_units = sum(a * b for a, b in zip(u, waits, strict=True)) / sum(u) if u else 0.0
     run.frag, run.frag_pct = fr, 100.0 * fr / free if free else 0.0
     run.slivers, run.tp8, run.util = sliv, tp8, 100.0 * used / topo.gpus
     run.gpu_waiting = 100.0 * gpu_waiting / SAMPLES
@@ -226,13 +257,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--write-docs", action="store_true", help="write the report into docs/placement.md")
     ap.add_argument("--skip-trace-time", action="store_true")
     ap.add_argument("--skip-latency", action="store_true")
+    ap.add_argument("--levers", action="store_true", help="also each steering lever alone (" + ", ".join(LEVERS) + ")")
+    ap.add_argument("--files", default=",".join(FILES), help="trace files to replay (default: both)")
+    ap.add_argument("--topologies", default="hgx,nvl72", help="fleets to replay (default: both)")
+    ap.add_argument("--loads", default="1.0,1.2", help="offered loads (default: 1.0,1.2)")
+    ap.add_argument("--compact", action="store_true", help="one line per policy (fragmentation, waits) per scenario")
     args = ap.parse_args(argv)
+    columns = POLICIES + (LEVERS if args.levers else ())
+    files = [f for f in args.files.split(",") if f]
+    topos = [{"hgx": HGX, "nvl72": NVL72}[t] for t in args.topologies.split(",") if t]
+    loads = [float(x) for x in args.loads.split(",") if x]
     limit = 2500 if args.quick else None
     lat_decisions = 2000 if args.quick else 5000
     cmd = (
         "python -m bench.placement_bench"
         + (" --quick" if args.quick else "")
         + (f" --seeds {args.seeds}" if args.seeds != 5 else "")
+        + (" --levers" if args.levers else "")
+        + (f" --files {args.files}" if files != list(FILES) else "")
+        + (f" --topologies {args.topologies}" if len(topos) != 2 else "")
+        + (f" --loads {args.loads}" if loads != [1.0, 1.2] else "")
+        + (" --compact" if args.compact else "")
     )
     out: list[str] = []
 
@@ -251,34 +296,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     all_checks: list[Check] = []
     t_start = time.perf_counter()
-    for fname in FILES:
+    for fname in files:
         pods, skipped = load_pods(args.trace_dir / f"openb_pod_list_{fname}.csv")
         emit()
         emit(f"## {fname}: {len(pods)} GPU pods, {skipped} CPU-only pods skipped")
-        for topo in (HGX, NVL72):
+        for topo in topos:
             mix = size_mix(pods, topo)
             emit(f"size mix on {topo.name}: " + ", ".join(f"{s.label()} {100 * w:.1f}%" for s, w in mix.shapes))
             if not args.skip_trace_time:
                 work = trace_time_workload(pods, topo, limit)
-                runs = {p: [replay(topo, policies.make(p, mix), work, mix)] for p in POLICIES}
+                runs = {p: [replay(topo, make_policy(p, mix, topo), work, mix)] for p in columns}
                 emit()
                 for line in table(f"### {fname} / {topo.name} / trace time (one run, no queueing pressure)", runs):
                     emit(line)
-            for load in (1.0, 1.2):
-                runs = {p: [] for p in POLICIES}
+            for load in loads:
+                runs = {p: [] for p in columns}
                 for seed in range(args.seeds):
                     work = load_workload(pods, topo, load, seed, limit)
-                    for p in POLICIES:
-                        runs[p].append(replay(topo, policies.make(p, mix), work, mix))
+                    for p in columns:
+                        runs[p].append(replay(topo, make_policy(p, mix, topo), work, mix))
                 emit()
                 scen = f"{fname} / {topo.name} / load {load}"
-                for line in table(f"### {scen} ({args.seeds} seeds)", runs):
+                for line in (compact if args.compact else table)(f"### {scen} ({args.seeds} seeds)", runs):
                     emit(line)
                 emit(
                     f"(prefill dropped: {avg(runs['gpuplane'], lambda r: r.dropped_prefill):.0f};"
                     f" wall {sum(r.seconds for rs in runs.values() for r in rs):.0f} s)"
                 )
                 all_checks.extend(checks_for(scen, topo, runs))
+                all_checks.extend(steering_checks(scen, runs))
     if not args.skip_latency:
         pods, _ = load_pods(args.trace_dir / "openb_pod_list_default.csv")
         for topo in (HGX, NVL72):

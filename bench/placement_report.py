@@ -8,11 +8,22 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bench.trace import NVL72, Topology
 
-POLICIES = ("gpuplane", "best-fit", "first-fit", "spread")
+BASELINES = ("gpuplane", "best-fit", "first-fit", "spread")
+TODAY = "kube-scheduler (today)"
+STEERED = "kube-scheduler + gpuplane steering"
+POLICIES = (*BASELINES, TODAY, STEERED)
+LEVERS = (
+    "+ withhold",
+    "+ order",
+    "+ order + withhold",
+    "+ node",
+    "+ steering, driver on the prior mix",
+    "+ steering, queue in the controller",
+)
 
 
 @dataclass(slots=True)
@@ -23,6 +34,10 @@ class Run:
     waiting_end: int = 0
     wait_mean: float = 0.0
     wait_p99: float = 0.0
+    wait_mig: float = 0.0  # mean wait of MIG requests
+    wait_whole: float = 0.0  # mean wait of whole-GPU requests (1 GPU and TP groups)
+    wait_units: float = 0.0  # mean wait weighted by the capacity each request asks for
+    by_shape: dict[str, tuple[int, int, float]] = field(default_factory=dict)  # label -> (requests, placed, mean wait)
     frag: float = 0.0
     frag_pct: float = 0.0
     slivers: float = 0.0
@@ -50,6 +65,9 @@ METRICS: tuple[tuple[str, str, Callable[[Run], float]], ...] = (
     ("waiting at end", "{:.1f}", lambda r: r.waiting_end),
     ("mean wait (s)", "{:.0f}", lambda r: r.wait_mean),
     ("p99 wait (s)", "{:.0f}", lambda r: r.wait_p99),
+    ("mean wait, MIG requests (s)", "{:.0f}", lambda r: r.wait_mig),
+    ("mean wait, whole GPUs (s)", "{:.0f}", lambda r: r.wait_whole),
+    ("mean wait per GPU asked (s)", "{:.0f}", lambda r: r.wait_units),
     ("fragmentation (GPUs)", "{:.1f}", lambda r: r.frag),
     ("fragmentation (% free)", "{:.1f}", lambda r: r.frag_pct),
     ("slivers on partial GPUs", "{:.1f}", lambda r: r.slivers),
@@ -69,16 +87,16 @@ def mean_sd(xs: Sequence[float]) -> tuple[float, float]:
 
 def table(title: str, runs: dict[str, list[Run]]) -> list[str]:
     """One side-by-side table: metric rows, policy columns, mean ± sd over seeds."""
-    names = [p for p in POLICIES if p in runs]
-    width = 20
-    lines = [title, f"{'metric':<28}" + "".join(f"{n:>{width}}" for n in names)]
+    names = list(runs)
+    widths = [max(20, len(n) + 2) for n in names]
+    lines = [title, f"{'metric':<32}" + "".join(f"{n:>{w}}" for n, w in zip(names, widths, strict=True))]
     for label, fmt, get in METRICS:
         cells = []
-        for n in names:
+        for n, w in zip(names, widths, strict=True):
             m, sd = mean_sd([get(r) for r in runs[n]])
             cell = fmt.format(m) + (" ± " + fmt.format(sd) if len(runs[n]) > 1 else "")
-            cells.append(f"{cell:>{width}}")
-        lines.append(f"{label:<28}" + "".join(cells))
+            cells.append(f"{cell:>{w}}")
+        lines.append(f"{label:<32}" + "".join(cells))
     return lines
 
 
@@ -140,6 +158,57 @@ def checks_for(scenario: str, topo: Topology, runs: dict[str, list[Run]]) -> lis
             )
         out.append(Check(f"{scenario}: TP8-capable domains >= best-fit + 25%", g >= 1.25 * b and g > 0, detail))
     return out
+
+
+def steering_checks(scenario: str, runs: dict[str, list[Run]]) -> list[Check]:
+    """Issue 14's targets: the steered default path within 5 % of gpuplane, >= 20 % below today's, waiting no worse."""
+    if TODAY not in runs or STEERED not in runs:
+        return []
+    gp, today, st = runs["gpuplane"], runs[TODAY], runs[STEERED]
+    g, t, s = (avg(x, lambda r: r.frag) for x in (gp, today, st))
+    out = [
+        Check(
+            f"{scenario}: steered fragmentation within 5% of gpuplane",
+            s <= 1.05 * g + 1e-9,
+            f"steered {s:.2f} vs gpuplane {g:.2f} GPUs ({_rel(s, g)})",
+        ),
+        Check(
+            f"{scenario}: steered fragmentation >= 20% below today's default path",
+            s <= 0.80 * t,
+            f"steered {s:.2f} vs today {t:.2f} GPUs ({_rel(s, t)})",
+        ),
+    ]
+    for label, get in (("mean wait", lambda r: r.wait_mean), ("mean wait per GPU asked", lambda r: r.wait_units)):
+        a, b = avg(st, get), avg(today, get)
+        out.append(
+            Check(
+                f"{scenario}: steered {label} no worse than today's (+5%)",
+                a <= 1.05 * b + 1e-9,
+                f"steered {a:.0f} vs today {b:.0f} s ({_rel(a, b)})",
+            )
+        )
+    return out
+
+
+def compact(title: str, runs: dict[str, list[Run]]) -> list[str]:
+    """One line per column: fragmentation, mean wait, wait per GPU asked, placed (mean ± sd)."""
+    lines = [
+        title,
+        f"{'policy':<40}{'fragmentation (GPUs)':>22}{'mean wait (s)':>16}{'wait/GPU (s)':>16}{'placed':>12}",
+    ]
+    for name, rs in runs.items():
+        cells = []
+        for get, fmt, w in (
+            (lambda r: r.frag, "{:.1f}", 22),
+            (lambda r: r.wait_mean, "{:.0f}", 16),
+            (lambda r: r.wait_units, "{:.0f}", 16),
+            (lambda r: float(r.placed), "{:.0f}", 12),
+        ):
+            m, sd = mean_sd([get(r) for r in rs])
+            cell = fmt.format(m) + (" ± " + fmt.format(sd) if len(rs) > 1 else "")
+            cells.append(f"{cell:>{w}}")
+        lines.append(f"{name:<40}" + "".join(cells))
+    return lines
 
 
 def _rel(a: float, b: float) -> str:

@@ -93,8 +93,8 @@ def _driver_command() -> list[str]:
     return [str(script)] if script.is_file() else [sys.executable, "-m", "gpuplane.driver.main"]
 
 
-def driver_argv(node: SimNode, kubeconfig: Path) -> list[str]:
-    """The driver's command line for ``node``."""
+def driver_argv(node: SimNode, kubeconfig: Path, extra: Sequence[str] = ()) -> list[str]:
+    """The driver's command line for ``node`` (``extra``: more flags, e.g. ``--steer-order``)."""
     argv = [
         *_driver_command(),
         f"--node-name={node.name}",
@@ -111,7 +111,7 @@ def driver_argv(node: SimNode, kubeconfig: Path) -> list[str]:
     ]
     if node.sim_config:
         argv.append(f"--sim-config={node.sim_config_file}")
-    return argv
+    return [*argv, *extra]
 
 
 def kubelet_argv(node: SimNode) -> list[str]:
@@ -184,10 +184,12 @@ class SimNodes:
         die_with_parent: bool = False,
         ready_timeout: float = READY_TIMEOUT_S,
         rack_nodes: int = GB200_RACK_NODES,
+        driver_args: Sequence[str] = (),
         out: Printer = print,
     ) -> None:
         self.state_dir = Path(state_dir).resolve()
         self.rack_nodes = rack_nodes
+        self.driver_args = tuple(driver_args)
         self.access = ClusterAccess.from_state_dir(self.state_dir, Path(kubeconfig))
         self.driver_credentials = driver_credentials
         self.die_with_parent = die_with_parent
@@ -238,7 +240,10 @@ class SimNodes:
             for node in renumbered:
                 self._out(f"node {node.name}: {node.profile}, sockets in {node.socket_dir}, address {node.host_ip}")
                 _prepare_dirs(node, self.access)
-                self._spawn(node.driver_process, driver_argv(node, self.driver_credentials(node, self.access)))
+                self._spawn(
+                    node.driver_process,
+                    driver_argv(node, self.driver_credentials(node, self.access), self.driver_args),
+                )
                 self._spawn(node.kubelet_process, kubelet_argv(node))
             self._wait_ready(renumbered, started)
         except BaseException:

@@ -41,6 +41,11 @@ class ControllerConfig(BaseModel):
     rebalance_cooldown_s: float = Field(default=300.0, gt=0)
     move_ledger: str | None = None  # JSON-lines cost ledger of moves; None: metric and log only
     eviction_grace_s: int | None = Field(default=None, ge=0)  # None: each pod's own grace period
+    # Gate-and-steer (gpuplane.controller.steer): how the node choice is written into a gated pod
+    # ("prefer": a preferred affinity term; "require": required terms narrowed), and how long a pod may
+    # stay gated before it is released to the scheduler undecided.
+    steer_mode: Literal["prefer", "require"] = "prefer"
+    steer_timeout_s: float = Field(default=30.0, gt=0)
     log_level: str = "INFO"
     log_format: Literal["auto", "json", "console"] = "auto"
 
@@ -116,6 +121,18 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Contro
     p.add_argument("--move-ledger", default=env("MOVE_LEDGER"), help="JSON-lines ledger of moves (cost format)")
     grace = env("EVICTION_GRACE")
     p.add_argument("--eviction-grace", type=int, default=int(grace) if grace else None)
+    p.add_argument(
+        "--steer-mode",
+        choices=["prefer", "require"],
+        default=env("STEER_MODE", "prefer"),
+        help="how a steered pod gets its node: a preferred affinity term (default) or narrowed required terms",
+    )
+    p.add_argument(
+        "--steer-timeout",
+        type=float,
+        default=float(env("STEER_TIMEOUT", "30") or 30),
+        help="seconds a pod may stay gated for steering before it is released to the scheduler undecided",
+    )
     p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
     p.add_argument("--log-format", choices=["auto", "json", "console"], default=env("LOG_FORMAT", "auto"))
     a = p.parse_args(argv)
@@ -144,6 +161,8 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Contro
         rebalance_cooldown_s=a.rebalance_cooldown,
         move_ledger=a.move_ledger,
         eviction_grace_s=a.eviction_grace,
+        steer_mode=a.steer_mode,
+        steer_timeout_s=a.steer_timeout,
         log_level=a.log_level,
         log_format=a.log_format,
     )

@@ -9,6 +9,7 @@ module-level registry, so tests and main() each get their own).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 import time
@@ -18,12 +19,14 @@ from typing import Any
 
 import kopf
 
-from gpuplane.controller import config, names, runtime
+from gpuplane.controller import config, names, runtime, steering
 from gpuplane.controller.claim import checks
 from gpuplane.controller.gang import owners
 from gpuplane.controller.rebalance import act, decide, loop
 from gpuplane.controller.rightsize import apply as rightsize
 from gpuplane.controller.rightsize import template as rs_template
+from gpuplane.controller.steer import decide as steer_decide
+from gpuplane.controller.steer import gate as steer_gate
 from gpuplane.driver.api import names as dn
 
 RESOURCE = ("resource.k8s.io", "v1")
@@ -72,7 +75,9 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
         if (body.get("spec") or {}).get("driver") != dn.DRIVER_NAME:
             return None
         memo.touched()
-        return {name: _plain(body, "spec")}
+        # Not deep-copied like the other indexes: slices are the largest objects and the most frequent
+        # events (the steered layout rewrites a few per prepare), and nothing here mutates them.
+        return {name: {"metadata": dict(body.get("metadata") or {}), "spec": body.get("spec") or {}}}
 
     @kopf.index("nodes", id="node_idx", registry=reg)
     def node_idx(body: kopf.Body, name: str, memo: runtime.Runtime, **_: Any) -> dict[str, Any]:
@@ -87,7 +92,24 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
     @kopf.index(*RESOURCE, "deviceclasses", id="class_idx", registry=reg)
     def class_idx(body: kopf.Body, name: str, memo: runtime.Runtime, **_: Any) -> dict[str, Any]:
         memo.touched()
-        return {name: _plain(body, "spec")}
+        # Not deep-copied like the other indexes: slices are the largest objects and the most frequent
+        # events (the steered layout rewrites a few per prepare), and nothing here mutates them.
+        return {name: {"metadata": dict(body.get("metadata") or {}), "spec": body.get("spec") or {}}}
+
+    @kopf.index(*RESOURCE, "resourceclaimtemplates", id="claim_template_idx", registry=reg)
+    def claim_template_idx(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[str, Any]:
+        return {f"{namespace}/{name}": _plain(body, "spec")}
+
+    @kopf.index("pods", id="pending_pod_idx", registry=reg)
+    def pending_pod_idx(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[str, Any] | None:
+        spec = body.get("spec") or {}
+        if (
+            spec.get("nodeName")
+            or not spec.get("resourceClaims")
+            or (body.get("metadata") or {}).get("deletionTimestamp")
+        ):
+            return None
+        return {f"{namespace}/{name}": _plain(body, "spec")}
 
     def makes_members(body: kopf.Body, **_: Any) -> bool:
         return owners.gang_of_job(body) is not None
@@ -129,6 +151,48 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
     async def gang_event(namespace: str | None, name: str, type: str, memo: Any, **kw: Any) -> None:
         if type in ("ADDED", "MODIFIED"):
             await gang(namespace, name, memo, kw)
+
+    # --- gate-and-steer (single pods with a claim, gated at admission) ----------------------------------
+    def steer_gated(body: kopf.Body, **_: Any) -> bool:
+        return steer_gate.held_by(body, steer_decide.Settings().gate)
+
+    async def steer_once(memo: runtime.Runtime, kw: Mapping[str, Any]) -> None:
+        async with memo.lock():
+            pending = list(runtime.single(kw["pending_pod_idx"]).values())
+            templates = runtime.single(kw["claim_template_idx"])
+            labels = {
+                n: dict(((v.get("metadata") or {}).get("labels")) or {})
+                for n, v in runtime.single(kw["node_idx"]).items()
+            }
+            await steering.steer_pass(
+                memo, world_of(memo, kw), pending=pending, templates=templates, now=time.time(), node_labels=labels
+            )
+
+    async def steer_loop(memo: runtime.Runtime) -> None:
+        """One loop per process: a pass whenever a gated pod changed, and every resync period while any is."""
+        shared = memo.shared
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(shared.steer_wake.wait(), timeout=cfg.resync_s)
+            shared.steer_wake.clear()
+            kw = shared.steer_kw
+            if kw is None or not memo.leading():
+                continue
+            try:
+                await steer_once(memo, kw)
+            except Exception:  # the loop must outlive any one pass
+                logging.getLogger(__name__).exception("steering pass failed; retrying on the next wake")
+
+    @kopf.on.event("pods", when=steer_gated, registry=reg)
+    async def steer_event(type: str, memo: Any, **kw: Any) -> None:
+        # Cheap: remember the (live) indexes, wake the loop, which coalesces any number of these.
+        if type not in ("ADDED", "MODIFIED", None):
+            return
+        shared = memo.shared
+        shared.steer_kw = kw
+        shared.steer_wake.set()
+        if shared.steer_task is None or shared.steer_task.done():
+            shared.steer_task = asyncio.create_task(steer_loop(memo))
 
     # --- NVLink domain labels --------------------------------------------------------------------
     async def label(node: str, memo: runtime.Runtime, kw: Mapping[str, Any]) -> None:

@@ -55,6 +55,24 @@ class ControllerMetrics:
             ["namespace", "tier"],
             registry=self.registry,
         )
+        self.steer_decisions = prom.Counter(
+            "gpuplane_steer_decisions_total",
+            "Pods released from the steering gate, by outcome (steered, no-room, unsteerable, pinned, timeout).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.steer_seconds = prom.Histogram(
+            "gpuplane_steer_gate_seconds",
+            "Seconds from this replica first seeing a pod gated to its gate being lifted.",
+            buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30),
+            registry=self.registry,
+        )
+        self.steer_pass_seconds = prom.Histogram(
+            "gpuplane_steer_pass_seconds",
+            "Duration of one steering pass (view build and one decision per gated pod).",
+            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1),
+            registry=self.registry,
+        )
 
         self.leader_terms = prom.Counter(
             "gpuplane_controller_leader_terms_total",

@@ -31,10 +31,12 @@ from gpuplane.controller.node import labels, snapshot_builder
 from gpuplane.controller.placement.policies import base as policy_base
 from gpuplane.controller.placement.policies import make as make_policy
 from gpuplane.controller.rightsize import template as rs_template
+from gpuplane.controller.steer import reconciler as steer_reconciler
 
 log = structlog.get_logger(__name__)
 
 OVERLAY_TTL_S = 30.0
+EXPLAIN_VIEW_AGE_S = 5.0  # an unallocated claim's explanation may use a view this old (one per claim timer otherwise)
 
 
 @dataclass
@@ -44,7 +46,14 @@ class Shared:
     lock: asyncio.Lock | None = None
     version: int = 0
     plan: tuple[int, queue_runner.Plan, snapshot_builder.ClusterView] | None = None
+    plan_at: float = 0.0  # monotonic time the plan was computed
     overlay: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
+    steer: steer_reconciler.SteerState = field(default_factory=steer_reconciler.SteerState)
+    slice_cache: snapshot_builder.SliceCache = field(default_factory=snapshot_builder.SliceCache)
+    # The steering loop: woken by any gated pod's event; kopf's (live) indexes from the latest event.
+    steer_wake: asyncio.Event = field(default_factory=asyncio.Event)
+    steer_kw: Mapping[str, Any] | None = None
+    steer_task: asyncio.Task[None] | None = None
     term: int = 0  # the leadership term the caches above belong to
     templates: dict[str, tuple[dict[str, Any], float]] = field(default_factory=dict)  # right-sizing writes in flight
     tasks: list[asyncio.Task[None]] = field(default_factory=list)  # background loops (rebalancing)
@@ -90,6 +99,7 @@ class Runtime:
             self.shared.plan = None
             self.shared.overlay.clear()
             self.shared.templates.clear()
+            self.shared.steer.clear()
             self.coalescer.reset()
             self.metrics.leader_terms.inc()
         return True
@@ -186,13 +196,18 @@ def recent_template(rt: Runtime, key: str, indexed: Mapping[str, Any] | None, no
     return body
 
 
-def plan_for(rt: Runtime, w: world.World, now: float) -> tuple[queue_runner.Plan, snapshot_builder.ClusterView]:
-    """The queue plan for this world, reused while nothing indexed has changed."""
+def plan_for(
+    rt: Runtime, w: world.World, now: float, max_age_s: float = 0.0
+) -> tuple[queue_runner.Plan, snapshot_builder.ClusterView]:
+    """The queue plan for this world, reused while nothing indexed has changed (or, with ``max_age_s``,
+    for that long whatever changed: explanations in Events can be a moment old)."""
     cached = rt.shared.plan
-    if cached is not None and cached[0] == rt.shared.version:
+    if cached is not None and (
+        cached[0] == rt.shared.version or (max_age_s > 0 and time.monotonic() - rt.shared.plan_at < max_age_s)
+    ):
         return cached[1], cached[2]
     started = time.monotonic()
-    view = world.cluster_view(w)
+    view = world.cluster_view(w, rt.shared.slice_cache)
     entries = world.entries(w, view)
     compiled = {e.key: world.admit_for(w, e.spec) for e in entries}
     plan = queue_runner.plan(
@@ -201,6 +216,7 @@ def plan_for(rt: Runtime, w: world.World, now: float) -> tuple[queue_runner.Plan
     rt.metrics.pass_seconds.observe(time.monotonic() - started)
     rt.metrics.queue_depth.set(sum(1 for a in plan.actions.values() if a.kind != "place"))
     rt.shared.plan = (rt.shared.version, plan, view)
+    rt.shared.plan_at = time.monotonic()
     return plan, view
 
 
@@ -327,7 +343,7 @@ async def explain_claim(
     age = now - (status.parse_time(meta.get("creationTimestamp")) or now)
     if age < rt.cfg.claim_explain_after_s or _gang_member_claim(claim, w):
         return
-    _, view = plan_for(rt, w, now)
+    _, view = plan_for(rt, w, now, max_age_s=EXPLAIN_VIEW_AGE_S)
     reason = checks.explain_unallocated(claim, classes, view)
     if not reason or (meta.get("annotations") or {}).get(names.ANNOTATION_EXPLAINED) == reason[:250]:
         return

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpuplane.controller.placement.fragmentation import SizeMix
 from gpuplane.driver.api import names
 
 
@@ -43,6 +44,11 @@ class DriverConfig(BaseModel):
     noisy_release_threshold: float = 0.4  # the alert clears below this (hysteresis)
     noisy_sustain_s: float = 30.0
     cost_flush_interval_s: float = 300.0
+    # Steering the default scheduler (gpuplane.driver.publish.steering): publish each MIG profile's
+    # placements in gpuplane's order for the node's state; taint the placements that strand compute.
+    steer_order: bool = False
+    withhold_stranding: bool = False
+    steer_mix: str = ""  # the size mix the order ranks for ("3g=5.5,4g=13.7,1gpu=75"); empty: gpuplane's prior
     log_level: str = "INFO"
     log_format: Literal["auto", "json", "console"] = "auto"
     extra: dict[str, str] = Field(default_factory=dict)
@@ -106,6 +112,23 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
     p.add_argument("--noisy-threshold", type=float, default=float(_env("NOISY_THRESHOLD", "0.5") or 0.5))
     p.add_argument("--noisy-release", type=float, default=float(_env("NOISY_RELEASE", "0.4") or 0.4))
     p.add_argument("--noisy-sustain", type=float, default=float(_env("NOISY_SUSTAIN", "30") or 30))
+    p.add_argument(
+        "--steer-order",
+        action="store_true",
+        default=_env("STEER_ORDER") == "1",
+        help="publish each MIG profile's placements in gpuplane's order of preference for the node's state",
+    )
+    p.add_argument(
+        "--withhold-stranding",
+        action="store_true",
+        default=_env("WITHHOLD_STRANDING") == "1",
+        help="taint the MIG placements that always strand compute (Hopper: 3g at slot 0, 1g.20gb at 0/2/4)",
+    )
+    p.add_argument(
+        "--steer-mix",
+        default=_env("STEER_MIX", ""),
+        help="size mix the order ranks for, e.g. '1g=0.5,2g=4,3g=5.5,4g=13.7,1gpu=75' (default: a flat prior)",
+    )
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
     p.add_argument("--log-format", choices=["auto", "json", "console"], default=_env("LOG_FORMAT", "auto"))
     args = p.parse_args(argv)
@@ -113,6 +136,10 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
         p.error("--node-name (or NODE_NAME) is required: the driver publishes devices for exactly one node")
     if args.backend == "sim" and not (args.sim_profile or args.sim_config):
         p.error("--backend=sim needs --sim-profile (e.g. hgx-h100) or --sim-config FILE")
+    try:
+        SizeMix.parse(args.steer_mix)
+    except ValueError as exc:
+        p.error(f"--steer-mix: {exc}")
     return DriverConfig(
         node_name=args.node_name,
         kubeconfig=args.kubeconfig,
@@ -137,6 +164,9 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
         noisy_bandwidth_threshold=args.noisy_threshold,
         noisy_release_threshold=args.noisy_release,
         noisy_sustain_s=args.noisy_sustain,
+        steer_order=args.steer_order,
+        withhold_stranding=args.withhold_stranding,
+        steer_mix=args.steer_mix,
         log_level=args.log_level,
         log_format=args.log_format,
     )

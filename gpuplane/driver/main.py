@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import datetime
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 
 import structlog
 
+from gpuplane.controller.placement.fragmentation import SizeMix
 from gpuplane.driver import config as config_mod
 from gpuplane.driver import logs, probes
 from gpuplane.driver.hw.select import make_backend
@@ -25,7 +27,10 @@ from gpuplane.driver.observe.tiers import TierResolver
 from gpuplane.driver.plugin.server import PluginServer
 from gpuplane.driver.prepare.checkpoint import read_boot_id
 from gpuplane.driver.prepare.state import DeviceState, StateSettings
-from gpuplane.driver.publish.publisher import SlicePublisher
+from gpuplane.driver.publish import steering
+from gpuplane.driver.publish.inventory import Inventory
+from gpuplane.driver.publish.publisher import Layout, SlicePublisher
+from gpuplane.driver.publish.slices import DeviceTaint, PoolContent
 from gpuplane.driver.sharing.mps import MpsControl
 
 log = structlog.get_logger(__name__)
@@ -104,8 +109,29 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
         )
         alerts: list[Callable[[], list[noisy.Alert]]] = []  # the sampler's detector, once it exists
         noisy_on_gpus = NoisyTaints(lambda: alerts[0]() if alerts else [], noisy_settings)
+        steer = steering.SteeringSettings(
+            order=cfg.steer_order,
+            withhold=cfg.withhold_stranding,
+            mix=SizeMix.parse(cfg.steer_mix) if cfg.steer_mix else None,
+        )
+        layout: Layout | None = None
+        if steer.active:
+            started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            steered = steering.SteeredLayout(steer, taint_time=started)
+
+            def layout(inv: Inventory, taints: Mapping[str, Sequence[DeviceTaint]]) -> PoolContent:
+                return steered.build_pool(inv, steering.gpu_states(inv, state.snapshot()), cfg.driver_name, taints)
+
+            if steer.order:
+                state.on_claims_change = wake.set
+            log.info("steering the default scheduler", order=steer.order, withhold=steer.withhold)
         publisher = SlicePublisher(
-            api, cfg.node_name, cfg.driver_name, taints=noisy_taints.merged(watcher.taints, noisy_on_gpus.taints)
+            api,
+            cfg.node_name,
+            cfg.driver_name,
+            taints=noisy_taints.merged(watcher.taints, noisy_on_gpus.taints),
+            layout=layout,
+            on_write=lambda verb: metrics.slice_writes.labels(verb).inc(),
         )
 
         def on_change(inventory: object) -> None:

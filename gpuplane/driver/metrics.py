@@ -41,6 +41,12 @@ class DriverMetrics:
         self.devices_allocated = Gauge(
             "gpuplane_driver_devices_prepared", "Devices held by prepared claims on this node", registry=r
         )
+        self.slice_writes = Counter(
+            "gpuplane_driver_resourceslice_writes",
+            "ResourceSlice API writes by kind (create, replace, delete; reorder: in place, same generation)",
+            ["verb"],
+            registry=r,
+        )
 
     # Observer
     def prepared(self, kind: str, seconds: float) -> None:

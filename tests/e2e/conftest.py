@@ -158,6 +158,7 @@ class GpuCluster:
 
     cluster: cluster.Cluster
     sim: simnodes.SimNodes
+    controllers: components.Controllers | None = None
 
     @property
     def nodes(self) -> list[simnodes.SimNode]:
@@ -264,7 +265,7 @@ def running_plane(control_plane: cluster.Cluster, node_spec: str = GPU_NODES) ->
     try:
         sim.start(nodes.parse_node_spec(node_spec))
         controllers.start()
-        yield GpuCluster(cluster=control_plane, sim=sim)
+        yield GpuCluster(cluster=control_plane, sim=sim, controllers=controllers)
     finally:
         controllers.stop()
         sim.stop()

@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gpuplane.controller import names
+from gpuplane.controller.placement import geometry as slot_geometry
 from gpuplane.controller.placement import model, snapshot
 from gpuplane.driver.api import names as dn
 from gpuplane.driver.api import quantity
@@ -159,6 +160,63 @@ class Reservation:
     placement: model.MemberPlacement
 
 
+_Parsed = tuple[tuple["GpuInfo", ...], tuple[tuple[str, str, str, int, str], ...]]
+
+
+class SliceCache:
+    """Parsed slices by (name, resourceVersion), so a view rebuild parses only the slices that changed.
+
+    Pass one instance to every :func:`build_view` call of a loop; entries of slices that were not
+    in the last call are dropped. Objects without a resourceVersion are never cached.
+    """
+
+    def __init__(self) -> None:
+        self._parsed: dict[tuple[str, str], _Parsed] = {}
+
+    def get(self, key: tuple[str, str]) -> _Parsed | None:
+        """A parsed slice, if cached."""
+        return self._parsed.get(key)
+
+    def put(self, key: tuple[str, str], value: _Parsed) -> None:
+        """Remember a parsed slice."""
+        self._parsed[key] = value
+
+    def keep(self, keys: set[tuple[str, str]]) -> None:
+        """Forget every slice not in ``keys``."""
+        for k in [k for k in self._parsed if k not in keys]:
+            del self._parsed[k]
+
+
+def _parse_slice(spec: Mapping[str, Any], node: str, driver: str, geometry: MigGeometry) -> _Parsed:
+    """One slice's whole GPUs and MIG devices (key, parent, geometry profile, start, driver profile)."""
+    gpus: list[GpuInfo] = []
+    mig: list[tuple[str, str, str, int, str]] = []
+    for device in spec.get("devices") or []:
+        attrs = qualified_attributes(device, driver)
+        kind = attrs.get(f"{driver}/{dn.ATTR_TYPE}")
+        if kind == dn.DEVICE_TYPE_GPU:
+            gid = f"{node}/{device['name']}"
+            caps = device.get("capacity") or {}
+            gpus.append(
+                GpuInfo(
+                    id=gid,
+                    node=node,
+                    device=device["name"],
+                    domain=str(attrs.get(f"{driver}/{dn.ATTR_NVLINK_DOMAIN}") or f"{node}.{device['name']}"),
+                    attributes=MappingProxyType(attrs),
+                    memory_bytes=_quantity((caps.get(dn.CAP_MEMORY) or {}).get("value", "0")),
+                    product=str(attrs.get(f"{driver}/{dn.ATTR_PRODUCT_NAME}") or ""),
+                )
+            )
+        elif kind == dn.DEVICE_TYPE_MIG:
+            driver_profile = str(attrs.get(f"{driver}/{dn.ATTR_MIG_PROFILE}") or "")
+            parent = f"{node}/gpu-{attrs.get(f'{driver}/{dn.ATTR_PARENT_MINOR}')}"
+            got = _geometry_profile(device, driver_profile, geometry)
+            if got is not None:
+                mig.append((f"{node}/{device['name']}", parent, got[0], got[1], driver_profile))
+    return tuple(gpus), tuple(mig)
+
+
 def build_view(
     slices: Iterable[Mapping[str, Any]],
     claims: Iterable[Mapping[str, Any]] = (),
@@ -168,6 +226,7 @@ def build_view(
     claim_gangs: Mapping[str, tuple[str, int]] | None = None,
     driver: str = dn.DRIVER_NAME,
     geometry: MigGeometry = HOPPER,
+    cache: SliceCache | None = None,
 ) -> ClusterView:
     """Read slices, claims and nodes into a :class:`ClusterView`.
 
@@ -175,6 +234,7 @@ def build_view(
     nodes are left out (None: every node counts). Only the newest generation of
     each pool is used, as the scheduler does. ``claim_gangs`` maps "ns/claim" -> (gang key, member index)
     for claims a gang member got from a template (owned by its pod, not by the GpuGang).
+    ``cache`` (optional) keeps parsed slices between calls.
     """
     slices = [s for s in slices if (s.get("spec") or {}).get("driver") == driver]
     newest: dict[str, int] = {}
@@ -184,7 +244,8 @@ def build_view(
     gpus: dict[str, GpuInfo] = {}
     mig: dict[str, MigInfo] = {}
     profiles: dict[str, str] = {}
-    pending_mig: list[tuple[str, Mapping[str, Any], dict[str, Any]]] = []
+    pending_mig: list[tuple[str, str, str, int, str]] = []
+    seen: set[tuple[str, str]] = set()
     for s in slices:
         spec = s["spec"]
         pool = spec.get("pool") or {}
@@ -193,32 +254,25 @@ def build_view(
         node = spec.get("nodeName")
         if not node or (nodes is not None and not nodes.get(node, False)):
             continue
-        for device in spec.get("devices") or []:
-            attrs = qualified_attributes(device, driver)
-            kind = attrs.get(f"{driver}/{dn.ATTR_TYPE}")
-            if kind == dn.DEVICE_TYPE_GPU:
-                gid = f"{node}/{device['name']}"
-                caps = device.get("capacity") or {}
-                gpus[gid] = GpuInfo(
-                    id=gid,
-                    node=node,
-                    device=device["name"],
-                    domain=str(attrs.get(f"{driver}/{dn.ATTR_NVLINK_DOMAIN}") or f"{node}.{device['name']}"),
-                    attributes=MappingProxyType(attrs),
-                    memory_bytes=_quantity((caps.get(dn.CAP_MEMORY) or {}).get("value", "0")),
-                    product=str(attrs.get(f"{driver}/{dn.ATTR_PRODUCT_NAME}") or ""),
-                )
-            elif kind == dn.DEVICE_TYPE_MIG:
-                pending_mig.append((node, device, attrs))
-    for node, device, attrs in pending_mig:
-        driver_profile = str(attrs.get(f"{driver}/{dn.ATTR_MIG_PROFILE}") or "")
-        parent = f"{node}/gpu-{attrs.get(f'{driver}/{dn.ATTR_PARENT_MINOR}')}"
-        got = _geometry_profile(device, driver_profile, geometry)
-        if got is None or parent not in gpus:
+        meta = s.get("metadata") or {}
+        key = (str(meta.get("name", "")), str(meta.get("resourceVersion", "")))
+        parsed = cache.get(key) if cache is not None and key[1] else None
+        if parsed is None:
+            parsed = _parse_slice(spec, node, driver, geometry)
+            if cache is not None and key[1]:
+                cache.put(key, parsed)
+        seen.add(key)
+        for g in parsed[0]:
+            gpus[g.id] = g
+        pending_mig.extend(parsed[1])
+    if cache is not None:
+        cache.keep(seen)
+    for mkey, parent, prof, start, driver_profile in pending_mig:
+        if parent not in gpus:
             continue
-        profiles.setdefault(driver_profile, got[0])
-        key = f"{node}/{device['name']}"
-        mig[key] = MigInfo(node, device["name"], parent, got[0], got[1], driver_profile)
+        profiles.setdefault(driver_profile, prof)
+        mnode, mdevice = mkey.split("/", 1)
+        mig[mkey] = MigInfo(mnode, mdevice, parent, prof, start, driver_profile)
 
     taken_whole: set[str] = set()
     taken_mig: dict[str, set[model.MigInstance]] = {}
@@ -245,8 +299,12 @@ def build_view(
                     gang = found[0]
                     placement = dataclasses.replace(placement, member=found[1])
             take(gang, placement)
+    slots = slot_geometry.slots_for(geometry)
     for r in reservations:
-        take(r.gang, r.placement)
+        # A reservation is a prediction: where what is really allocated took its place meanwhile (a
+        # claim the scheduler put elsewhere on that GPU), the allocation wins and the reservation is left out.
+        if _fits(r.placement, taken_whole, taken_mig, slots):
+            take(r.gang, r.placement)
     holdings = {
         gang: model.Decision(request_id=gang, members=tuple(sorted(ms, key=lambda m: m.member)))
         for gang, ms in held.items()
@@ -262,6 +320,28 @@ def build_view(
         profiles=MappingProxyType(profiles),
         geometry=geometry,
     )
+
+
+def _fits(
+    placement: model.MemberPlacement,
+    whole: set[str],
+    mig: Mapping[str, set[model.MigInstance]],
+    slots: slot_geometry.Slots,
+) -> bool:
+    """Whether ``placement`` can be added to what is taken without an overlap."""
+    if any(g in whole or mig.get(g) for g in placement.gpus):
+        return False
+    for ms in placement.mig:
+        if ms.gpu in whole:
+            return False
+        have = sorted(
+            {*mig.get(ms.gpu, set()), model.MigInstance(ms.profile, ms.start)}, key=lambda i: (i.start, i.profile)
+        )
+        try:
+            slots.state_of(False, have)
+        except ValueError:
+            return False
+    return True
 
 
 def _device_order(device: str) -> tuple[int, str]:

@@ -18,6 +18,7 @@ each memoised, so the whole cluster's value is a sum over index entries.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -71,12 +72,47 @@ class SizeMix:
         return SizeMix.from_counts(counts)
 
     @staticmethod
+    def parse(text: str) -> SizeMix:
+        """``"1g=0.5,3g=5.5,1gpu=75,tp8=0.6,tp8(2x4)=1"`` (shape labels, as ``Shape.label`` writes them, and weights).
+
+        ValueError names the item that is not ``LABEL=WEIGHT`` with a known label and a weight >= 0.
+        """
+        counts: dict[Shape, float] = {}
+        for item in filter(None, (x.strip() for x in text.split(","))):
+            label, _, weight = item.partition("=")
+            try:
+                w = float(weight)
+            except ValueError:
+                raise ValueError(f"mix item {item!r}: expected LABEL=WEIGHT, e.g. 3g=5.5") from None
+            if w < 0:
+                raise ValueError(f"mix item {item!r}: the weight must be >= 0")
+            counts[_shape_of_label(label.strip())] = counts.get(_shape_of_label(label.strip()), 0.0) + w
+        return SizeMix.from_counts(counts)
+
+    @staticmethod
     def from_counts(counts: Mapping[Shape, float]) -> SizeMix:
         """Normalise ``counts``; an empty mix is allowed (then fragmentation is 0)."""
         total = float(sum(counts.values()))
         if total <= 0:
             return SizeMix(())
         return SizeMix(tuple((s, counts[s] / total) for s in sorted(counts) if counts[s] > 0))
+
+
+def _shape_of_label(label: str) -> Shape:
+    m = re.fullmatch(r"(\d+g(?:\+me|\.\d+m)?)|1gpu|tp(\d+)(?:\((\d+)x(\d+)\))?", label)
+    if m is None:
+        raise ValueError(f"unknown shape {label!r}: expected e.g. 1g, 3g, 1g.2m, 1gpu, tp4, tp8(2x4)")
+    if m.group(1):
+        return Shape(mig_profile=m.group(1))
+    if label == "1gpu":
+        return Shape()
+    n = int(m.group(2))
+    if m.group(3):
+        members, per = int(m.group(3)), int(m.group(4))
+        if members * per != n:
+            raise ValueError(f"shape {label!r}: {members} x {per} is not {n} GPUs")
+        return Shape(gpus_per_member=per, members=members)
+    return Shape(gpus_per_member=n)
 
 
 class Fragmentation:

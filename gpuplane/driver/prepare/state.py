@@ -123,6 +123,8 @@ class DeviceState:
         self._lock = threading.Lock()
         self._inventory: Inventory | None = None
         self.on_inventory_change: Callable[[Inventory], None] | None = None
+        # Called after every prepare/unprepare batch (the steered layout re-ranks what is prepared).
+        self.on_claims_change: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ locking
     @contextlib.contextmanager
@@ -188,6 +190,8 @@ class DeviceState:
                     self.observer.prepared(kind, time.perf_counter() - start)
                 results[ref.uid] = result
             self.report_hardware(cp)
+        if self.on_claims_change is not None:
+            self.on_claims_change()
         return results
 
     def prepare_claim(self, cp: Checkpoint, ref: ClaimRef) -> PrepareResult:
@@ -284,6 +288,8 @@ class DeviceState:
                         error=f"unprepare failed: {exc}; kubelet retries, the driver log has details"
                     )
             self.report_hardware(cp)
+        if self.on_claims_change is not None:
+            self.on_claims_change()
         return results
 
     def undo(self, cp: Checkpoint, rec: ClaimRecord) -> None:

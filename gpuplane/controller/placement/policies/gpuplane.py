@@ -81,6 +81,7 @@ class GpuPlane:
         self._waiting: _Waiting = _NOTHING
         self._relaxed: GpuPlane | None = None
         self._fills: dict[tuple[str, int, _Waiting], int] = {}
+        self._keys: dict[tuple[object, ...], list[tuple[base.Key, int]]] = {}
 
     def without_hold(self) -> GpuPlane:
         """This policy without the stranding hold (same mix and queue view), kept for reuse."""
@@ -154,12 +155,12 @@ class GpuPlane:
             self._caps[key] = got
         return got
 
-    def _best_start(
+    def _start_cands(
         self, slots: geometry.Slots, frag: fragmentation.Fragmentation, state: int, profile: str
-    ) -> tuple[int, float, float, int, int, int, int] | None:
-        """(Δ stranded compute, Δ effective and Δ plain gpu term, free compute, -largest free,
-        -free placements after; start), or None when there is no free start or (holding) every one strands."""
-        best: tuple[int, float, float, int, int, int, int] | None = None
+    ) -> list[tuple[int, float, float, int, int, int, int]]:
+        """Per free start: (Δ stranded compute, Δ effective and Δ plain gpu term, free compute, -largest free,
+        -free placements after; start), in start order."""
+        out: list[tuple[int, float, float, int, int, int, int]] = []
         h0 = frag.gpu_term(state)
         d0 = slots.stranded(state)
         expected = self._expected(profile)
@@ -167,20 +168,83 @@ class GpuPlane:
         for s in slots.starts(state, profile):
             after = slots.add(state, profile, s)
             lf = slots.largest_free(after)
-            cand = (
-                slots.stranded(after) - d0,
-                round(self._effective(slots, frag, after, expected) - e0, _DIGITS),
-                round(frag.gpu_term(after) - h0, _DIGITS),
-                slots.free_compute(after),
-                -(lf.compute * 16 + lf.memory) if lf is not None else 0,
-                -slots.placements(after),
-                s,
+            out.append(
+                (
+                    slots.stranded(after) - d0,
+                    round(self._effective(slots, frag, after, expected) - e0, _DIGITS),
+                    round(frag.gpu_term(after) - h0, _DIGITS),
+                    slots.free_compute(after),
+                    -(lf.compute * 16 + lf.memory) if lf is not None else 0,
+                    -slots.placements(after),
+                    s,
+                )
             )
-            if best is None or cand < best:
-                best = cand
+        return out
+
+    def _best_start(
+        self, slots: geometry.Slots, frag: fragmentation.Fragmentation, state: int, profile: str
+    ) -> tuple[int, float, float, int, int, int, int] | None:
+        """The best of :meth:`_start_cands`, or None when there is no free start or (holding) every one strands."""
+        cands = self._start_cands(slots, frag, state, profile)
+        best = min(cands) if cands else None
         if best is not None and self.hold_stranding and best[0] > 0:
             return None  # stranding is the first key: when the best strands, every start does
         return best
+
+    @staticmethod
+    def _partial_key(b: tuple[int, float, float, int, int, int, int]) -> base.Key:
+        return (float(b[0]), b[1], b[2], 0.0, float(b[3]), float(b[4]), float(b[5]), 0.0, 0.0)
+
+    def _empty_key(
+        self,
+        b: tuple[int, float, float, int, int, int, int],
+        frag: fragmentation.Fragmentation,
+        sig: snapshot.Signature,
+        c: int,
+        node_gpus: int,
+    ) -> base.Key:
+        """The key of opening an empty GPU on a node that has ``c`` empty GPUs, in a domain with ``sig``."""
+        after = base.take(sig, c, 1)
+        dd = frag.domain_term(after) - frag.domain_term(sig)
+        return (
+            float(b[0]),
+            round(b[1] + dd, _DIGITS),
+            round(b[2] + dd, _DIGITS),
+            float(self._capabilities(sig, node_gpus) - self._capabilities(after, node_gpus)),
+            float(b[3]),
+            float(b[4]),
+            float(b[5]),
+            float(c),
+            float(sum(sig)),
+        )
+
+    def start_keys(self, slots: geometry.Slots, state: int, profile: str) -> list[tuple[base.Key, int]]:
+        """(key, start) of every free ``profile`` start on a partly used GPU in ``state`` (no hold applied).
+
+        The same keys :meth:`mig_partial` minimises; ``preference`` orders a node's published devices by them.
+        """
+        memo = (slots.geometry.name, state, profile, self._waiting)
+        got = self._keys.get(memo)
+        if got is None:
+            frag = self.measure(slots)
+            got = [(self._partial_key(b), b[6]) for b in self._start_cands(slots, frag, state, profile)]
+            self._keys[memo] = got
+        return got
+
+    def empty_start_keys(
+        self, slots: geometry.Slots, profile: str, sig: snapshot.Signature, count: int, node_gpus: int
+    ) -> list[tuple[base.Key, int]]:
+        """(key, start) of every ``profile`` start on an empty GPU of a node with ``count`` empty GPUs (no hold)."""
+        memo = (slots.geometry.name, profile, sig, count, node_gpus, self._waiting)
+        got = self._keys.get(memo)
+        if got is None:
+            frag = self.measure(slots)
+            got = [
+                (self._empty_key(b, frag, sig, count, node_gpus), b[6])
+                for b in self._start_cands(slots, frag, geometry.EMPTY, profile)
+            ]
+            self._keys[memo] = got
+        return got
 
     def mig_partial(self, slots: geometry.Slots, state: int, profile: str) -> tuple[base.Key, int] | None:
         # Taking slices of a partly used GPU never changes a domain's empty counts.
@@ -189,11 +253,7 @@ class GpuPlane:
             return self._partial[key]
         frag = self.measure(slots)
         b = self._best_start(slots, frag, state, profile)
-        got = (
-            None
-            if b is None
-            else ((float(b[0]), b[1], b[2], 0.0, float(b[3]), float(b[4]), float(b[5]), 0.0, 0.0), b[6])
-        )
+        got = None if b is None else (self._partial_key(b), b[6])
         self._partial[key] = got
         return got
 
@@ -207,24 +267,10 @@ class GpuPlane:
         b = self._best_start(slots, frag, geometry.EMPTY, profile)
         got: tuple[base.Key, int, int | None] | None = None
         if b is not None and sig and sig[-1] > 0:
-            d0 = frag.domain_term(sig)
-            cap0 = self._capabilities(sig, node_gpus)
             for c in sorted(set(sig)):
                 if c <= 0:
                     continue
-                after = base.take(sig, c, 1)
-                dd = frag.domain_term(after) - d0
-                k: base.Key = (
-                    float(b[0]),
-                    round(b[1] + dd, _DIGITS),
-                    round(b[2] + dd, _DIGITS),
-                    float(cap0 - self._capabilities(after, node_gpus)),
-                    float(b[3]),
-                    float(b[4]),
-                    float(b[5]),
-                    float(c),
-                    float(sum(sig)),
-                )
+                k = self._empty_key(b, frag, sig, c, node_gpus)
                 if got is None or k < got[0]:
                     got = (k, b[6], c)
         self._empty[key] = got

@@ -1,0 +1,160 @@
+"""Gate-and-steer, the pod side: which pods are held by a gate, and the one JSON patch that steers or releases.
+
+A pod created with a scheduling gate is invisible to the scheduler until the
+gate goes. While gated, its node affinity may change (Kubernetes allows
+narrowing the required terms and any change to the preferred ones), so a
+controller can choose the node, write it into the affinity and lift the gate
+in one patch; the scheduler (and its DRA allocator) then does the rest.
+
+Two ways to write the choice:
+
+* ``prefer``: a preferred node-affinity term of weight 100 for the node. The
+  scheduler's NodeAffinity score (weight 2 in the default profile, 200 points
+  for the node against a few points of LeastAllocated) makes it win whenever it
+  fits; if it no longer fits when the scheduler looks, the pod still schedules
+  elsewhere instead of waiting. The default for single pods.
+* ``require``: every required node-selector term narrowed to the node (what
+  gangs need: all-or-nothing in one NVLink domain). A pod cannot be widened
+  again once its gate is gone.
+
+Every patch starts with a JSON-patch ``test`` of the gate list as read, so a
+concurrent change (another controller lifting its own gate) makes it fail
+instead of being overwritten. Pure functions; no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+PREFERRED_WEIGHT = 100
+
+Mode = Literal["prefer", "require"]
+
+
+def gates_of(pod: Mapping[str, Any]) -> tuple[str, ...]:
+    """The names of a pod's scheduling gates, in order."""
+    return tuple(str(g.get("name", "")) for g in (pod.get("spec") or {}).get("schedulingGates") or [])
+
+
+def held_by(pod: Mapping[str, Any], gate: str) -> bool:
+    """Whether ``pod`` is unbound and carries ``gate``."""
+    return gate in gates_of(pod) and not (pod.get("spec") or {}).get("nodeName")
+
+
+def _host_expr(node: str) -> dict[str, Any]:
+    return {"key": HOSTNAME_LABEL, "operator": "In", "values": [node]}
+
+
+def steered_affinity(affinity: Mapping[str, Any] | None, node: str, mode: Mode) -> dict[str, Any]:
+    """``affinity`` with ``node`` written in: a preferred term (``prefer``) or every required term narrowed."""
+    aff = dict(affinity or {})
+    na = dict(aff.get("nodeAffinity") or {})
+    if mode == "prefer":
+        pref = [dict(t) for t in na.get("preferredDuringSchedulingIgnoredDuringExecution") or []]
+        term = {"weight": PREFERRED_WEIGHT, "preference": {"matchExpressions": [_host_expr(node)]}}
+        if term not in pref:
+            pref.append(term)
+        na["preferredDuringSchedulingIgnoredDuringExecution"] = pref
+    else:
+        req = dict(na.get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+        terms = [dict(t) for t in req.get("nodeSelectorTerms") or []] or [{}]
+        for t in terms:
+            exprs = list(t.get("matchExpressions") or [])
+            if _host_expr(node) not in exprs:
+                exprs.append(_host_expr(node))
+            t["matchExpressions"] = exprs
+        req["nodeSelectorTerms"] = terms
+        na["requiredDuringSchedulingIgnoredDuringExecution"] = req
+    aff["nodeAffinity"] = na
+    return aff
+
+
+def _gate_ops(gates: Sequence[str], gate: str) -> list[dict[str, Any]]:
+    remaining = [{"name": g} for g in gates if g != gate]
+    return [
+        {"op": "test", "path": "/spec/schedulingGates", "value": [{"name": g} for g in gates]},
+        {"op": "replace", "path": "/spec/schedulingGates", "value": remaining},
+    ]
+
+
+def steer_patch(pod: Mapping[str, Any], node: str, mode: Mode, gate: str) -> list[dict[str, Any]]:
+    """One JSON patch: write ``node`` into the affinity and lift ``gate`` (other gates stay)."""
+    spec = pod.get("spec") or {}
+    aff = steered_affinity(spec.get("affinity"), node, mode)
+    return [*_gate_ops(gates_of(pod), gate), {"op": "add", "path": "/spec/affinity", "value": aff}]
+
+
+def release_patch(pod: Mapping[str, Any], gate: str) -> list[dict[str, Any]]:
+    """One JSON patch that lifts ``gate`` and changes nothing else (fail-open: the scheduler decides)."""
+    return _gate_ops(gates_of(pod), gate)
+
+
+def pinned_node(pod: Mapping[str, Any]) -> str | None:
+    """The single node a pod's required affinity or nodeSelector already allows, if exactly one; else None."""
+    spec = pod.get("spec") or {}
+    sel = (spec.get("nodeSelector") or {}).get(HOSTNAME_LABEL)
+    if sel:
+        return str(sel)
+    req = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    nodes: set[str] = set()
+    for t in req.get("nodeSelectorTerms") or []:
+        for e in t.get("matchExpressions") or []:
+            if e.get("key") == HOSTNAME_LABEL and e.get("operator") == "In" and len(e.get("values") or []) == 1:
+                nodes.add(str(e["values"][0]))
+    return nodes.pop() if len(nodes) == 1 else None
+
+
+def node_filter(pod: Mapping[str, Any]) -> Callable[[str, Mapping[str, str]], bool] | None:
+    """A predicate (node name, node labels) -> may the pod go there, from its nodeSelector and required
+    node affinity; None when the pod constrains nothing. Raises ValueError on an operator it cannot read."""
+    spec = pod.get("spec") or {}
+    selector = dict(spec.get("nodeSelector") or {})
+    req = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    terms = list(req.get("nodeSelectorTerms") or [])
+    if not selector and not terms:
+        return None
+    for t in terms:
+        for e in [*(t.get("matchExpressions") or []), *(t.get("matchFields") or [])]:
+            if e.get("operator") not in _OPERATORS:
+                raise ValueError(f"node affinity operator {e.get('operator')!r}")
+
+    def allowed(name: str, labels: Mapping[str, str]) -> bool:
+        if any(labels.get(k) != v for k, v in selector.items()):
+            return False
+        if not terms:
+            return True
+        fields = {"metadata.name": name}
+        return any(
+            all(_match(e, labels) for e in t.get("matchExpressions") or [])
+            and all(_match(e, fields) for e in t.get("matchFields") or [])
+            for t in terms
+        )
+
+    return allowed
+
+
+_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+
+
+def _match(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    key, op, values = expr.get("key", ""), expr.get("operator"), [str(v) for v in expr.get("values") or []]
+    have = labels.get(key)
+    if op == "In":
+        return have in values
+    if op == "NotIn":
+        return have not in values
+    if op == "Exists":
+        return have is not None
+    if op == "DoesNotExist":
+        return have is None
+    try:
+        number, bound = int(have or ""), int(values[0])
+    except (ValueError, IndexError):
+        return False
+    return number > bound if op == "Gt" else number < bound

@@ -1,0 +1,328 @@
+"""Steering, the I/O side: read the gated pods, run one pass (``decide``), write one patch per pod.
+
+State kept in memory is only what the API cannot say cheaply and what may be
+lost: when this replica first saw a pod gated (for the timeout; a new leader
+starts counting afresh, bounded by the pod's age), the pods it patched but
+whose index entry still shows the gate (so a second pass does not decide them
+again), and the shape of released pods still pending (the queue the policy is
+told about). Everything a pass needs to be correct after a restart is in the
+API: the gate, and the ``gpuplane.dev/steered`` annotation that holds a
+steered pod's placement until the scheduler binds it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import structlog
+
+from gpuplane.controller import kube
+from gpuplane.controller.gang import writes as gang_writes
+from gpuplane.controller.node import snapshot_builder
+from gpuplane.controller.placement import fragmentation, model
+from gpuplane.controller.placement.policies import base
+from gpuplane.controller.steer import decide, gate, shape
+
+log = structlog.get_logger(__name__)
+
+ANNOTATION_STEERED = "gpuplane.dev/steered"  # "node;domain;placement" of a steered, not yet bound pod
+ANNOTATION_RESULT = "gpuplane.dev/steer-result"  # why the gate was lifted without a node (released pods)
+DECIDED_TTL_S = 30.0
+SHAPE_CACHE_SIZE = 256
+MAX_WRITES = 64  # per pass: the rest are decided again by the next pass, on the newer state
+WRITERS = 8  # patches in flight at once
+
+
+class PodWriter(Protocol):
+    """The one write steering makes (``KubeWriter.run`` satisfies it)."""
+
+    def run(self, namespace: str, step: gang_writes.Step) -> None:
+        """Apply one step; raise on failure."""
+        ...
+
+
+class Meter(Protocol):
+    """Where steering reports (``ControllerMetrics`` satisfies it)."""
+
+    @property
+    def steer_decisions(self) -> Any:
+        """Counter by outcome."""
+        ...
+
+    @property
+    def steer_seconds(self) -> Any:
+        """Histogram of gate time."""
+        ...
+
+    @property
+    def steer_pass_seconds(self) -> Any:
+        """Histogram of pass duration."""
+        ...
+
+
+@dataclass
+class SteerState:
+    """Per-process memory of the steering loop (cleared when a new leadership term starts)."""
+
+    first_seen: dict[str, float] = field(default_factory=dict)  # pod uid -> time first seen gated
+    decided: dict[str, float] = field(default_factory=dict)  # pod uid -> time patched
+    shapes: dict[str, fragmentation.Shape] = field(default_factory=dict)  # released pod uid -> its shape
+    # Steered pods this replica patched: their placement counts until the claim shows allocated (the
+    # annotation in the index and the allocation in the claim cache each arrive a little later).
+    reserved: dict[str, tuple[float, str, model.MemberPlacement]] = field(default_factory=dict)
+    # Shapes by (claim spec, classes, published profiles): every pod of one template shares one entry.
+    shape_cache: dict[str, shape.Shape | str] = field(default_factory=dict)
+    # Patches are written by a small pool, so a pass holds the lock only while it decides; what it
+    # decided is marked and reserved at once (a failed write undoes that, and a later pass retries).
+    writers: concurrent.futures.ThreadPoolExecutor | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    inflight: list[concurrent.futures.Future[None]] = field(default_factory=list)
+
+    def drain(self, timeout: float = 30.0) -> None:
+        """Wait for the patches in flight (tests; shutdown)."""
+        pending, self.inflight = self.inflight, []
+        concurrent.futures.wait(pending, timeout=timeout)
+
+    def pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The write pool (created on first use)."""
+        if self.writers is None:
+            self.writers = concurrent.futures.ThreadPoolExecutor(max_workers=WRITERS, thread_name_prefix="steer")
+        return self.writers
+
+    def clear(self) -> None:
+        """Forget everything (a new term)."""
+        with self.lock:
+            self._clear()
+
+    def _clear(self) -> None:
+        self.first_seen.clear()
+        self.decided.clear()
+        self.shapes.clear()
+        self.reserved.clear()
+        self.shape_cache.clear()
+
+
+def _uid(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("uid", ""))
+
+
+def _key(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def allocated_owners(claims: Iterable[Mapping[str, Any]]) -> set[str]:
+    """UIDs of the pods that own an allocated claim (a steered pod's reservation ends there)."""
+    out: set[str] = set()
+    for c in claims:
+        if (c.get("status") or {}).get("allocation"):
+            for o in (c.get("metadata") or {}).get("ownerReferences") or []:
+                if o.get("kind") == "Pod":
+                    out.add(str(o.get("uid", "")))
+    return out
+
+
+def reservations(
+    pending: Iterable[Mapping[str, Any]],
+    state: SteerState | None = None,
+    claims: Iterable[Mapping[str, Any]] = (),
+    now: float = 0.0,
+) -> list[snapshot_builder.Reservation]:
+    """Placements of steered pods whose claims are not allocated yet: from their annotation, or from memory."""
+    owners = allocated_owners(claims)
+    out = []
+    seen: set[str] = set()
+    for pod in pending:
+        uid = _uid(pod)
+        r = decide.reservation_of(pod, ANNOTATION_STEERED)
+        if r is not None and uid not in owners:
+            out.append(r)
+            seen.add(uid)
+    if state is not None:
+        with state.lock:
+            for uid, (when, key, placement) in list(state.reserved.items()):
+                if uid in owners or now - when > DECIDED_TTL_S:
+                    del state.reserved[uid]
+                elif uid not in seen:
+                    out.append(snapshot_builder.Reservation(f"{decide.RESERVATION_PREFIX}{key}", placement))
+    return out
+
+
+def gated_pods(
+    pending: Iterable[Mapping[str, Any]], state: SteerState, settings: decide.Settings, now: float
+) -> list[decide.Gated]:
+    """Pods held by the gate that this replica has not just patched, with when it first saw each."""
+    out = []
+    live: set[str] = set()
+    with state.lock:
+        for pod in pending:
+            uid = _uid(pod)
+            live.add(uid)
+            if not gate.held_by(pod, settings.gate):
+                state.decided.pop(uid, None)
+                continue
+            if uid in state.decided and now - state.decided[uid] < DECIDED_TTL_S:
+                continue
+            first = state.first_seen.setdefault(uid, now)
+            out.append(decide.Gated(_key(pod), pod, first))
+        for gone in [u for u in state.first_seen if u not in live]:
+            state.first_seen.pop(gone, None)
+            state.decided.pop(gone, None)
+            state.shapes.pop(gone, None)
+    return out
+
+
+def waiting_shapes(pending: Iterable[Mapping[str, Any]], state: SteerState) -> dict[fragmentation.Shape, int]:
+    """Shapes of released pods still waiting for the scheduler (what the policy's queue view should hold)."""
+    out: dict[fragmentation.Shape, int] = {}
+    with state.lock:
+        shapes = dict(state.shapes)
+    for pod in pending:
+        s = shapes.get(_uid(pod))
+        if s is not None and not (pod.get("spec") or {}).get("nodeName"):
+            out[s] = out.get(s, 0) + 1
+    return out
+
+
+def patch_for(pod: Mapping[str, Any], action: decide.Action, settings: decide.Settings) -> list[dict[str, Any]]:
+    """The JSON patch for one action: steer (affinity + gate + annotation) or release (gate + annotation)."""
+    meta = pod.get("metadata") or {}
+    annotations = dict(meta.get("annotations") or {})
+    if action.kind == "steer" and action.placement is not None:
+        ops = gate.steer_patch(pod, action.placement.node, settings.mode, settings.gate)
+        annotations[ANNOTATION_STEERED] = decide.encode_placement(action.placement)
+        annotations.pop(ANNOTATION_RESULT, None)
+    else:
+        ops = gate.release_patch(pod, settings.gate)
+        annotations[ANNOTATION_RESULT] = f"{action.outcome}: {action.reason}"[:250]
+    return [*ops, {"op": "add", "path": "/metadata/annotations", "value": annotations}]
+
+
+def run_pass(
+    writer: PodWriter,
+    policy: base.Policy,
+    meter: Meter | None,
+    state: SteerState,
+    settings: decide.Settings,
+    *,
+    pending: Sequence[Mapping[str, Any]],
+    view: snapshot_builder.ClusterView,
+    claims: Mapping[str, Mapping[str, Any]],
+    templates: Mapping[str, Mapping[str, Any]],
+    classes: Mapping[str, Mapping[str, Any]],
+    now: float,
+    node_labels: Mapping[str, Mapping[str, str]] | None = None,
+) -> list[decide.Action]:
+    """Decide every gated pod in ``pending`` and write the patches (blocking; run it in a thread)."""
+    started = time.monotonic()
+    gated = gated_pods(pending, state, settings, now)
+    if not gated:
+        return []
+    inputs = decide.Inputs(view, claims, templates, classes, waiting_shapes(pending, state), node_labels or {})
+    actions = decide.decide(
+        gated, inputs, policy, now=now, settings=settings, shapes=lambda g: cached_shape(g, inputs, state)
+    )
+    by_key = {g.key: g for g in gated}
+    todo = [a for a in actions if a.kind != "wait"][:MAX_WRITES]
+    for action in todo:
+        g = by_key[action.key]
+        uid = _uid(g.pod)
+        with state.lock:
+            state.decided[uid] = now
+            if action.kind == "steer" and action.placement is not None:
+                state.reserved[uid] = (now, action.key, action.placement)
+            if action.kind == "release" and action.outcome == "no-room":
+                req = _shape_of_reason(g, inputs, state)
+                if req is not None:
+                    state.shapes[uid] = req
+        patch = _Patch(action, g, uid, patch_for(g.pod, action, settings), started, time.time())
+        state.inflight = [f for f in state.inflight if not f.done()]
+        state.inflight.append(state.pool().submit(_write, writer, meter, state, patch))
+    if meter is not None:
+        meter.steer_pass_seconds.observe(time.monotonic() - started)
+    return actions
+
+
+@dataclass(frozen=True)
+class _Patch:
+    action: decide.Action
+    gated: decide.Gated
+    uid: str
+    body: list[dict[str, Any]]
+    started: float  # the pass's start (monotonic)
+    decided: float  # wall time the pass decided it (before the write)
+
+
+def _write(writer: PodWriter, meter: Meter | None, state: SteerState, patch: _Patch) -> None:
+    """One patch (in the write pool); a failure undoes the pass's marks so a later pass decides again."""
+    action, g, uid, body, started = patch.action, patch.gated, patch.uid, patch.body, patch.started
+    ns, name = action.key.split("/", 1)
+    try:
+        writer.run(ns, gang_writes.Step("patch-pod", name, body, why=action.outcome))
+    except (kube.StepFailed, kube.NotLeader) as exc:  # pod gone or changed, or no longer leader
+        log.info("steering patch failed", pod=action.key, outcome=action.outcome, error=str(exc))
+        with state.lock:
+            state.decided.pop(uid, None)
+            state.reserved.pop(uid, None)
+            state.shapes.pop(uid, None)
+        return
+    except Exception:  # never lose the pool thread
+        log.exception("steering patch failed unexpectedly", pod=action.key)
+        with state.lock:
+            state.decided.pop(uid, None)
+            state.reserved.pop(uid, None)
+        return
+    if meter is not None:
+        meter.steer_decisions.labels(outcome=action.outcome).inc()
+        meter.steer_seconds.observe(max(0.0, time.time() - g.first_seen))
+    log.info(
+        "steered" if action.kind == "steer" else "released from the steering gate",
+        pod=action.key,
+        outcome=action.outcome,
+        reason=action.reason,
+        gated_ms=round(1000 * (time.time() - g.first_seen), 1),
+        decided_ms=round(1000 * (patch.decided - g.first_seen), 1),
+        write_ms=round(1000 * (time.time() - patch.decided), 1),
+        pass_ms=round(1000 * (time.monotonic() - started), 1),
+    )
+
+
+def cached_shape(g: decide.Gated, inputs: decide.Inputs, state: SteerState) -> shape.Shape | str:
+    """``shape.shape_of`` memoised on what it depends on (the claim spec, the classes, the published devices)."""
+    spec = shape.claim_spec_of(g.pod, inputs.claims, inputs.templates)
+    if isinstance(spec, str):
+        return spec
+    view = inputs.view
+    key = json.dumps(
+        [
+            spec[0],
+            spec[1],
+            sorted(inputs.classes.items()),
+            len(view.gpus),
+            len(view.mig),
+            sorted(view.profiles.items()),
+        ],
+        sort_keys=True,
+        default=str,
+    )
+    got = state.shape_cache.get(key)
+    if got is None:
+        if len(state.shape_cache) > SHAPE_CACHE_SIZE:
+            state.shape_cache.clear()
+        got = shape.shape_of(g.pod, spec[0], spec[1], inputs.classes, view)
+        state.shape_cache[key] = got
+    if isinstance(got, shape.Shape):
+        return dataclasses.replace(got, request=dataclasses.replace(got.request, id=g.key))
+    return got
+
+
+def _shape_of_reason(g: decide.Gated, inputs: decide.Inputs, state: SteerState) -> fragmentation.Shape | None:
+    got = cached_shape(g, inputs, state)
+    return None if isinstance(got, str) else fragmentation.shape_of(got.request)

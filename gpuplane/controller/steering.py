@@ -1,0 +1,72 @@
+"""Gate-and-steer in the operator: one steering pass under the process lock (the handler's side of steer/).
+
+Builds the placement view (slices parsed once per resourceVersion, allocated claims, gang
+reservations, steered pods not bound yet) and hands it to ``steer.reconciler.run_pass`` in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import structlog
+
+from gpuplane.controller import kube
+from gpuplane.controller.gang import world
+from gpuplane.controller.node import snapshot_builder
+from gpuplane.controller.runtime import Runtime
+from gpuplane.controller.steer import decide as steer_decide
+from gpuplane.controller.steer import reconciler as steer_reconciler
+
+log = structlog.get_logger(__name__)
+
+
+async def steer_pass(
+    rt: Runtime,
+    w: world.World,
+    *,
+    pending: Iterable[Mapping[str, Any]],
+    templates: Mapping[str, Mapping[str, Any]],
+    now: float,
+    node_labels: Mapping[str, Mapping[str, str]] | None = None,
+) -> None:
+    """One steering pass over the gated pods (under the process lock, leader only)."""
+    if not rt.leading():
+        return
+    pods = list(pending)
+    settings = steer_decide.Settings(mode=rt.cfg.steer_mode, timeout_s=rt.cfg.steer_timeout_s)
+    if not steer_reconciler.gated_pods(pods, rt.shared.steer, settings, now):
+        return  # nothing gated that this replica has not just decided: no view to build
+    started = time.monotonic()
+    cache = rt.shared.slice_cache
+    base = snapshot_builder.build_view(w.slices, w.claims.values(), w.nodes, cache=cache)
+    extra = [
+        *world.reservations(w, base),
+        *steer_reconciler.reservations(pods, rt.shared.steer, w.claims.values(), now),
+    ]
+    view = snapshot_builder.build_view(w.slices, w.claims.values(), w.nodes, reservations=extra, cache=cache)
+    log.debug("steering view built", ms=round(1000 * (time.monotonic() - started), 1), pods=len(pods))
+    try:
+        await asyncio.to_thread(
+            functools.partial(
+                steer_reconciler.run_pass,
+                rt.writer,
+                rt.policy,
+                rt.metrics,
+                rt.shared.steer,
+                settings,
+                pending=pods,
+                view=view,
+                claims=w.claims,
+                templates=templates,
+                classes=w.classes,
+                now=now,
+                node_labels=node_labels,
+            )
+        )
+    except kube.NotLeader:
+        log.info("lost leadership during a steering pass; the new leader resumes from the API")
+    rt.touched()

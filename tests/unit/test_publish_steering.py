@@ -1,0 +1,241 @@
+"""The steered layout (publish.steering) and the publisher's in-place reorder."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuplane.controller.placement import geometry
+from gpuplane.driver.hw.sim import SimConfig, Simulator
+from gpuplane.driver.prepare.checkpoint import Checkpoint, ClaimRecord, DeviceRecord, MigRecord
+from gpuplane.driver.publish import inventory, slices, steering
+from gpuplane.driver.publish.publisher import SlicePublisher
+from gpuplane.mig.geometry import HOPPER
+
+SLOTS = geometry.slots_for(HOPPER)
+
+
+@pytest.fixture(scope="module")
+def hgx() -> Iterator[inventory.Inventory]:
+    root = Path(tempfile.mkdtemp(prefix="st"))
+    sim = Simulator(SimConfig(profile="hgx-h100", state_dir=root, node_name="node-a", durable=False))
+    sim.init()
+    try:
+        yield inventory.discover("node-a", sim)
+    finally:
+        sim.shutdown()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def walk(objs: Sequence[Mapping[str, Any]], profile: str) -> list[tuple[str, bool]]:
+    """The allocator's walk for one driver profile: slices by name, devices in order; (device, tainted)."""
+    out = []
+    for obj in sorted(objs, key=lambda o: o["metadata"]["name"]):
+        for d in obj["spec"].get("devices") or []:
+            if d["attributes"].get("migProfile", {}).get("string") == profile:
+                out.append((d["name"], bool(d.get("taints"))))
+    return out
+
+
+def states_with(n: int, **mig: list[tuple[str, int]]) -> list[int]:
+    out = [geometry.EMPTY] * n
+    for key, insts in mig.items():
+        st = geometry.EMPTY
+        for prof, start in insts:
+            st = SLOTS.add(st, prof, start)
+        out[int(key[1:])] = st
+    return out
+
+
+def test_each_profile_is_one_slice_within_api_limits(hgx: inventory.Inventory) -> None:
+    layout = steering.SteeredLayout(steering.SteeringSettings(order=True, withhold=True))
+    objs = slices.render_slices(layout.build_pool(hgx, [geometry.EMPTY] * 8), 1)
+    slices.validate_pool(objs)
+    for obj in objs:
+        profiles = {d["attributes"].get("migProfile", {}).get("string") for d in obj["spec"].get("devices") or []}
+        assert len(profiles) <= 1
+    # Same devices as today's layout, nothing lost or added.
+    today = slices.render_slices(slices.build_pool(hgx), 1)
+    names = sorted(d["name"] for o in objs for d in o["spec"].get("devices") or [])
+    assert names == sorted(d["name"] for o in today for d in o["spec"].get("devices") or [])
+
+
+def test_order_follows_gpuplane_and_stranding_placements_are_tainted(hgx: inventory.Inventory) -> None:
+    layout = steering.SteeredLayout(steering.SteeringSettings(order=True, withhold=True))
+    states = states_with(8, g2=[("4g", 0)], g5=[("2g", 0), ("2g", 2)])
+    objs = slices.render_slices(layout.build_pool(hgx, states), 1)
+    three = walk(objs, "3g.40gb")
+    assert three[0] == ("gpu-2-mig-3g-40gb-4", False)  # beside the 4g: the GPU ends up full
+    assert all(t for name, t in three if name.endswith("-0"))  # every 3g at slot 0 carries the taint
+    assert not any(t for name, t in three if name.endswith("-4"))
+    one = walk(objs, "1g.10gb")
+    assert one[0][0].split("-mig-")[0] in ("gpu-2", "gpu-5")  # fill a partly used GPU, don't open an empty one
+
+
+def test_today_order_without_steering_is_unchanged(hgx: inventory.Inventory) -> None:
+    layout = steering.SteeredLayout(steering.SteeringSettings(withhold=True))
+    objs = slices.render_slices(layout.build_pool(hgx, states_with(8, g2=[("4g", 0)])), 1)
+    assert [n for n, _ in walk(objs, "3g.40gb")][:2] == ["gpu-0-mig-3g-40gb-0", "gpu-0-mig-3g-40gb-4"]
+
+
+def test_gpu_states_from_the_checkpoint(hgx: inventory.Inventory) -> None:
+    gpu0, gpu3 = hgx.gpus[0], hgx.gpus[3]
+    cp = Checkpoint(
+        claims={
+            "u1": ClaimRecord(
+                uid="u1",
+                namespace="ns",
+                name="c1",
+                phase="PrepareCompleted",
+                devices=[
+                    DeviceRecord(
+                        request_names=["r"],
+                        pool="node-a",
+                        device="gpu-0-mig-3g-40gb-4",
+                        kind="mig",
+                        gpu_uuid=gpu0.info.uuid,
+                        gpu_minor=gpu0.info.minor,
+                        mig=MigRecord(
+                            parent_uuid=gpu0.info.uuid, profile_id=2, profile_name="3g.40gb", start=4, size=4
+                        ),
+                    )
+                ],
+            ),
+            "u2": ClaimRecord(
+                uid="u2",
+                namespace="ns",
+                name="c2",
+                phase="PrepareStarted",
+                devices=[
+                    DeviceRecord(
+                        request_names=["r"],
+                        pool="node-a",
+                        device="gpu-3",
+                        kind="gpu",
+                        gpu_uuid=gpu3.info.uuid,
+                        gpu_minor=gpu3.info.minor,
+                    )
+                ],
+            ),
+        }
+    )
+    states = steering.gpu_states(hgx, cp)
+    assert states[0] == SLOTS.add(geometry.EMPTY, "3g", 4)
+    assert states[3] == geometry.WHOLE
+    assert states[1] == geometry.EMPTY
+
+
+class FakeSliceApi:
+    """ResourceSlices in a dict; counts writes; resourceVersion per write."""
+
+    def __init__(self) -> None:
+        self.objs: dict[str, dict[str, Any]] = {}
+        self.calls: list[tuple[str, str]] = []
+        self.rv = 0
+
+    def list_slices(self, node_name: str, driver_name: str) -> list[dict[str, Any]]:
+        return [copy.deepcopy(o) for o in self.objs.values()]
+
+    def _store(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        self.rv += 1
+        obj = copy.deepcopy(dict(body))
+        obj["metadata"] = {**obj["metadata"], "resourceVersion": str(self.rv)}
+        self.objs[obj["metadata"]["name"]] = obj
+        return obj
+
+    def create_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        self.calls.append(("create", body["metadata"]["name"]))
+        return self._store(body)
+
+    def replace_slice(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        assert body["metadata"]["resourceVersion"] == self.objs[name]["metadata"]["resourceVersion"]
+        self.calls.append(("replace", name))
+        return self._store(body)
+
+    def delete_slice(self, name: str) -> None:
+        self.calls.append(("delete", name))
+        del self.objs[name]
+
+
+def test_a_reorder_rewrites_only_the_changed_slices_at_the_same_generation(hgx: inventory.Inventory) -> None:
+    layout = steering.SteeredLayout(steering.SteeringSettings(order=True, withhold=True))
+    states: list[list[int]] = [[geometry.EMPTY] * 8]
+    api = FakeSliceApi()
+    pub = SlicePublisher(api, "node-a", "gpu.gpuplane.dev", layout=lambda inv, t: layout.build_pool(inv, states[0]))
+    assert pub.publish(hgx)
+    first = {n: o["spec"]["pool"]["generation"] for n, o in api.objs.items()}
+    assert len(api.calls) == len(api.objs) and all(v == "create" for v, _ in api.calls)
+    api.calls.clear()
+    states[0] = states_with(8, g6=[("4g", 0)])  # a 4g was prepared on GPU 6: the rankings change
+    assert pub.publish(hgx)
+    assert api.calls and all(v == "replace" for v, _ in api.calls)
+    assert len(api.calls) < len(api.objs)  # counter slices and unaffected profiles are not rewritten
+    assert {n: o["spec"]["pool"]["generation"] for n, o in api.objs.items()} == first
+    assert pub.writes["reorder"] == len(api.calls)
+    assert walk(list(api.objs.values()), "3g.40gb")[0][0] == "gpu-6-mig-3g-40gb-4"
+    api.calls.clear()
+    assert not pub.publish(hgx)  # nothing changed: nothing written
+    assert api.calls == []
+
+
+def test_a_changed_device_set_still_bumps_the_generation(hgx: inventory.Inventory) -> None:
+    api = FakeSliceApi()
+    taints: dict[str, list[slices.DeviceTaint]] = {}
+    pub = SlicePublisher(api, "node-a", "gpu.gpuplane.dev", taints=lambda: taints)
+    pub.publish(hgx)
+    gen = {o["spec"]["pool"]["generation"] for o in api.objs.values()}
+    taints["gpu-1"] = [slices.DeviceTaint("gpu.gpuplane.dev/unhealthy", "xid-79", "NoExecute")]
+    api.calls.clear()
+    assert pub.publish(hgx)
+    new = {o["spec"]["pool"]["generation"] for o in api.objs.values()}
+    assert len(new) == 1 and new != gen
+    assert len(api.calls) == len(api.objs)
+
+
+class DefaultingApi(FakeSliceApi):
+    """Like the API server: a taint written without timeAdded comes back stamped with the write's time."""
+
+    def _store(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        obj = copy.deepcopy(dict(body))
+        for d in obj["spec"].get("devices") or []:
+            for t in d.get("taints") or []:
+                t.setdefault("timeAdded", f"2026-01-01T00:00:{self.rv % 60:02d}Z")
+        return super()._store(obj)
+
+
+def test_reorder_in_place_survives_the_api_stamping_taint_times(hgx: inventory.Inventory) -> None:
+    layout = steering.SteeredLayout(steering.SteeringSettings(order=True, withhold=True))  # no fixed taint time
+    states: list[list[int]] = [[geometry.EMPTY] * 8]
+    health = {"gpu-7": [slices.DeviceTaint("gpu.gpuplane.dev/unhealthy", "xid-79", "NoExecute")]}
+    api = DefaultingApi()
+    pub = SlicePublisher(
+        api,
+        "node-a",
+        "gpu.gpuplane.dev",
+        taints=lambda: health,
+        layout=lambda inv, t: layout.build_pool(inv, states[0], taints=t),
+    )
+    pub.publish(hgx)
+    stamped = {
+        (d["name"], t["key"]): t["timeAdded"]
+        for o in api.objs.values()
+        for d in o["spec"].get("devices") or []
+        for t in d.get("taints") or []
+    }
+    api.calls.clear()
+    states[0] = states_with(8, g3=[("4g", 0)])
+    assert pub.publish(hgx)
+    assert api.calls and all(v == "replace" for v, _ in api.calls) and len(api.calls) < len(api.objs)
+    after = {
+        (d["name"], t["key"]): t["timeAdded"]
+        for o in api.objs.values()
+        for d in o["spec"].get("devices") or []
+        for t in d.get("taints") or []
+    }
+    assert after == stamped  # no taint restamped by a reorder
