@@ -16,8 +16,7 @@ steered slices) it rebuilds the same workload, then compares:
 * **Decision by decision**: before each real allocation, the cluster as the records show it then;
   what the model decides there (node: the highest LeastAllocated score, ties listed; device: the
   walk on the node the scheduler chose) against what the scheduler did.
-* Waiting (bound - arrival, in trace seconds), the slice writes (driver counters and the
-  apiserver's ResourceSlice requests) and, steered, the time each pod spent gated.
+* Waiting (bound - arrival, trace s), slice writes (driver counters, apiserver requests), gate time.
 """
 
 from __future__ import annotations
@@ -263,6 +262,9 @@ def waits(rec: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE", "DELETECOLLECTION")  # apiserver_request_total verbs that write
+
+
 def writes(rec: Mapping[str, Any]) -> dict[str, float]:
     """Slice writes per second over the replay: the drivers' counters and the apiserver's requests."""
     span = rec["end"] - rec["t0"]
@@ -276,9 +278,7 @@ def writes(rec: Mapping[str, Any]) -> dict[str, float]:
     return {
         **{f"driver {k} writes/s": v / span for k, v in sorted(total.items())},
         "driver writes/s per node": sum(total.values()) / span / max(1, len(after)),
-        **{
-            f"apiserver {k}/s": v / span for k, v in sorted(api.items()) if k in ("UPDATE", "CREATE", "DELETE", "PATCH")
-        },
+        **{f"apiserver {k}/s": v / span for k, v in sorted(api.items()) if k in WRITE_VERBS},
     }
 
 
