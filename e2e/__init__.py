@@ -16,14 +16,18 @@ Three packages: ``plane`` built on ``cluster`` (nothing in ``cluster`` imports `
 - ``addon_build``: builds (once) and caches workload controllers (JobSet, LeaderWorkerSet) from
   their pinned Go modules in ``e2e/cluster/addonbuild``, with the manifests of the same release.
 - ``addons``: one such controller on the cluster: CRDs, its upstream ClusterRole, loopback webhooks.
+- ``realnode``: the machinery of real nodes (kubelet + containerd on this machine): host checks,
+  node binaries (``e2e/cluster/nodebuild``), offline OCI images, bridges, cgroups, configs, mounts.
 
 ``e2e.plane``: gpuplane on that cluster.
 
 - ``nodes``: Node objects kept Ready by a heartbeat, standing in for kubelets; the ``--nodes`` spec.
 - ``kubelet``: the kubelet stand-in, run as ``python -m e2e.plane.kubelet``: one thread per pod;
   its parts ``kubelet_plugins`` (plugin registration), ``kubelet_dra`` (a pod's claims,
-  prepare/unprepare, the CDI check) and ``kubelet_pods`` (the pod watch, the Running status,
-  Events).
+  prepare/unprepare, the CDI check), ``kubelet_pods`` (the pod watch, the Running status,
+  Events) and ``standin_health`` (its side of the dra-health stream).
+- ``realnode``: real nodes (a real kubelet and containerd each) with a ``gpuplane-driver``, their
+  teardown, and what their containers got (``inspect``).
 - ``driverproc``: one ``gpuplane-driver`` process on the simulator, for tests.
 - ``simnodes``: simulated GPU nodes, a driver plus a kubelet stand-in per node, started, awaited
   and stopped; ``simnode_plan`` their plan (names, directories, sockets, NVL72 racks, ``nodes.json``).

@@ -1,10 +1,10 @@
 """``python -m e2e``: build the control-plane binaries, bring a cluster up, take it down, run the demo.
 
-    python -m e2e build      # Kubernetes binaries, then JobSet and LeaderWorkerSet
+    python -m e2e build      # Kubernetes binaries, kubelet and containerd, then JobSet and LeaderWorkerSet
     python -m e2e images
     python -m e2e helm
-    python -m e2e up [--state-dir DIR] [--nodes hgx-h100:2,gb200-nvl72:2,a100-40gb:1] [--controllers 2]
-                     [--addons jobset,lws]
+    python -m e2e up [--state-dir DIR] [--nodes hgx-h100:2,gb200-nvl72:2,a100-40gb:1] [--real-nodes hgx-h100:1]
+                     [--controllers 2] [--addons jobset,lws]
     python -m e2e down [--state-dir DIR]
     python -m e2e status [--state-dir DIR]
     python -m e2e demo [--state-dir DIR] [--nodes SPEC] [--controllers N]
@@ -13,7 +13,9 @@
 session, tracked by pidfiles in the state directory): the control plane;
 gpuplane installed with ``kubectl apply -k manifests/overlays/e2e`` (everything
 in ``manifests/``, its DaemonSet and Deployment pinned off the simulated nodes,
-which have no container runtime); the simulated GPU nodes of ``--nodes``
+which have no container runtime); the real nodes of ``--real-nodes`` (a real kubelet
+and containerd each, see ``e2e.plane.realnode``; ``up`` starts none unless asked, ``demo``
+one ``hgx-h100`` where the machine allows it); the simulated GPU nodes of ``--nodes``
 (default ``e2e.plane.simnodes.DEFAULT_NODE_SPEC``; ``--nodes ''`` for none), each a
 ``gpuplane-driver`` under the ``gpuplane-driver`` ServiceAccount (a token bound
 to a pod on its node) plus a kubelet stand-in; and ``--controllers`` (default 2)
@@ -43,6 +45,7 @@ from types import FrameType
 from e2e.cluster import addon_build, addons, build, controlplane, procs
 from e2e.cluster import handle as cluster
 from e2e.plane import components, demo, identity, nodes, simnodes
+from e2e.plane.realnode import cli as realnodes
 
 Printer = Callable[[str], None]
 DEFAULT_ADDONS: tuple[str, ...] = ("jobset", "lws")
@@ -129,6 +132,7 @@ def _clear_node_state(state_dir: Path) -> None:
 def stop_all(state_dir: Path, out: Printer) -> list[str]:
     """Stop everything recorded in ``state_dir``: controllers, nodes, then the control plane."""
     stopped = components.stop_controllers(state_dir, out=out)
+    stopped += realnodes.stop_nodes(state_dir, out=out)
     stopped += simnodes.stop_nodes(state_dir, out=out)
     stopped += controlplane.stop_state_dir(state_dir, out=out)
     return stopped
@@ -141,6 +145,7 @@ def bring_up(
     *,
     controllers: int = components.DEFAULT_REPLICAS,
     addon_names: Sequence[str] = DEFAULT_ADDONS,
+    real_groups: Sequence[nodes.NodeGroup] = (),
 ) -> Path:
     """Start (or reuse) the control plane, gpuplane, the nodes and the controllers of ``state_dir``.
 
@@ -154,12 +159,15 @@ def bring_up(
         try:
             components.install(handle, out)
             sim = simnodes.SimNodes(state_dir, kubeconfig, out=out)
-            if sim.all_running() or (not groups and not sim.nodes):
+            real_ok = realnodes.running(state_dir, handle) or not real_groups
+            if real_ok and (sim.all_running() or (not groups and not sim.nodes)):
                 out(f"control plane and {len(sim.nodes)} node(s) in {state_dir} already running (reusing them)")
             else:
                 out(f"control plane in {state_dir} is running; (re)starting its nodes")
+                realnodes.stop_nodes(state_dir, out=out)
                 simnodes.stop_nodes(state_dir, out=out)
                 _clear_node_state(state_dir)
+                realnodes.start(state_dir, handle, real_groups, out)
                 start_nodes(state_dir, handle, groups, out)
             start_controllers(state_dir, handle, controllers, out)
             start_addons(handle, addon_names, out)
@@ -184,6 +192,7 @@ def bring_up(
             "kubeconfig": str(kubeconfig),
             "bins": str(bins.directory),
             "nodes": [{"profile": g.profile, "count": g.count} for g in groups],
+            "real_nodes": [{"profile": g.profile, "count": g.count} for g in real_groups],
             "controllers": controllers,
             "addons": list(addon_names),
             "feature_gates": plane.feature_gates,
@@ -193,6 +202,7 @@ def bring_up(
         out("step 3/6: install gpuplane from manifests/ (kustomize, overlay e2e)")
         components.install(handle, out)
         out("step 4/6: nodes")
+        realnodes.start(state_dir, handle, real_groups, out)
         start_nodes(state_dir, handle, groups, out)
         out("step 5/6: controller")
         start_controllers(state_dir, handle, controllers, out)
@@ -200,6 +210,7 @@ def bring_up(
         start_addons(handle, addon_names, out)
     except BaseException:
         components.stop_controllers(state_dir, out=out)
+        realnodes.stop_nodes(state_dir, out=out)
         simnodes.stop_nodes(state_dir, out=out)
         plane.stop()
         raise
@@ -214,6 +225,8 @@ def cmd_build(args: argparse.Namespace, out: Printer) -> int:
     """Build (or find cached) binaries."""
     bins = build.ensure_binaries(out=out)
     out(f"binaries ready in {bins.directory}")
+    node_bins = realnodes.ensure_binaries(out=out)
+    out(f"real-node binaries ready: {', '.join(str(p) for p in node_bins.all())}")
     for name in addon_build.RECIPES:
         built = addon_build.ensure_addon(name, out=out)
         out(f"{name} {built.version} ready in {built.directory}")
@@ -247,12 +260,14 @@ def cmd_helm(args: argparse.Namespace, out: Printer) -> int:
 def cmd_up(args: argparse.Namespace, out: Printer) -> int:
     """Start the control plane and the simulated nodes and leave them running."""
     state_dir: Path = args.state_dir.resolve()
+    real = realnodes.resolve(args.real_nodes, out)
     kubeconfig = bring_up(
         state_dir,
         nodes.parse_node_spec(args.nodes or ""),
         out,
         controllers=args.controllers,
         addon_names=parse_addons(args.addons),
+        real_groups=real,
     )
     out(f"KUBECONFIG={kubeconfig}")
     return 0
@@ -261,12 +276,14 @@ def cmd_up(args: argparse.Namespace, out: Printer) -> int:
 def cmd_demo(args: argparse.Namespace, out: Printer) -> int:
     """The main job: cluster up (or reused), gpuplane installed, every example applied, a table of results."""
     state_dir: Path = args.state_dir.resolve()
+    real = realnodes.resolve(args.real_nodes, out)
     kubeconfig = bring_up(
         state_dir,
         nodes.parse_node_spec(args.nodes or ""),
         out,
         controllers=args.controllers,
         addon_names=parse_addons(args.addons),
+        real_groups=real,
     )
     return demo.run(state_dir, kubeconfig, out=out, timeout=args.timeout)
 
@@ -288,8 +305,9 @@ def cmd_status(args: argparse.Namespace, out: Printer) -> int:
         state = "running" if record and procs.is_alive(record) else "stopped"
         out(f"{name:25} {state}" + (f" (pid {record.pid}, log {record.log})" if record else ""))
     all_alive = True
-    for node in simnodes.load_nodes(state_dir):
-        for name in (node.driver_process, node.kubelet_process):
+    node_processes = [(n.driver_process, n.kubelet_process) for n in simnodes.load_nodes(state_dir)]
+    for names in [*realnodes.process_names(state_dir), *node_processes]:
+        for name in names:
             record = records.get(name)
             alive = record is not None and procs.is_alive(record)
             all_alive = all_alive and alive
@@ -317,7 +335,7 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="python -m e2e", description=__doc__.split("\n")[0] if __doc__ else None)
     sub = top.add_subparsers(dest="command", required=True)
     sub.add_parser(
-        "build", help="build the control-plane binaries and the workload controllers into the cache"
+        "build", help="build the control-plane, real-node binaries and the workload controllers into the cache"
     ).set_defaults(func=cmd_build)
     sub.add_parser(
         "images", help="build the driver and controller images from their Dockerfiles (buildah) into the cache"
@@ -331,12 +349,14 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="start a control plane with simulated GPU nodes and leave it running")
     up.add_argument("--state-dir", type=Path, default=default_state_dir(environ), help=state_help)
     up.add_argument("--nodes", default=simnodes.DEFAULT_NODE_SPEC, help=nodes_help)
+    up.add_argument("--real-nodes", default="", help=realnodes.HELP + " (default '')")
     up.add_argument("--controllers", type=int, default=components.DEFAULT_REPLICAS, help=controllers_help)
     up.add_argument("--addons", default=",".join(DEFAULT_ADDONS), help=addons_help)
     up.set_defaults(func=cmd_up)
     run_demo = sub.add_parser("demo", help="cluster up, gpuplane installed, every example applied, results shown")
     run_demo.add_argument("--state-dir", type=Path, default=default_state_dir(environ), help=state_help)
     run_demo.add_argument("--nodes", default=simnodes.DEFAULT_NODE_SPEC, help=nodes_help)
+    run_demo.add_argument("--real-nodes", default=realnodes.AUTO, help=realnodes.HELP + f" (default {realnodes.AUTO})")
     run_demo.add_argument("--controllers", type=int, default=components.DEFAULT_REPLICAS, help=controllers_help)
     run_demo.add_argument("--addons", default=",".join(DEFAULT_ADDONS), help=addons_help)
     run_demo.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the example pods")

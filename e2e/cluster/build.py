@@ -21,7 +21,7 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 MODULE_DIR = Path(__file__).resolve().parent / "k8sbuild"
@@ -205,13 +205,16 @@ def build_one(
     environ: Mapping[str, str],
     out: Printer,
     linker_flags: str = "-s -w",
+    tags: Sequence[str] = (),
 ) -> float:
     """Build ``package`` into ``dest`` via a temporary file; return seconds taken."""
     tmp = dest.with_name(f".{name}.tmp-{os.getpid()}")
     log = dest.with_name(f".{name}.build.log")
     env = dict(environ)
     env["GOFLAGS"] = "-mod=mod"
-    cmd = [go, "build", "-trimpath", f"-ldflags={linker_flags}", "-o", str(tmp), package]
+    cmd = [go, "build", "-trimpath", f"-ldflags={linker_flags}"]
+    cmd += [f"-tags={','.join(tags)}"] if tags else []
+    cmd += ["-o", str(tmp), package]
     out(f"building {name} ({package}) ...")
     started = time.monotonic()
     try:

@@ -29,6 +29,9 @@ DEFAULT_FEATURE_GATES: Mapping[str, bool] = {
     "GenericWorkload": True,
     "GangScheduling": True,
     "TopologyAwareWorkloadScheduling": True,
+    # Beta and on by default in 1.36 (alpha 1.31-1.35): kubelet reports a DRA driver's device health
+    # in pod status (allocatedResourcesStatus, KEP-4680); the apiserver drops the field when it is off.
+    "ResourceHealthStatus": True,
 }
 
 # API group versions that are off by default in 1.36 (pkg/controlplane/instance.go).
@@ -110,6 +113,10 @@ def apiserver_argv(
         "--requestheader-group-headers=X-Remote-Group",
         "--requestheader-extra-headers-prefix=X-Remote-Extra-",
         "--allow-privileged=true",
+        # Real kubelets (e2e.cluster.realnode) listen on their node's InternalIP; their Hostname does not resolve.
+        "--kubelet-preferred-address-types=InternalIP,Hostname",
+        f"--kubelet-client-certificate={cluster_pki.kubelet_client.cert}",
+        f"--kubelet-client-key={cluster_pki.kubelet_client.key}",
         f"--runtime-config={format_gates(runtime_config)}",
         f"--feature-gates={gates}",
         "--profiling=false",

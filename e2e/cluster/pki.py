@@ -1,8 +1,8 @@
 """Certificates, keys and kubeconfigs for a loopback control plane.
 
 One CA signs everything: the apiserver's serving certificate, client
-certificates for the admin (group ``system:masters``), kube-scheduler and
-kube-controller-manager, and node client certificates minted on demand for
+certificates for the admin (group ``system:masters``), kube-scheduler,
+kube-controller-manager and kube-apiserver's client to kubelets, and node client certificates minted on demand for
 kubelet stand-ins (``system:node:<name>`` in ``system:nodes``, which the Node
 authorizer and NodeRestriction treat as that node). A separate key pair signs
 service-account tokens. Keys are ECDSA P-256: fast to generate, accepted by
@@ -56,6 +56,8 @@ class ClusterPKI:
     controller_manager: CertPair
     service_account_key: Path
     service_account_pub: Path
+    kubelet_client: CertPair
+    """What kube-apiserver presents to kubelets (logs, exec): group system:masters."""
 
 
 def _new_key() -> ec.EllipticCurvePrivateKey:
@@ -223,6 +225,9 @@ def generate_cluster_pki(directory: Path) -> ClusterPKI:
         controller_manager=ca.issue(directory, "kube-controller-manager", "system:kube-controller-manager"),
         service_account_key=sa_key,
         service_account_pub=sa_pub,
+        kubelet_client=ca.issue(
+            directory, "apiserver-kubelet-client", "kube-apiserver-kubelet-client", organizations=("system:masters",)
+        ),
     )
 
 

@@ -5,6 +5,8 @@ template the name kube-controller-manager wrote to ``status.resourceClaimStatuse
 must be allocated and reserved for the pod (:class:`PodNotReady` until then); claims are prepared
 per driver through the registered plugins, and every returned CDI id must resolve to a spec file
 under the node's CDI root (what the container runtime would check), else :class:`PrepareFailed`.
+As kubelet's claim info cache: a claim already prepared on the node (shared with a running pod) is
+not prepared again, until it has been unprepared.
 Unprepare retries with backoff until every driver answered. Side effects: reads claims, calls
 the plugins (which change the node), Events through the caller on failures.
 """
@@ -58,6 +60,8 @@ class PodDra:
         self.plugins = plugins
         self.node_name = node_name
         self.cdi_root = cdi_root
+        self._lock = threading.Lock()
+        self._ready: set[str] = set()  # uids of claims NodePrepareResources succeeded for (kubelet's cache)
 
     @staticmethod
     def claim_names(pod: PodView) -> list[str]:
@@ -104,9 +108,11 @@ class PodDra:
         return claims
 
     def prepare(self, claims: Sequence[Claim]) -> None:
-        """NodePrepareResources for ``claims``, per driver; PrepareFailed on any failure."""
+        """NodePrepareResources for ``claims`` not prepared on the node yet, per driver; PrepareFailed on failure."""
+        with self._lock:
+            todo = [claim for claim in claims if claim.ref.uid not in self._ready]
         by_driver: dict[str, list[ClaimRef]] = {}
-        for claim in claims:
+        for claim in todo:
             for driver in claim.drivers:
                 by_driver.setdefault(driver, []).append(claim.ref)
         for driver, refs in sorted(by_driver.items()):
@@ -124,6 +130,8 @@ class PodDra:
                 if result.error:
                     raise PrepareFailed(f"claim {ref.name}: {result.error}")
                 self._check_cdi(ref, result)
+                with self._lock:
+                    self._ready.add(ref.uid)
 
     def _check_cdi(self, ref: ClaimRef, result: PrepareResult) -> None:
         for device in result.devices:
@@ -162,6 +170,8 @@ class PodDra:
                     result = results.get(ref.uid)
                     if result is not None and not result.error:
                         pending.discard((driver, ref))
+                        with self._lock:
+                            self._ready.discard(ref.uid)
                     else:
                         errors.append(f"claim {ref.name}: {result.error if result else 'no result'}")
             if not pending:

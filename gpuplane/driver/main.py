@@ -82,7 +82,7 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
                 lock_path=cfg.lock_path,
                 boot_id=boot_id,
                 dev_root=cfg.dev_root,
-                check_host_device_nodes=cfg.backend == "nvml",
+                check_host_device_nodes=True,
             ),
             backend,
             api,
@@ -206,7 +206,10 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
                         log.exception("re-reading the GPUs failed; publishing the last known inventory")
                         inventory = state.inventory()
                     try:
-                        publisher.publish(inventory)
+                        # On the periodic tick compare with the API too, not only with what was last written:
+                        # kubelet deletes the node's ResourceSlices when it (re)starts (and ~30 s after a driver
+                        # vanished), while this driver keeps running with nothing changed.
+                        publisher.publish(inventory, force=due)
                         metrics.devices_published.set(publisher.devices_published)
                     except Exception:
                         log.exception("publishing ResourceSlices failed; retrying on the next tick")

@@ -279,3 +279,8 @@ def running_plane(control_plane: cluster.Cluster, node_spec: str = GPU_NODES) ->
 def gpu_cluster(control_plane: cluster.Cluster) -> Iterator[GpuCluster]:
     with running_plane(control_plane) as plane:
         yield plane
+
+
+# Real-node fixtures (a real kubelet and containerd per node) live in their own module; imported here
+# so that pytest knows them once for the whole session.
+from tests.e2e.realfixtures import only_real_nodes, real_cluster  # noqa: E402, F401

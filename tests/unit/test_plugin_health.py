@@ -52,6 +52,33 @@ def test_health_stream_delivers_updates(plugin: server.PluginServer, board: heal
         stream.close()
 
 
+def test_health_stream_resends_unchanged_health_before_kubelet_stops_trusting_it(
+    short_dir: Path, preparer: FakePreparer, board: health_board.HealthBoard
+) -> None:
+    srv = server.PluginServer(
+        DRIVER,
+        preparer,
+        registry_dir=short_dir / "r",
+        plugin_dir=short_dir / "p",
+        health_source=board,
+        stream_poll_interval=0.05,
+        stream_refresh_interval=0.3,
+    )
+    srv.start()
+    try:
+        with kubelet_client.KubeletPluginClient(str(srv.dra_socket), timeout=10) as client:
+            stream = client.watch_health(timeout=20)
+            first = next(stream)
+            started = time.monotonic()
+            again = next(stream)  # nothing changed: the refresh
+            waited = time.monotonic() - started
+            stream.close()
+        assert again == first
+        assert 0.2 <= waited < 2.0, waited
+    finally:
+        srv.stop(grace=1)
+
+
 def test_stop_ends_streams_and_removes_sockets(
     short_dir: Path, preparer: FakePreparer, board: health_board.HealthBoard
 ) -> None:

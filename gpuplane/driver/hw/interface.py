@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from gpuplane.mig.models import MigProfile
@@ -207,6 +208,17 @@ class GpuBackend(Protocol):
     # --- sharing -----------------------------------------------------------
     def set_timeslice(self, uuid: str, interval: str) -> None:
         """Apply a time-slice interval class: "Default", "Short", "Medium" or "Long"."""
+        ...
+
+    # --- device nodes -------------------------------------------------------
+    def device_node_dir(self) -> Path | None:
+        """The host directory holding this hardware's device nodes, or None for the standard ``/dev``.
+
+        The nodes a CUDA container needs are ``nvidia<minor>``, ``nvidiactl``, ``nvidia-uvm``,
+        ``nvidia-uvm-tools`` and, for MIG, ``nvidia-caps/nvidia-cap<N>``. A real NVIDIA driver makes
+        them in ``/dev`` (None: the configured dev root); a backend whose nodes live elsewhere says
+        where, and the CDI spec points the container's ``/dev/...`` at them.
+        """
         ...
 
     # --- health and telemetry ---------------------------------------------

@@ -92,6 +92,12 @@ class NvmlBackend(NvmlMig, NvmlHealth):
     ) -> None:
         self.shutdown()
 
+    # --- device nodes ----------------------------------------------------------------------
+
+    def device_node_dir(self) -> Path | None:
+        """The kernel driver's own nodes in /dev (made by nvidia-modprobe): the configured dev root applies."""
+        return None
+
     # --- inventory -------------------------------------------------------------------------
 
     def _named_constant(self, prefix: str, value: int) -> str:

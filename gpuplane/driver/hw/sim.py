@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -73,6 +74,10 @@ class Simulator(SimControls):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.shutdown()
+
+    def device_node_dir(self) -> Path:
+        """``<state_dir>/dev``: the placeholder nodes of :mod:`gpuplane.driver.hw.sim_devnodes`."""
+        return self._devnodes.directory
 
     def _model(self, uuid: str) -> models.MigModel:
         model = self.profile.gpu.mig_model

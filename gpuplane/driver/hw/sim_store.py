@@ -5,7 +5,9 @@ and telemetry overrides live in ``<state_dir>/sim-state.json``. Every operation
 (:meth:`SimStore._op`) re-reads that file under a file lock on ``<state_dir>/sim-state.lock``
 (shared for reads, exclusive for writes) and writes it back atomically, so MIG instances survive
 a SIGKILL of the driver, and another process (a test, :mod:`gpuplane.driver.hw.sim_cli`) can change
-the state while the driver runs. Side effects: that file and its lock.
+the state while the driver runs. After every write the placeholder device nodes under
+``<state_dir>/dev`` (:mod:`gpuplane.driver.hw.sim_devnodes`) are made to match it. Side effects:
+that file, its lock and those nodes.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from gpuplane.driver.host import atomic_write, file_lock
-from gpuplane.driver.hw import sim_profiles
+from gpuplane.driver.hw import caps, sim_devnodes, sim_profiles
 from gpuplane.driver.hw.interface import ErrorCode, HardwareError
 from gpuplane.driver.hw.sim_config import SimConfig, gpu_uuid
 
@@ -46,6 +48,7 @@ class SimStore:
         self._uuid_by_minor = {m: gpu_uuid(config.node_name, m) for m in range(self.profile.gpu_count)}
         self._minor_by_uuid = {u: m for m, u in self._uuid_by_minor.items()}
         self._absent = frozenset(config.absent_minors)
+        self._devnodes = sim_devnodes.DeviceNodes(config.state_dir / "dev")
 
     # --- state file ----------------------------------------------------------------
 
@@ -104,6 +107,21 @@ class SimStore:
             yield st
             if write:
                 self._write_state(st)
+                self._devnodes.sync(self._wanted_nodes(st))
+
+    def _wanted_nodes(self, st: dict[str, Any]) -> dict[str, tuple[int, int]]:
+        """The device nodes a real driver would have made for this state: GPUs present, MIG caps of instances."""
+        minors: list[int] = []
+        for rec in st["gpus"].values():
+            if rec["minor"] in self._absent or not rec["mig_current"]:
+                continue
+            for gi in rec["gis"]:
+                minors.append(caps.caps_minors(rec["minor"], gi["gi_id"], None)[0])
+                for ci in gi["cis"]:
+                    ci_minor = caps.caps_minors(rec["minor"], gi["gi_id"], ci["ci_id"])[1]
+                    minors += [] if ci_minor is None else [ci_minor]
+        present = [m for m in range(self.profile.gpu_count) if m not in self._absent]
+        return sim_devnodes.wanted_nodes(present, minors)
 
     @contextlib.contextmanager
     def _op(self, *, write: bool, latency: bool = False) -> Iterator[dict[str, Any]]:

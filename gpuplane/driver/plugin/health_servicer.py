@@ -3,13 +3,19 @@
 Kubelet (gate ResourceHealthStatus) opens ``NodeWatchResources`` after
 registration and keeps it open, reopening it every few seconds if it ends.
 Each message lists every device's health: the first right away, then one
-after every change the source reports, until the client goes away or the
-server stops.
+after every change the source reports, and the same list again at least every
+``REFRESH_S`` seconds, until the client goes away or the server stops. The
+refresh matters: kubelet stamps each device's health with the time it received
+it and reports it Unknown (in pod status) once that is older than the device's
+``health_check_timeout_seconds`` (30 s when unset, kubelet 1.36
+``pkg/kubelet/cm/dra/healthinfo.go``); a stream that sent only changes turned
+every healthy device Unknown half a minute after the last change.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +27,9 @@ from gpuplane.driver.observe import health_view
 from gpuplane.driver.plugin import wire
 
 _log = structlog.get_logger(__name__)
+
+REFRESH_S = 10.0
+"""Resend every device's health at least this often (kubelet's default trust is 30 s)."""
 
 GRPC_SERVICE = "v1alpha1.DRAResourceHealth"
 """The full gRPC service name (proto package ``v1alpha1``), also the version string kubelet sees."""
@@ -59,9 +68,12 @@ def to_response(snapshot: health_view.HealthSnapshot) -> Any:
 class ResourceHealthServicer:
     """Serves ``v1alpha1.DRAResourceHealth`` from one :class:`~gpuplane.driver.observe.health_view.HealthSource`."""
 
-    def __init__(self, source: health_view.HealthSource, *, poll_interval: float = 0.5) -> None:
+    def __init__(
+        self, source: health_view.HealthSource, *, poll_interval: float = 0.5, refresh_interval: float = REFRESH_S
+    ) -> None:
         self._source = source
         self._poll_interval = poll_interval
+        self._refresh_interval = refresh_interval
         self._stopping = threading.Event()
 
     def stop(self) -> None:
@@ -69,16 +81,18 @@ class ResourceHealthServicer:
         self._stopping.set()
 
     def NodeWatchResources(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:  # noqa: N802
-        """Send the current health, then again after every change, until the client leaves."""
+        """Send the current health, then again after every change and at least every refresh interval."""
         log = _log.bind(peer=context.peer())
         log.info("health stream opened")
         sent: int | None = None
+        sent_at = 0.0
         try:
             while context.is_active() and not self._stopping.is_set():
                 snapshot = self._source.snapshot()
-                if snapshot.generation != sent:
+                now = time.monotonic()
+                if snapshot.generation != sent or now - sent_at >= self._refresh_interval:
                     yield to_response(snapshot)
-                    sent = snapshot.generation
+                    sent, sent_at = snapshot.generation, now
                 self._source.wait_changed(sent, self._poll_interval)
         finally:
             log.info("health stream closed")

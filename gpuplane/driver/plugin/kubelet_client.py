@@ -11,7 +11,7 @@ device health. Results come back as the driver's own plain dataclasses.
 from __future__ import annotations
 
 import os
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from types import ModuleType, TracebackType
 from typing import Any
@@ -143,8 +143,13 @@ class KubeletPluginClient:
         *,
         timeout: float = DEFAULT_CALL_TIMEOUT,
         force_version: str | None = None,
+        before_notify: Callable[[KubeletPluginClient], None] | None = None,
     ) -> KubeletPluginClient:
-        """Register the plugin behind ``registration_socket`` the way kubelet does and connect to it."""
+        """Register the plugin behind ``registration_socket`` the way kubelet does and connect to it.
+
+        ``before_notify`` runs once the client is connected and before NotifyRegistrationStatus: kubelet
+        opens the dra-health stream there (1.36), so a caller that follows health does it in this hook.
+        """
         info = get_info(registration_socket, timeout)
         try:
             if info.type != registration.PLUGIN_TYPE:
@@ -156,6 +161,8 @@ class KubeletPluginClient:
             notify_registration_status(registration_socket, False, str(exc), timeout)
             raise
         client = cls(info.endpoint, version, timeout=timeout, info=info)
+        if before_notify is not None:
+            before_notify(client)
         notify_registration_status(registration_socket, True, "", timeout)
         return client
 

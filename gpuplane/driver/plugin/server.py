@@ -27,7 +27,7 @@ import grpc
 import structlog
 
 from gpuplane.driver.observe import health_view
-from gpuplane.driver.plugin import dra_servicer, grpc_health, health_servicer, registration
+from gpuplane.driver.plugin import call_log, dra_servicer, grpc_health, health_servicer, registration
 from gpuplane.driver.prepare import contract
 
 _log = structlog.get_logger(__name__)
@@ -75,6 +75,7 @@ class PluginServer:
         max_workers: int = 8,
         socket_mode: int = 0o600,
         stream_poll_interval: float = 0.5,
+        stream_refresh_interval: float = health_servicer.REFRESH_S,
     ) -> None:
         if not driver_name:
             raise ValueError("driver_name must not be empty")
@@ -83,7 +84,9 @@ class PluginServer:
         self.plugin_dir = Path(plugin_dir if plugin_dir is not None else DEFAULT_PLUGINS_DIR / driver_name).absolute()
         self.registration_socket = registration_socket_path(self.registry_dir, driver_name)
         self.dra_socket = self.plugin_dir / DRA_SOCKET_NAME
-        self._hidden_registration_socket = self.registration_socket.with_name(f".{self.registration_socket.name}.tmp")
+        # Bound outside the registry dir and renamed into it, so kubelet's plugin watcher sees the socket
+        # appear once, complete (a hidden socket in the watched dir makes kubelet log a failed stat).
+        self._hidden_registration_socket = self.plugin_dir / f".{self.registration_socket.name}.tmp"
         for path in (self.registration_socket, self._hidden_registration_socket, self.dra_socket):
             _check_socket_path(path)
 
@@ -96,7 +99,9 @@ class PluginServer:
         self._stopped = False
 
         self._resource_health = (
-            health_servicer.ResourceHealthServicer(health_source, poll_interval=stream_poll_interval)
+            health_servicer.ResourceHealthServicer(
+                health_source, poll_interval=stream_poll_interval, refresh_interval=stream_refresh_interval
+            )
             if health_source is not None
             else None
         )
@@ -174,6 +179,7 @@ class PluginServer:
     def _new_server(self) -> grpc.Server:
         return grpc.server(
             futures.ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="gpuplane-grpc"),
+            interceptors=[call_log.CallLog()],
             options=[("grpc.so_reuseport", 0)],
         )
 
@@ -199,6 +205,7 @@ class PluginServer:
         hidden = self._hidden_registration_socket
         self._bind(server, hidden)
         server.start()
+        self.registration_socket.parent.mkdir(parents=True, exist_ok=True)
         _remove_socket(self.registration_socket)
         os.replace(hidden, self.registration_socket)
         return server

@@ -3,6 +3,10 @@
 The container runtime reads these files; kubelet only passes the CDI ids the
 driver returns. Every spec is verified after it is written (read back, parsed,
 every device present with its device nodes) before prepare reports success.
+
+A device node has the path the container sees (``/dev/nvidia3``) and, where the
+node lives elsewhere on the host (the hardware backend says so), a ``hostPath``:
+the runtime then makes the container's node from that one.
 """
 
 from __future__ import annotations
@@ -32,11 +36,23 @@ class Mount:
 
 
 @dataclass(frozen=True)
+class DeviceNode:
+    """A character device for the container: its path there, and where it is on the host."""
+
+    path: str  # in the container, e.g. /dev/nvidia3
+    host_path: str  # on the host; equal to ``path`` where the node is at its standard place
+
+    def render(self) -> dict[str, str]:
+        """The spec's ``deviceNodes`` entry (``hostPath`` only where it differs)."""
+        return {"path": self.path} if self.host_path == self.path else {"path": self.path, "hostPath": self.host_path}
+
+
+@dataclass(frozen=True)
 class DeviceEdits:
     """What one allocated device adds to a container."""
 
     device_name: str  # the ResourceSlice device name, e.g. gpu-0
-    device_nodes: tuple[str, ...]
+    device_nodes: tuple[DeviceNode, ...]
     env: tuple[str, ...] = ()
     mounts: tuple[Mount, ...] = ()
 
@@ -46,7 +62,7 @@ class ClaimSpec:
     claim_uid: str
     devices: tuple[DeviceEdits, ...]
     common_env: tuple[str, ...] = ()
-    common_device_nodes: tuple[str, ...] = ()
+    common_device_nodes: tuple[DeviceNode, ...] = ()
     common_mounts: tuple[Mount, ...] = field(default_factory=tuple)
     annotations: tuple[tuple[str, str], ...] = ()
 
@@ -67,12 +83,12 @@ def spec_path(cdi_root: Path, claim_uid: str) -> Path:
     return cdi_root / f"{names.CDI_VENDOR}-{names.CDI_CLASS}_{claim_uid}.json"
 
 
-def _edits(env: Sequence[str], nodes: Sequence[str], mounts: Sequence[Mount]) -> dict[str, Any]:
+def _edits(env: Sequence[str], nodes: Sequence[DeviceNode], mounts: Sequence[Mount]) -> dict[str, Any]:
     edits: dict[str, Any] = {}
     if env:
         edits["env"] = list(env)
     if nodes:
-        edits["deviceNodes"] = [{"path": n} for n in nodes]
+        edits["deviceNodes"] = [n.render() for n in nodes]
     if mounts:
         edits["mounts"] = [
             {
@@ -131,7 +147,7 @@ def verify_spec(path: Path, spec: ClaimSpec, check_host_nodes: bool) -> None:
         if not nodes:
             raise CdiError(f"CDI spec {path}: device {device.device_name} has no device nodes")
         if check_host_nodes:
-            missing = [n["path"] for n in nodes if not Path(n["path"]).exists()]
+            missing = [n.get("hostPath", n["path"]) for n in nodes if not Path(n.get("hostPath", n["path"])).exists()]
             if missing:
                 raise CdiError(f"CDI spec {path}: device nodes missing on the host: {', '.join(missing)}")
 

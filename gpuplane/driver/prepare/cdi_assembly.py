@@ -1,12 +1,13 @@
 """A prepared claim's CDI spec, assembled from its checkpoint record: device nodes, environment, mounts.
 
 Each device gets its ``/dev/nvidia<minor>`` node (and, for a MIG device, the ``nvidia-caps`` nodes
-of its GPU and compute instance) and an env var naming its UUID; the claim gets
-``NVIDIA_VISIBLE_DEVICES``/``CUDA_VISIBLE_DEVICES`` with the runtime UUIDs (MIG UUIDs for MIG
-devices), the control nodes, its MPS daemon's env (with the claim's ``CUDA_MPS_CLIENT_PRIORITY``)
-and bind mounts, and the annotation naming the
-MIG instances the driver made for it (so a claim rebuilt after a corrupt checkpoint owns them
-again). Pure, given the caps minors (``caps_of``) and the daemon; the file is written by
+of its GPU and compute instance) and an env var naming its UUID. A node is ``/dev/...`` in the
+container and ``host_dev/...`` on the host: the backend's own directory of nodes (the simulator's
+placeholders) or the dev root. The claim gets ``NVIDIA_VISIBLE_DEVICES``/``CUDA_VISIBLE_DEVICES``
+with the runtime UUIDs (MIG UUIDs for MIG devices), the control nodes, its MPS daemon's env (with
+the claim's ``CUDA_MPS_CLIENT_PRIORITY``) and bind mounts, and the annotation naming the MIG
+instances the driver made for it (so a claim rebuilt after a corrupt checkpoint owns them again).
+Pure, given the caps minors (``caps_of``) and the daemon; the file is written by
 :func:`gpuplane.driver.prepare.cdi.write_spec`.
 """
 
@@ -31,19 +32,23 @@ def runtime_uuid(d: DeviceRecord) -> str:
 
 def claim_spec(
     rec: ClaimRecord,
-    dev_root: Path,
+    host_dev: Path,
     caps_of: Callable[[DeviceRecord], tuple[int | None, int | None]],
     daemon: MpsDaemon | None,
 ) -> cdi.ClaimSpec:
     """The spec for ``rec``; ``caps_of`` answers for MIG devices whose caps minors the record lacks."""
+
+    def node(name: str) -> cdi.DeviceNode:
+        return cdi.DeviceNode(path=f"/dev/{name}", host_path=str(host_dev / name))
+
     edits: list[cdi.DeviceEdits] = []
     for d in rec.devices:
-        nodes = [str(dev_root / f"nvidia{d.gpu_minor}")]
+        nodes = [node(f"nvidia{d.gpu_minor}")]
         env = [f"GPUPLANE_DEVICE_{d.device.upper().replace('-', '_')}_UUID={runtime_uuid(d)}"]
         if d.mig is not None and d.mig.gi_id is not None:
             known = d.mig.gi_caps_minor is not None or d.mig.ci_caps_minor is not None
             gi_cap, ci_cap = (d.mig.gi_caps_minor, d.mig.ci_caps_minor) if known else caps_of(d)
-            nodes.extend(str(dev_root / "nvidia-caps" / f"nvidia-cap{m}") for m in (gi_cap, ci_cap) if m is not None)
+            nodes.extend(node(f"nvidia-caps/nvidia-cap{m}") for m in (gi_cap, ci_cap) if m is not None)
         edits.append(cdi.DeviceEdits(device_name=d.device, device_nodes=tuple(nodes), env=tuple(env)))
     uuids = ",".join(runtime_uuid(d) for d in rec.devices)
     common_env = [
@@ -69,6 +74,6 @@ def claim_spec(
         claim_uid=rec.uid,
         devices=tuple(edits),
         common_env=tuple(common_env),
-        common_device_nodes=tuple(str(dev_root / n) for n in CONTROL_NODES),
+        common_device_nodes=tuple(node(n) for n in CONTROL_NODES),
         common_mounts=tuple(common_mounts),
     )

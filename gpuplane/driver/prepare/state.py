@@ -262,7 +262,9 @@ class DeviceState:
             daemon = next((d for d in self.mps.list_daemons() if d.claim_uid == rec.uid), None)
             if daemon is None:
                 raise MpsError(f"MPS daemon for claim {rec.uid} is not running")
-        spec = cdi_assembly.claim_spec(rec, self.settings.dev_root, self.mig.read_caps, daemon)
+        # Where the hardware's device nodes are on the host: the backend's own directory, or the dev root.
+        host_dev = self.backend.device_node_dir() or self.settings.dev_root
+        spec = cdi_assembly.claim_spec(rec, host_dev, self.mig.read_caps, daemon)
         path, ids = cdi.write_spec(self.settings.cdi_root, spec, self.settings.check_host_device_nodes)
         rec.cdi_spec = str(path)
         for d in rec.devices:

@@ -40,6 +40,11 @@ def _fingerprint(specs: Sequence[Mapping[str, Any]]) -> str:
     return json.dumps(list(specs), sort_keys=True)
 
 
+def _same_specs(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> bool:
+    """Equal slice specs regardless of order (the API lists slices by name: "-10" sorts before "-2")."""
+    return sorted(json.dumps(s, sort_keys=True) for s in a) == sorted(json.dumps(s, sort_keys=True) for s in b)
+
+
 def _spec_without_pool(obj: Mapping[str, Any]) -> dict[str, Any]:
     spec = dict(obj.get("spec", {}))
     spec.pop("pool", None)
@@ -124,7 +129,7 @@ class SlicePublisher:
             self._generation = max(self._generation, current_gen)
             if (
                 existing
-                and _fingerprint([_spec_without_pool(o) for o in existing]) == desired
+                and _same_specs([_spec_without_pool(o) for o in existing], content.slice_specs)
                 and all(o["spec"]["pool"].get("resourceSliceCount") == len(existing) for o in existing)
                 and len({o["spec"]["pool"].get("generation") for o in existing}) == 1
             ):

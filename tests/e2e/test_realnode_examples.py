@@ -1,0 +1,99 @@
+"""Behaviour 1: every scenario in manifests/examples, as written, on real nodes (real kubelet, containerd, runc).
+
+The session's simulated nodes are cordoned for this module, so the real
+kube-scheduler can allocate the examples' claims only on the real nodes (one
+``hgx-h100``, two ``gb200-nvl72`` trays of one rack). For each example: the
+pods run in real containers (``containerd://`` ids, a live task), every claim is
+allocated on the pod's node, prepared in the node driver's checkpoint with a CDI
+spec whose ids resolve, and each container sees exactly its claim's devices and
+environment (read from the container's own process: the examples run ``pause``).
+Deleting the example leaves every real node clean: no prepared claim, CDI spec,
+MIG instance or MPS daemon.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from e2e.plane import report
+from e2e.plane.realnode import inspect
+from tests.e2e import realchecks
+from tests.e2e.conftest import EXAMPLES, eventually
+from tests.e2e.realfixtures import RealCluster
+from tests.e2e.test_scenarios import assert_prepared, results
+
+pytestmark = pytest.mark.e2e
+
+RUNNING = {
+    "gang-tp8": 2,
+    "mig-two-profiles": 1,
+    "mps-tiers": 2,
+    "nvlink-4gpu": 1,
+    "shared-claim": 2,
+    "unprepare-cleanup": 1,
+    "unsatisfiable": 0,
+    "whole-gpu": 2,
+}
+
+
+def test_every_example_is_covered() -> None:
+    assert sorted(RUNNING) == sorted(p.name for p in EXAMPLES.iterdir() if p.is_dir())
+
+
+@pytest.fixture
+def applied(only_real_nodes: RealCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    name = str(request.param)
+    only_real_nodes.gpu.apply_example(name)
+    try:
+        yield name
+    finally:
+        only_real_nodes.gpu.delete_example(name)
+        only_real_nodes.wait_clean()
+
+
+@pytest.mark.parametrize("applied", sorted(RUNNING), indirect=True)
+def test_example_runs_in_real_containers(only_real_nodes: RealCluster, applied: str) -> None:
+    real = only_real_nodes
+    namespace = f"gpuplane-ex-{applied}"
+    expected = RUNNING[applied]
+    if expected == 0:
+        events = eventually(
+            lambda: [
+                e
+                for e in real.kubectl_json("get", "events", "-n", namespace)["items"]
+                if e["reason"] == "FailedScheduling"
+            ],
+            60,
+            "FailedScheduling events",
+        )
+        assert all("cannot allocate all claims" in e["message"] for e in events)
+        time.sleep(2)
+        assert all(not p["spec"].get("nodeName") for p in real.gpu.pods(namespace))
+        return
+    pods = real.gpu.running_pods(namespace, expected, timeout=180)
+    assert len(pods) == expected
+    for pod in pods:
+        node = real.node(pod["spec"]["nodeName"])  # fails for a pod on a simulated node
+        checkpoint = real.checkpoint(node)
+        for container, entries in realchecks.claim_containers(pod).items():
+            view = inspect.view(node, pod, container)  # a live containerd task, or NotRunning
+            assert view.pid > 1
+            for entry in entries:
+                claim = real.gpu.claim(namespace, realchecks.pod_claim(pod, entry))
+                assert {r["pool"] for r in results(claim)} == {node.name}
+                assert_prepared(real.gpu, node, claim)  # checkpoint record, CDI spec, ids resolve
+                record = checkpoint.claims[claim["metadata"]["uid"]]
+                realchecks.assert_sees_claim(view, record, node)
+                print(f"{namespace}/{pod['metadata']['name']}/{container} on {node.name}: {view.line()}")
+        assert report.pod_claim_names(pod), "every running example pod uses a claim"
+    if applied == "gang-tp8":
+        nodes = {p["spec"]["nodeName"] for p in pods}
+        assert nodes == {n.name for n in real.of_profile("gb200-nvl72")}, "the gang did not span the real trays"
+    if applied == "unprepare-cleanup":
+        (pod,) = pods
+        node = real.node(pod["spec"]["nodeName"])
+        real.kubectl("delete", "pod", "-n", namespace, pod["metadata"]["name"], "--wait=true", timeout=120)
+        real.wait_clean(60)
