@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main job: build what is missing, start a local control plane with simulated GPU nodes,
-# install gpuplane from manifests/, run the example workloads and print where they landed.
+# The main job: build what is missing, start a local control plane with simulated GPU nodes and
+# (where the machine allows: root) one real node (kubelet + containerd), install gpuplane from
+# manifests/, run the example workloads and print where they landed and what real containers saw.
 # The cluster keeps running; `scripts/demo.sh down` stops it.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -10,5 +11,8 @@ cd "$ROOT"
 if [ "${1:-}" = "down" ]; then
   shift
   exec python -m e2e down "$@"
+fi
+if [ "$(id -u)" -eq 0 ]; then
+  bash "$ROOT/scripts/setup-realnodes.sh"  # runc, CNI plugins, busybox-static for the real node
 fi
 exec python -m e2e demo "$@"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite from a fresh clone: install, lint, type-check, unit tests, then the
-# e2e suite against a real control plane (Kubernetes binaries built once and cached).
+# e2e suite against a real control plane and real nodes (Kubernetes, kubelet and containerd
+# binaries built once and cached; runc and the CNI plugins from Debian, installed as root).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -11,7 +12,13 @@ ruff check .
 ruff format --check .
 echo "==> mypy --strict"
 mypy
-echo "==> building (or reusing) Kubernetes binaries"
+if [ "$(id -u)" -eq 0 ]; then
+  echo "==> Debian packages for real nodes (runc, CNI plugins, busybox-static)"
+  bash "$ROOT/scripts/setup-realnodes.sh"
+else
+  echo "==> not root: the real-node e2e tests will be skipped (run as root to include them)"
+fi
+echo "==> building (or reusing) Kubernetes, kubelet and containerd binaries"
 python -m e2e build
 echo "==> building (or reusing) helm (Go module) and the images (Dockerfiles, buildah)"
 python -m e2e helm
@@ -19,5 +26,5 @@ bash "$ROOT/scripts/setup-images.sh"
 python -m e2e images
 echo "==> unit tests"
 python -m pytest -q tests/unit "$@"
-echo "==> e2e tests (real etcd, kube-apiserver, kube-scheduler, kube-controller-manager)"
+echo "==> e2e tests (real etcd, kube-apiserver, kube-scheduler, kube-controller-manager; real nodes)"
 python -m pytest -q --e2e tests/e2e "$@"

@@ -30,6 +30,8 @@ import yaml
 from e2e.cluster import build
 from e2e.cluster import handle as cluster
 from e2e.plane import report, simnodes
+from e2e.plane.realnode import demo_real
+from e2e.plane.realnode import plan as realplan
 
 Printer = Callable[[str], None]
 
@@ -200,22 +202,31 @@ def run(
         )
         namespaces: set[str] = set()
         gangs: list[tuple[str, str]] = []
-        for folder in folders:
-            out(f"apply: kubectl apply -f {folder.relative_to(REPO_ROOT)}/")
-            handle.kubectl("apply", "-f", str(folder))
-            namespaces |= namespaces_of(folder)
-            if gangs_of(folder):
-                gangs += gangs_of(folder)
-                wait_for_gangs(handle, gangs_of(folder), timeout, out)
-        out(f"waiting for the pods of {len(folders)} examples (up to {timeout:.0f}s) ...")
-        pods = wait_for_pods(handle, sorted(namespaces), timeout, out)
+        real = {n.name: n for n in realplan.load(state_dir)}
+        sims = simnodes.load_nodes(state_dir)
+        with demo_real.placing_on_real_nodes(handle, real, sims, out):
+            for folder in folders:
+                out(f"apply: kubectl apply -f {folder.relative_to(REPO_ROOT)}/")
+                handle.kubectl("apply", "-f", str(folder))
+                namespaces |= namespaces_of(folder)
+                if gangs_of(folder):
+                    gangs += gangs_of(folder)
+                    wait_for_gangs(handle, gangs_of(folder), timeout, out)
+            out(f"waiting for the pods of {len(folders)} examples (up to {timeout:.0f}s) ...")
+            pods = wait_for_pods(handle, sorted(namespaces), timeout, out)
         wait_for_gangs(handle, gangs, timeout, out, phases=("Running",))  # status follows the pods within seconds
-        sim_nodes = {n.name: n for n in simnodes.load_nodes(state_dir)}
+        nodes: dict[str, report.NodeFiles] = {n.name: n for n in sims}
+        nodes.update(real)
         attributes = report.device_attributes(handle.custom)
-        reports = [report.PodReport.collect(handle.api, pod, sim_nodes, attributes) for pod in pods]
+        reports = [report.PodReport.collect(handle.api, pod, nodes, attributes) for pod in pods]
         out("")
-        for line in report.render_table(reports):
+        for line in report.render_table(reports, real_nodes=set(real)):
             out(line)
+        if real:
+            out(f"* ran in real containers on a real node ({', '.join(sorted(real))}: kubelet and containerd);")
+            out("  what each container saw, read from its own process:")
+            for line in demo_real.container_lines(real, pods) or ["  (no example pod was placed on a real node)"]:
+                out(line)
         out(f"(CDI ids shown without their kind, {report.cdi_kind_prefix()}; specs in <state>/nodes/<node>/cdi)")
         for line in gang_lines(handle, gangs):
             out(line)

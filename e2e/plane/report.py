@@ -10,12 +10,12 @@ time-slicing; CDI ids). ``render_table(reports)`` lays them out in columns.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from collections.abc import Collection, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, cast
 
 from kubernetes import client
 
-from e2e.plane import simnodes
 from gpuplane.driver.api import names
 from gpuplane.driver.prepare import checkpoint
 
@@ -44,7 +44,14 @@ def device_attributes(custom: client.CustomObjectsApi) -> dict[tuple[str, str], 
     return out
 
 
-def read_checkpoint(node: simnodes.SimNode) -> checkpoint.Checkpoint | None:
+class NodeFiles(Protocol):
+    """A node whose driver's checkpoint can be read (a simulated node, or a real one)."""
+
+    @property
+    def checkpoint(self) -> Path: ...
+
+
+def read_checkpoint(node: NodeFiles) -> checkpoint.Checkpoint | None:
     """The driver's checkpoint on ``node`` (None if not written yet)."""
     try:
         return checkpoint.decode(node.checkpoint.read_bytes())
@@ -98,7 +105,7 @@ class PodReport:
         cls,
         api: client.ApiClient,
         pod: Mapping[str, Any],
-        nodes_by_name: Mapping[str, simnodes.SimNode],
+        nodes_by_name: Mapping[str, NodeFiles],
         attributes: Mapping[tuple[str, str], Mapping[str, Any]],
     ) -> PodReport:
         """Gather the report for ``pod`` (a plain dict)."""
@@ -190,12 +197,15 @@ def describe_sharing(
     return f"(not prepared yet){suffix}"
 
 
-def render_table(reports: Sequence[PodReport]) -> list[str]:
-    """Fixed-width lines: POD, NODE, DEVICES, SHARING, CDI IDS (one line per device)."""
+def render_table(reports: Sequence[PodReport], real_nodes: Collection[str] = ()) -> list[str]:
+    """Fixed-width lines: POD, NODE, DEVICES, SHARING, CDI IDS (one line per device).
+
+    A pod on one of ``real_nodes`` (real kubelet and containerd: it ran in real containers) is marked ``*``.
+    """
     header = ("POD", "NODE", "DEVICE", "SHARING", "CDI IDS")
     rows: list[tuple[str, str, str, str, str]] = []
     for report in sorted(reports, key=lambda r: (r.namespace, r.name)):
-        pod = f"{report.namespace}/{report.name}"
+        pod = f"{report.namespace}/{report.name}" + (" *" if report.node in real_nodes else "")
         if report.phase != "Running":
             rows.append((pod, report.node or "-", report.phase or "?", "", report.reason.split(". ")[0]))
             continue
