@@ -227,7 +227,8 @@ def run(
             out("  what each container saw, read from its own process:")
             for line in demo_real.container_lines(real, pods) or ["  (no example pod was placed on a real node)"]:
                 out(line)
-        out(f"(CDI ids shown without their kind, {report.cdi_kind_prefix()}; specs in <state>/nodes/<node>/cdi)")
+        where = "<state>/nodes/<node>/cdi" + (", real nodes' in <state>/realnodes/<node>/cdi" if real else "")
+        out(f"(CDI ids shown without their kind, {report.cdi_kind_prefix()}; specs in {where})")
         for line in gang_lines(handle, gangs):
             out(line)
         out("")
@@ -238,7 +239,7 @@ def run(
         out(f"  {bins.kubectl} get gpugangs -A")
         out(
             "  python -m gpuplane.driver.hw.sim_cli --state-dir <state>/nodes/<node>/sim show"
-            "   # a node's simulated GPUs"
+            "   # a node's simulated GPUs" + (" (a real node's: <state>/realnodes/<node>/sim)" if real else "")
         )
         out(f"  logs: {state_dir / 'logs'}   (controller-<i>, driver-<node>, kubelet-<node>, the control plane)")
         out(f"  identities: {state_dir / 'identities'}   (ServiceAccount token kubeconfigs, valid 24 h)")
