@@ -40,9 +40,30 @@ def _fingerprint(specs: Sequence[Mapping[str, Any]]) -> str:
     return json.dumps(list(specs), sort_keys=True)
 
 
+def _without_time_added(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """``spec`` with its device taints' ``timeAdded`` removed: the API server fills it in where the driver
+    leaves it out, so a slice read back never equals the one written while a device is tainted."""
+    out = dict(spec)
+    devices = []
+    for device in spec.get("devices") or []:
+        taints = device.get("taints")
+        if taints:
+            devices.append({**device, "taints": [{k: v for k, v in t.items() if k != "timeAdded"} for t in taints]})
+        else:
+            devices.append(device)
+    if "devices" in spec:
+        out["devices"] = devices
+    return out
+
+
 def _same_specs(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> bool:
-    """Equal slice specs regardless of order (the API lists slices by name: "-10" sorts before "-2")."""
-    return sorted(json.dumps(s, sort_keys=True) for s in a) == sorted(json.dumps(s, sort_keys=True) for s in b)
+    """Equal slice specs regardless of order (the API lists slices by name: "-10" sorts before "-2") and of
+    the taints' ``timeAdded`` (defaulted by the API server)."""
+
+    def keys(specs: Sequence[Mapping[str, Any]]) -> list[str]:
+        return sorted(json.dumps(_without_time_added(s), sort_keys=True) for s in specs)
+
+    return keys(a) == keys(b)
 
 
 def _spec_without_pool(obj: Mapping[str, Any]) -> dict[str, Any]:
