@@ -39,8 +39,21 @@ RUNNING = {
 }
 
 
+# Examples that landed on main after the real-node tests were written and have not run on real nodes yet
+# (they are proven on stand-in nodes by the tests named). Each is a gap, listed so that it is seen; an example
+# in neither table fails the test below.
+NOT_YET_ON_REAL_NODES = {
+    "gang-indexed-job": "Job-template gang; test_gang_templates on stand-in nodes",
+    "gang-jobset": "needs the JobSet add-on; test_gang_templates on stand-in nodes",
+    "gang-workload-api": "Workload API gang; test_workload_api on stand-in nodes",
+    "gang-workload-steered": "Workload API + GpuGang; test_workload_api on stand-in nodes",
+    "nvidia-gpu-limits": "extended-resource claim; test_extended_resources on stand-in nodes",
+}
+
+
 def test_every_example_is_covered() -> None:
-    assert sorted(RUNNING) == sorted(p.name for p in EXAMPLES.iterdir() if p.is_dir())
+    assert not set(RUNNING) & set(NOT_YET_ON_REAL_NODES)
+    assert sorted({*RUNNING, *NOT_YET_ON_REAL_NODES}) == sorted(p.name for p in EXAMPLES.iterdir() if p.is_dir())
 
 
 @pytest.fixture
