@@ -4,23 +4,20 @@
         --registry-dir DIR --cdi-root DIR [--label K=V ...] [--host-ip 127.0.0.2] [--status-file F]
 
 * **Plugins**: watches ``--registry-dir`` for ``*-reg.sock`` and registers each
-  plugin the way kubelet's plugin manager does (GetInfo, version choice, the
-  dra-health stream opened and followed, ``e2e.plane.standin_health``, then
-  NotifyRegistrationStatus) through ``KubeletPluginClient.discover``; a socket
-  that is replaced (driver restart) is registered again.
+  plugin the way kubelet's plugin manager does (GetInfo, version choice, the dra-health
+  stream, NotifyRegistrationStatus) through ``KubeletPluginClient.discover``; a socket that
+  is replaced (driver restart) is registered again.
 * **Node**: owns the node heartbeat (``e2e.plane.nodes.NodeHeartbeat``): the Node is
   created with ``--label``s and stays Ready while this process lives.
 * **Pods** bound to the node (watch with ``spec.nodeName=N``): for each claim of
   a new pod, the claim name (``resourceClaimName``, or for a template the name
   kube-controller-manager wrote to ``status.resourceClaimStatuses``); wait until
   the claim is allocated and reserved for the pod; ``NodePrepareResources`` for
-  the claims with devices of a registered driver that are not prepared on the
-  node yet (a claim shared with a running pod is prepared once, as kubelet's
-  claim info cache does); every returned CDI id must
-  resolve to a spec file under ``--cdi-root`` (what the container runtime
-  would do); then the pod is marked Running through ``pods/status``. A failed
-  prepare becomes a Warning Event ``FailedPrepareDynamicResources`` on the pod
-  and is retried with backoff. Pods without claims are marked Running at once.
+  the claims with devices of a registered driver not prepared on the node yet
+  (kubelet's claim info cache); every returned CDI id must resolve to a spec
+  file under ``--cdi-root`` (what the container runtime would do); then the pod
+  is marked Running through ``pods/status``. A failed prepare becomes a Warning
+  Event ``FailedPrepareDynamicResources``, retried with backoff; no claims: Running at once.
 * **Deletion**: a pod with a ``deletionTimestamp`` gets ``NodeUnprepareResources``
   for claims no other pod on the node still uses, then the final delete with
   ``gracePeriodSeconds=0`` and a UID precondition, as kubelet does.
