@@ -48,6 +48,7 @@ NOT_YET_ON_REAL_NODES = {
     "gang-workload-api": "Workload API gang; test_workload_api on stand-in nodes",
     "gang-workload-steered": "Workload API + GpuGang; test_workload_api on stand-in nodes",
     "nvidia-gpu-limits": "extended-resource claim; test_extended_resources on stand-in nodes",
+    "right-sized": "GpuRequest -> ResourceClaimTemplate; test_rightsize on stand-in nodes",
 }
 
 
