@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpuplane.controller.placement.fragmentation import SizeMix
 from gpuplane.driver.api import names
+from gpuplane.driver.plugin import socket_names
 
 
 class DriverConfig(BaseModel):
@@ -28,6 +29,9 @@ class DriverConfig(BaseModel):
     sim_config_file: Path | None = None
     registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
     plugin_dir: Path = Path(f"/var/lib/kubelet/plugins/{names.DRIVER_NAME}")
+    # The plugin pod's UID (downward API): the socket names carry it, so that an old and a new
+    # pod can serve the node side by side during a rolling update (plugin/socket_names.py).
+    plugin_instance: str = ""
     cdi_root: Path = Path("/var/run/cdi")
     boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")
     mps_control_binary: str = "nvidia-cuda-mps-control"
@@ -70,6 +74,14 @@ class DriverConfig(BaseModel):
         return self.plugin_dir / "mps"
 
 
+def _instance(p: argparse.ArgumentParser, value: str) -> str:
+    try:
+        return socket_names.check_instance(value.strip())
+    except ValueError as err:
+        p.error(str(err))
+        raise  # p.error exits; this keeps the type checker content
+
+
 def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(f"GPUPLANE_{name}", default)
 
@@ -89,6 +101,12 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
     p.add_argument("--registry-dir", default=_env("REGISTRY_DIR", "/var/lib/kubelet/plugins_registry"))
     p.add_argument("--plugin-dir", default=_env("PLUGIN_DIR", f"/var/lib/kubelet/plugins/{names.DRIVER_NAME}"))
     p.add_argument("--cdi-root", default=_env("CDI_ROOT", "/var/run/cdi"))
+    p.add_argument(
+        "--plugin-instance",
+        default=_env("PLUGIN_INSTANCE") or os.environ.get("POD_UID", ""),
+        help="a name unique to this plugin process on the node (the DaemonSet passes its pod UID as POD_UID); "
+        "it goes into the socket names so that two plugin pods can overlap during a rolling update",
+    )
     p.add_argument("--boot-id-file", default=_env("BOOT_ID_FILE", "/proc/sys/kernel/random/boot_id"))
     p.add_argument("--mps-control-binary", default=_env("MPS_CONTROL_BINARY", "nvidia-cuda-mps-control"))
     p.add_argument("--dev-root", default=_env("DEV_ROOT", "/dev"))
@@ -147,8 +165,10 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
         sim_profile=args.sim_profile,
         sim_state_dir=Path(args.sim_state_dir) if args.sim_state_dir else None,
         sim_config_file=Path(args.sim_config) if args.sim_config else None,
-        registry_dir=Path(args.registry_dir),
-        plugin_dir=Path(args.plugin_dir),
+        # Symlinks resolved: the sockets' paths must fit AF_UNIX's 107 bytes and be the host's paths.
+        registry_dir=Path(args.registry_dir).resolve(),
+        plugin_dir=Path(args.plugin_dir).resolve(),
+        plugin_instance=_instance(p, args.plugin_instance),
         cdi_root=Path(args.cdi_root),
         boot_id_file=Path(args.boot_id_file),
         mps_control_binary=args.mps_control_binary,

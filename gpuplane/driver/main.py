@@ -151,6 +151,7 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
             state,
             registry_dir=cfg.registry_dir,
             plugin_dir=cfg.plugin_dir,
+            instance=cfg.plugin_instance,
             health_source=board,
             timing=metrics.rpc,
         )

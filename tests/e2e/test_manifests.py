@@ -142,9 +142,11 @@ def test_manifest_crds_are_copies_of_the_canonical_crds() -> None:
         )
 
 
-def test_driver_daemonset_never_runs_two_plugins_on_a_node() -> None:
+def test_driver_daemonset_rolls_seamlessly() -> None:
     ds = by_kind(render(MANIFESTS), "DaemonSet")["gpuplane-driver"]["spec"]
-    assert ds["updateStrategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}
+    assert ds["updateStrategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    env = {e["name"]: e for e in ds["template"]["spec"]["containers"][0]["env"]}
+    assert env["POD_UID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
     host_paths = {v["hostPath"]["path"] for v in ds["template"]["spec"]["volumes"] if "hostPath" in v}
     assert host_paths == {
         "/var/lib/kubelet/plugins_registry",

@@ -154,8 +154,8 @@ def test_upgrade_from_previous_release_keeps_prepared_claims(fresh_cluster: clus
             assert "daemonset.apps/gpuplane-driver configured" in new_out
             ds = apps.read_namespaced_daemon_set("gpuplane-driver", "gpuplane-system")
             assert ds.metadata.labels[VERSION_LABEL] == "0.1.0"
-            assert ds.spec.update_strategy.rolling_update.max_surge in (0, "0")
-            assert ds.spec.update_strategy.rolling_update.max_unavailable in (1, "1")
+            assert ds.spec.update_strategy.rolling_update.max_surge in (1, "1")
+            assert ds.spec.update_strategy.rolling_update.max_unavailable in (0, "0")
             assert ds.spec.template.spec.containers[0].image.endswith(":0.1.0")
             crds = install.crd_names(install.render(c))
             install.wait_established(c, crds)

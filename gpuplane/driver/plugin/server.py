@@ -1,8 +1,8 @@
 """PluginServer: the two unix-socket gRPC servers through which kubelet reaches the driver.
 
-* the registration socket ``<registry_dir>/<driver>-reg.sock`` serves
+* the registration socket ``<registry_dir>/<driver>[-<instance>]-reg.sock`` serves
   ``pluginregistration.Registration``; kubelet's plugin watcher finds it there;
-* the DRA socket ``<plugin_dir>/dra.sock`` serves ``DRAPlugin`` v1 and
+* the DRA socket ``<plugin_dir>/dra[-<instance>].sock`` serves ``DRAPlugin`` v1 and
   v1beta1, ``v1alpha1.DRAResourceHealth`` when a HealthSource is given, and
   the standard ``grpc.health.v1.Health`` (SERVING once started).
 
@@ -12,6 +12,10 @@ preparer interface plain. The DRA server starts first so that kubelet never
 finds a registration socket whose endpoint does not answer yet; the
 registration socket is bound under a hidden name (kubelet ignores dot-files)
 and renamed into place once it listens.
+
+The *instance* (the pod UID in a DaemonSet) makes the names unique per plugin pod, so
+that an old and a new pod can serve one node side by side during a rolling update
+(``socket_names``); at start the server removes this driver's sockets nobody listens on.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import grpc
 import structlog
 
 from gpuplane.driver.observe import health_view
-from gpuplane.driver.plugin import call_log, dra_servicer, grpc_health, health_servicer, registration
+from gpuplane.driver.plugin import call_log, dra_servicer, grpc_health, health_servicer, registration, socket_names
 from gpuplane.driver.prepare import contract
 
 _log = structlog.get_logger(__name__)
@@ -35,13 +39,14 @@ _log = structlog.get_logger(__name__)
 DEFAULT_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 DRA_SOCKET_NAME = "dra.sock"
+"""The DRA socket's name without an instance."""
 MAX_SOCKET_PATH = 107
 """sockaddr_un.sun_path holds 108 bytes including the terminating NUL."""
 
 
-def registration_socket_path(registry_dir: Path, driver_name: str) -> Path:
-    """Where kubelet's plugin watcher looks for this driver's registration socket."""
-    return registry_dir / f"{driver_name}-reg.sock"
+def registration_socket_path(registry_dir: Path, driver_name: str, instance: str = "") -> Path:
+    """Where kubelet's plugin watcher looks for this driver's (instance's) registration socket."""
+    return socket_names.registration_socket_path(registry_dir, driver_name, instance)
 
 
 def _check_socket_path(path: Path) -> None:
@@ -76,17 +81,21 @@ class PluginServer:
         socket_mode: int = 0o600,
         stream_poll_interval: float = 0.5,
         stream_refresh_interval: float = health_servicer.REFRESH_S,
+        instance: str = "",
     ) -> None:
         if not driver_name:
             raise ValueError("driver_name must not be empty")
         self.driver_name = driver_name
         self.registry_dir = Path(registry_dir).absolute()
         self.plugin_dir = Path(plugin_dir if plugin_dir is not None else DEFAULT_PLUGINS_DIR / driver_name).absolute()
-        self.registration_socket = registration_socket_path(self.registry_dir, driver_name)
-        self.dra_socket = self.plugin_dir / DRA_SOCKET_NAME
+        self.instance = socket_names.check_instance(instance)
+        self.registration_socket = registration_socket_path(self.registry_dir, driver_name, instance)
+        self.dra_socket = socket_names.dra_socket_path(self.plugin_dir, instance)
         # Bound outside the registry dir and renamed into it, so kubelet's plugin watcher sees the socket
         # appear once, complete (a hidden socket in the watched dir makes kubelet log a failed stat).
-        self._hidden_registration_socket = self.plugin_dir / f".{self.registration_socket.name}.tmp"
+        # With an instance the name is short: the plugin dir plus a pod UID must fit AF_UNIX's 107 bytes.
+        hidden = f".reg-{instance}.tmp" if instance else f".{self.registration_socket.name}.tmp"
+        self._hidden_registration_socket = self.plugin_dir / hidden
         for path in (self.registration_socket, self._hidden_registration_socket, self.dra_socket):
             _check_socket_path(path)
 
@@ -128,6 +137,7 @@ class PluginServer:
                 raise RuntimeError("PluginServer already started")
             self._started = True
         try:
+            self._sweep_stale()
             self._dra_server = self._start_dra_server()
             self._reg_server = self._start_registration_server()
         except BaseException:
@@ -175,6 +185,13 @@ class PluginServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+    def _sweep_stale(self) -> None:
+        """Remove sockets of this driver that a dead instance left (nobody listens); a live one's stay."""
+        if not (self.registry_dir.is_dir() and self.plugin_dir.is_dir()):
+            return
+        for path in socket_names.sweep_stale(self.registry_dir, self.plugin_dir, self.driver_name):
+            _log.info("removed a stale plugin socket nobody listens on", path=str(path))
 
     def _new_server(self) -> grpc.Server:
         return grpc.server(
