@@ -22,6 +22,7 @@ from typing import Any
 
 import kopf
 import structlog
+from kopf._core.engines import peering  # kopf.run takes its Identity type (a NewType of str)
 
 from gpuplane.controller import config, handlers, kube, leader, metrics, probes, runtime
 from gpuplane.driver import logs
@@ -88,6 +89,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             memo=memo,
             standalone=True,  # no kopf peering: the Lease decides who writes
             clusterwide=True,
+            # kopf would otherwise derive one from getpass.getuser(), which raises in the image: its
+            # user 65532 has no passwd entry (found by the first run of the Deployment on a real node).
+            identity=peering.Identity(cfg.identity),
             liveness_endpoint=cfg.liveness or None,
         )
     finally:
