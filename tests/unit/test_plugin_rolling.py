@@ -128,3 +128,9 @@ def test_config_takes_the_pod_uid_and_resolves_symlinks(tmp_path: Path, monkeypa
     monkeypatch.setenv("POD_UID", "../../etc")
     with pytest.raises(SystemExit):
         config.parse_args(["--node-name=n", "--backend=sim", "--sim-profile=hgx-h100"])
+
+
+def test_production_paths_with_a_pod_uid_fit_af_unix(preparer: FakePreparer) -> None:
+    srv = server.PluginServer(DRIVER, preparer, instance=NEW_UID)  # /var/lib/kubelet/... defaults
+    assert srv.registration_socket == Path(f"/var/lib/kubelet/plugins_registry/{DRIVER}-{NEW_UID}-reg.sock")
+    assert srv.dra_socket == Path(f"/var/lib/kubelet/plugins/{DRIVER}/dra-{NEW_UID}.sock")
