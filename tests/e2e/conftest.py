@@ -275,6 +275,20 @@ def running_plane(control_plane: cluster.Cluster, node_spec: str = GPU_NODES) ->
         pytest.fail(f"processes left behind: {node_processes(markers)}")
 
 
+# Modules that start nodes and controllers of their own on the session's control plane. They must run
+# before the session's ``gpu_cluster`` exists: its nodes and its controllers (which hold the leader Lease)
+# would otherwise add capacity, NVLink domains and a second leader to theirs.
+OWN_PLANE_MODULES = ("test_gangs.py", "test_health.py", "test_probes.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Move the own-plane modules to just before the first test that uses the session's ``gpu_cluster``."""
+    own = [i for i in items if i.path.name in OWN_PLANE_MODULES]
+    rest = [i for i in items if i.path.name not in OWN_PLANE_MODULES]
+    first = next((n for n, i in enumerate(rest) if "gpu_cluster" in getattr(i, "fixturenames", ())), len(rest))
+    items[:] = rest[:first] + own + rest[first:]
+
+
 @pytest.fixture(scope="session")
 def gpu_cluster(control_plane: cluster.Cluster) -> Iterator[GpuCluster]:
     with running_plane(control_plane) as plane:

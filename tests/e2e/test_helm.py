@@ -112,6 +112,11 @@ def test_feature_switches(helm_bin: Path) -> None:
     kinds = {(o["kind"], o["metadata"]["name"]) for o in objects}
     assert not any("controller" in name for _, name in kinds)
     assert ("ValidatingAdmissionPolicy", "gpuplane-driver-own-node-slices") not in kinds
+    defaults = {(o["kind"], o["metadata"]["name"]) for o in template(helm_bin)}
+    assert ("MutatingAdmissionPolicy", "gpuplane-steer-gate") in defaults
+    assert ("MutatingAdmissionPolicy", "gpuplane-steer-gate") not in kinds  # off with the controller
+    no_gate = {(o["kind"], o["metadata"]["name"]) for o in template(helm_bin, "features.steeringGate=false")}
+    assert ("MutatingAdmissionPolicy", "gpuplane-steer-gate") not in no_gate
     assert {name for kind, name in kinds if kind == "DeviceClass"} == {"gpu.gpuplane.dev"}
     assert ("DaemonSet", "gpuplane-driver") in kinds
     default = {o["metadata"]["name"]: o for o in template(helm_bin) if o["kind"] == "DeviceClass"}
