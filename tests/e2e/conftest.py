@@ -275,10 +275,11 @@ def running_plane(control_plane: cluster.Cluster, node_spec: str = GPU_NODES) ->
         pytest.fail(f"processes left behind: {node_processes(markers)}")
 
 
-# Modules that start nodes and controllers of their own on the session's control plane. They must run
+# Modules that start nodes or controllers of their own on the session's control plane. They must run
 # before the session's ``gpu_cluster`` exists: its nodes and its controllers (which hold the leader Lease)
-# would otherwise add capacity, NVLink domains and a second leader to theirs.
-OWN_PLANE_MODULES = ("test_gangs.py", "test_health.py", "test_probes.py")
+# would otherwise add capacity, NVLink domains and a second leader to theirs (test_rbac's controller must
+# take the Lease itself).
+OWN_PLANE_MODULES = ("test_gangs.py", "test_health.py", "test_probes.py", "test_rbac.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
