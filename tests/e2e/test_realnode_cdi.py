@@ -120,6 +120,14 @@ def test_container_sees_its_allocation(only_real_nodes: RealCluster, case: str) 
             assert "Operation not permitted" in seen["other"], seen["other"]  # EPERM: another claim's GPU
             if record.sharing.strategy == "MPS":
                 check_mps(real, pod, container, node.mps_root / record.uid, record)
+                # The tier's MPS client priority, as the container's own environment shows it (issue 15).
+                assert record.sharing.mps_client_priority is not None
+                assert seen["env"]["CUDA_MPS_CLIENT_PRIORITY"] == str(record.sharing.mps_client_priority)
+                print(
+                    f"[priority] {namespace}/{pod['metadata']['name']}/{container} class "
+                    f"{(claim['spec']['devices']['requests'][0].get('exactly') or {}).get('deviceClassName', '?')}: "
+                    f"env in container CUDA_MPS_CLIENT_PRIORITY={seen['env']['CUDA_MPS_CLIENT_PRIORITY']}"
+                )
             seen_containers += 1
             print(f"{namespace}/{pod['metadata']['name']}/{container}: {uuids} {sorted(seen['devices'])}")
     assert seen_containers >= CASES[case]
@@ -148,5 +156,11 @@ def check_mps(real: RealCluster, pod: dict[str, Any], container: str, claim_dir:
     assert standin["pid"] == pid and standin["env"]["CUDA_MPS_PIPE_DIRECTORY"] == str(claim_dir / "pipe")
     defaults = standin["defaults"]
     assert defaults["active_thread_percentage"] == record.sharing.mps_active_thread_percentage
+    assert defaults["client_priority"] == record.sharing.mps_client_priority
+    assert standin["env"]["CUDA_MPS_CLIENT_PRIORITY"] == str(record.sharing.mps_client_priority)
+    print(
+        f"[priority] daemon pid {pid} of claim {record.uid}: default client priority {defaults['client_priority']}, "
+        f"daemon env CUDA_MPS_CLIENT_PRIORITY={standin['env']['CUDA_MPS_CLIENT_PRIORITY']}"
+    )
     limits = set(defaults["device_pinned_mem_limit_mib"].values())
     assert limits == {v // 2**20 for v in record.sharing.mps_pinned_limits.values()}
