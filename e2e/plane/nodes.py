@@ -14,12 +14,15 @@ import datetime
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
+from e2e.plane import identity
 
 LEASE_NAMESPACE = "kube-node-lease"
 LEASE_DURATION_S = 40
@@ -231,3 +234,36 @@ class NodeHeartbeat:
                 ),
             )
             self._coordination.create_namespaced_lease(LEASE_NAMESPACE, body)
+
+
+def remove_from_api(kubeconfig: Path, names: Iterable[str], out: Callable[[str], None]) -> None:
+    """Delete each node and its ResourceSlices (a gone node is fine); stop at the first connection error."""
+    try:
+        api = identity.new_client(kubeconfig)
+    except Exception as err:  # the control plane may be gone already
+        out(f"cannot remove nodes from the API: {err}")
+        return
+    custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    try:
+        for name in names:
+            try:
+                listed = cast(
+                    dict[str, Any],
+                    custom.list_cluster_custom_object(
+                        "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={name}"
+                    ),
+                )
+                for item in listed.get("items", []):
+                    custom.delete_cluster_custom_object(
+                        "resource.k8s.io", "v1", "resourceslices", item["metadata"]["name"]
+                    )
+                core.delete_node(name)
+            except ApiException as err:
+                if err.status != 404:
+                    out(f"removing node {name} from the API failed: {err.status} {err.reason}")
+            except Exception as err:  # connection refused: the control plane stopped first
+                out(f"removing node {name} from the API failed: {err}")
+                return
+    finally:
+        close: Callable[[], None] = api.close
+        close()

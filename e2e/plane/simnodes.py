@@ -283,36 +283,7 @@ class SimNodes:
             self._remove_from_api(self.started)
 
     def _remove_from_api(self, gone: Sequence[SimNode]) -> None:
-        load: Callable[..., client.ApiClient] = config.new_client_from_config
-        try:
-            api = load(config_file=str(self.access.admin_kubeconfig), persist_config=False)
-        except Exception as err:  # the control plane may already be gone
-            self._out(f"cannot remove nodes from the API: {err}")
-            return
-        custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
-        try:
-            for node in gone:
-                try:
-                    listed = cast(
-                        dict[str, Any],
-                        custom.list_cluster_custom_object(
-                            "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={node.name}"
-                        ),
-                    )
-                    for item in listed.get("items", []):
-                        custom.delete_cluster_custom_object(
-                            "resource.k8s.io", "v1", "resourceslices", item["metadata"]["name"]
-                        )
-                    core.delete_node(node.name)
-                except client.ApiException as err:
-                    if err.status != 404:
-                        self._out(f"removing node {node.name} from the API failed: {err.status} {err.reason}")
-                except Exception as err:  # connection refused: the control plane stopped first
-                    self._out(f"removing node {node.name} from the API failed: {err}")
-                    return
-        finally:
-            close: Callable[[], None] = api.close
-            close()
+        nodes.remove_from_api(self.access.admin_kubeconfig, [n.name for n in gone], self._out)
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         proc, record = procs.spawn(

@@ -32,10 +32,9 @@ import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import yaml
-from kubernetes import client
 
 from e2e.cluster import build, flags, pki, procs
 from e2e.cluster.realnode import binaries, cgroups, containerd, host, images, kubeletconf, network
@@ -319,32 +318,4 @@ class RealNodes:
         return left
 
     def _remove_from_api(self, gone: Sequence[RealNode]) -> None:
-        try:
-            api = identity.new_client(self.access.admin_kubeconfig)
-        except Exception as err:  # the control plane may be gone already
-            self._out(f"cannot remove real nodes from the API: {err}")
-            return
-        custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
-        try:
-            for node in gone:
-                try:
-                    listed = cast(
-                        dict[str, Any],
-                        custom.list_cluster_custom_object(
-                            "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={node.name}"
-                        ),
-                    )
-                    for item in listed.get("items", []):
-                        custom.delete_cluster_custom_object(
-                            "resource.k8s.io", "v1", "resourceslices", item["metadata"]["name"]
-                        )
-                    core.delete_node(node.name)
-                except client.ApiException as err:
-                    if err.status != 404:
-                        self._out(f"removing node {node.name} from the API failed: {err.status} {err.reason}")
-                except Exception as err:  # connection refused: the control plane stopped first
-                    self._out(f"removing node {node.name} from the API failed: {err}")
-                    return
-        finally:
-            close: Callable[[], None] = api.close
-            close()
+        nodes.remove_from_api(self.access.admin_kubeconfig, [n.name for n in gone], self._out)
