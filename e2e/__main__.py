@@ -257,8 +257,8 @@ def cmd_helm(args: argparse.Namespace, out: Printer) -> int:
     return 0
 
 
-def cmd_up(args: argparse.Namespace, out: Printer) -> int:
-    """Start the control plane and the simulated nodes and leave them running."""
+def bring_up_from_args(args: argparse.Namespace, out: Printer) -> tuple[Path, Path]:
+    """``bring_up`` as ``up`` and ``demo`` ask for it: the state directory and the admin kubeconfig."""
     state_dir: Path = args.state_dir.resolve()
     real = realnodes.resolve(args.real_nodes, out)
     kubeconfig = bring_up(
@@ -269,22 +269,19 @@ def cmd_up(args: argparse.Namespace, out: Printer) -> int:
         addon_names=parse_addons(args.addons),
         real_groups=real,
     )
+    return state_dir, kubeconfig
+
+
+def cmd_up(args: argparse.Namespace, out: Printer) -> int:
+    """Start the control plane and the simulated nodes and leave them running."""
+    _, kubeconfig = bring_up_from_args(args, out)
     out(f"KUBECONFIG={kubeconfig}")
     return 0
 
 
 def cmd_demo(args: argparse.Namespace, out: Printer) -> int:
     """The main job: cluster up (or reused), gpuplane installed, every example applied, a table of results."""
-    state_dir: Path = args.state_dir.resolve()
-    real = realnodes.resolve(args.real_nodes, out)
-    kubeconfig = bring_up(
-        state_dir,
-        nodes.parse_node_spec(args.nodes or ""),
-        out,
-        controllers=args.controllers,
-        addon_names=parse_addons(args.addons),
-        real_groups=real,
-    )
+    state_dir, kubeconfig = bring_up_from_args(args, out)
     return demo.run(state_dir, kubeconfig, out=out, timeout=args.timeout)
 
 

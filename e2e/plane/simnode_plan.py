@@ -11,10 +11,6 @@ long for AF_UNIX's 107 bytes (:func:`socket_root`). The plan is kept in ``state_
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import sys
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,19 +18,16 @@ from typing import Any
 import yaml
 
 from e2e.cluster import controlplane
-from e2e.plane import nodes
+from e2e.plane import nodes, plan_files
+from e2e.plane.plan_files import GB200_PROFILE, GB200_RACK_NODES, PROFILE_LABEL
 from gpuplane.driver.hw import sim_profiles
 
-GB200_PROFILE = "gb200-nvl72"
-GB200_RACK_NODES = 18  # compute trays of 4 GPUs in one NVL72 rack
-MAX_SOCKET_PATH = 107
 # The longest socket path under a node's socket dir: p/mps/<claim uid>/pipe/control.
 _LONGEST_SOCKET_SUFFIX = len("/p/mps/") + 36 + len("/pipe/control")
-PROFILE_LABEL = "gpuplane.dev/sim-profile"
 
 
 @dataclasses.dataclass(frozen=True)
-class SimNode:
+class SimNode(plan_files.NodeFiles):
     """One simulated node: its name, hardware, directories and ports."""
 
     name: str
@@ -55,31 +48,6 @@ class SimNode:
     def plugin_dir(self) -> Path:
         """The driver's plugin dir: DRA socket, checkpoint, lock, MPS pipes."""
         return self.socket_dir / "p"
-
-    @property
-    def checkpoint(self) -> Path:
-        """The driver's checkpoint file."""
-        return self.plugin_dir / "checkpoint.json"
-
-    @property
-    def mps_root(self) -> Path:
-        """Per-claim MPS daemon directories."""
-        return self.plugin_dir / "mps"
-
-    @property
-    def cdi_root(self) -> Path:
-        """The node's CDI spec directory (its /var/run/cdi)."""
-        return self.node_dir / "cdi"
-
-    @property
-    def sim_state_dir(self) -> Path:
-        """The simulator's state (GPUs, MIG instances)."""
-        return self.node_dir / "sim"
-
-    @property
-    def sim_config_file(self) -> Path:
-        """The ``--sim-config`` file."""
-        return self.node_dir / "sim.yaml"
 
     @property
     def kubelet_kubeconfig(self) -> Path:
@@ -105,10 +73,6 @@ class SimNode:
     def labels(self) -> dict[str, str]:
         """Labels the stand-in gives the Node."""
         return {PROFILE_LABEL: self.profile}
-
-    def sim_cli(self, *args: str) -> list[str]:
-        """argv for ``python -m gpuplane.driver.hw.sim_cli`` on this node's simulator."""
-        return [sys.executable, "-m", "gpuplane.driver.hw.sim_cli", "--state-dir", str(self.sim_state_dir), *args]
 
     def to_json(self) -> dict[str, Any]:
         """For ``nodes.json``."""
@@ -168,12 +132,7 @@ def admin_credentials(node: SimNode, access: ClusterAccess) -> Path:
 
 def socket_root(state_dir: Path) -> Path:
     """``state_dir/s``, or a short directory in /tmp when socket paths under it would be too long."""
-    preferred = state_dir / "s"
-    # Node index up to 3 digits: "/123".
-    if len(str(preferred)) + 4 + _LONGEST_SOCKET_SUFFIX <= MAX_SOCKET_PATH:
-        return preferred
-    digest = hashlib.sha256(str(state_dir).encode()).hexdigest()[:10]
-    return Path("/tmp") / f"gpuplane-{digest}"
+    return plan_files.short_root(state_dir / "s", state_dir, _LONGEST_SOCKET_SUFFIX, "gpuplane-", 10)
 
 
 def plan_nodes(
@@ -191,7 +150,6 @@ def plan_nodes(
     for group in groups:
         sim_profiles.node_profile(group.profile)  # ValueError names the known profiles
     sockets = socket_root(state_dir)
-    rack_ids: dict[int, str] = {}
     planned: list[SimNode] = []
     ports: set[int] = set()
     index = max((n.index + 1 for n in existing), default=0)
@@ -209,10 +167,7 @@ def plan_nodes(
             if group.profile == GB200_PROFILE:
                 rack = gb200_seen // rack_nodes
                 gb200_seen += 1
-                cluster_uuid = rack_ids.setdefault(
-                    rack, str(uuid.uuid5(uuid.NAMESPACE_URL, f"gpuplane-e2e:{state_dir}:rack-{rack}"))
-                )
-                sim_config = {"cluster_uuid": cluster_uuid, "clique_id": 1}
+                sim_config = plan_files.gb200_rack_config(state_dir, rack)
             if index > 250:
                 raise ValueError("at most 250 simulated nodes (one loopback address each)")
             planned.append(
@@ -238,15 +193,9 @@ def nodes_file(state_dir: Path) -> Path:
 
 def load_nodes(state_dir: Path) -> list[SimNode]:
     """The nodes recorded for ``state_dir`` (empty if none)."""
-    path = nodes_file(state_dir)
-    if not path.is_file():
-        return []
-    return [SimNode.from_json(item) for item in json.loads(path.read_text())]
+    return plan_files.load_records(nodes_file(state_dir), SimNode.from_json)
 
 
 def save_nodes(state_dir: Path, planned: Iterable[SimNode]) -> None:
     """Record the node plan."""
-    path = nodes_file(state_dir)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps([n.to_json() for n in planned], indent=2) + "\n")
-    tmp.replace(path)
+    plan_files.save_records(nodes_file(state_dir), (n.to_json() for n in planned))

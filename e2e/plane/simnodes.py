@@ -47,8 +47,8 @@ from kubernetes import client, config
 
 from e2e.cluster import pki, procs
 from e2e.plane import nodes
+from e2e.plane.plan_files import GB200_RACK_NODES
 from e2e.plane.simnode_plan import (
-    GB200_RACK_NODES,
     ClusterAccess,
     DriverCredentials,
     SimNode,

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from e2e.cluster.realnode import containerd, host, images, kubeletconf, mounts, network, oci
+from e2e.plane import plan_files
 from e2e.plane.realnode import plan
 
 
@@ -124,7 +125,7 @@ def test_names_are_unique_per_cluster_and_fit_the_kernel(tmp_path: Path) -> None
     node = _node(long_state, 99)
     assert str(node.base_dir).startswith("/tmp/gprn-")
     longest = node.mps_root / ("0" * 36) / "pipe" / "control"
-    assert len(str(longest)) <= plan.MAX_SOCKET_PATH
+    assert len(str(longest)) <= plan_files.MAX_SOCKET_PATH
     assert plan.RealNode.from_json(json.loads(json.dumps(node.to_json()))) == node
     assert plan.node_names("hgx-h100", 2, ["hgx-h100-real-0"]) == ["hgx-h100-real-1", "hgx-h100-real-2"]
 

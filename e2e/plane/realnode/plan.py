@@ -27,26 +27,20 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import ipaddress
-import json
-import sys
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from e2e.cluster import controlplane
 from e2e.cluster.realnode import network
-from e2e.plane import nodes
+from e2e.plane import nodes, plan_files
+from e2e.plane.plan_files import GB200_PROFILE, GB200_RACK_NODES, PROFILE_LABEL
 from gpuplane.driver.api import names
 from gpuplane.driver.hw import sim_profiles
 
-MAX_SOCKET_PATH = 107
 # The longest socket path under a kubelet root: the MPS control socket of a claim.
 _LONGEST_SOCKET_SUFFIX = len(f"/k/plugins/{names.DRIVER_NAME}/mps/") + 36 + len("/pipe/control")
-PROFILE_LABEL = "gpuplane.dev/sim-profile"
 REAL_NODE_LABEL = "gpuplane.dev/real-node"
-GB200_PROFILE = "gb200-nvl72"
-GB200_RACK_NODES = 18  # compute trays of 4 GPUs in one NVL72 rack
 
 
 def cluster_tag(state_dir: Path) -> str:
@@ -56,14 +50,12 @@ def cluster_tag(state_dir: Path) -> str:
 
 def base_root(state_dir: Path) -> Path:
     """``<state>/rn``, or ``/tmp/gprn-<hash>`` when socket paths under it would be too long."""
-    preferred = state_dir.resolve() / "rn"
-    if len(str(preferred)) + 4 + _LONGEST_SOCKET_SUFFIX <= MAX_SOCKET_PATH:
-        return preferred
-    return Path("/tmp") / f"gprn-{hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:8]}"
+    resolved = state_dir.resolve()
+    return plan_files.short_root(resolved / "rn", resolved, _LONGEST_SOCKET_SUFFIX, "gprn-", 8)
 
 
 @dataclasses.dataclass(frozen=True)
-class RealNode:
+class RealNode(plan_files.NodeFiles):
     """One real node of the plan."""
 
     name: str
@@ -121,16 +113,6 @@ class RealNode:
         return self.kubelet_root / "plugins" / names.DRIVER_NAME
 
     @property
-    def checkpoint(self) -> Path:
-        """The driver's checkpoint."""
-        return self.plugin_dir / "checkpoint.json"
-
-    @property
-    def mps_root(self) -> Path:
-        """Per-claim MPS daemon directories."""
-        return self.plugin_dir / "mps"
-
-    @property
     def containerd_root(self) -> Path:
         """containerd's root (content, snapshots, metadata)."""
         return self.base_dir / "c"
@@ -146,21 +128,6 @@ class RealNode:
         return self.base_dir / "containerd.sock"
 
     # Configuration and data under the state directory ------------------------------------
-    @property
-    def cdi_root(self) -> Path:
-        """The CDI spec dir: the driver writes it, containerd reads it."""
-        return self.node_dir / "cdi"
-
-    @property
-    def sim_state_dir(self) -> Path:
-        """The simulator's state (GPUs, MIG instances, placeholder device nodes)."""
-        return self.node_dir / "sim"
-
-    @property
-    def sim_config_file(self) -> Path:
-        """The driver's --sim-config."""
-        return self.node_dir / "sim.yaml"
-
     @property
     def cni_conf_dir(self) -> Path:
         """containerd's CNI conf_dir."""
@@ -185,10 +152,6 @@ class RealNode:
     def kubelet_kubeconfig(self) -> Path:
         """kubelet's credentials (system:node:<name>)."""
         return self.node_dir / "kubelet.kubeconfig"
-
-    def sim_cli(self, *args: str) -> list[str]:
-        """argv for ``python -m gpuplane.driver.hw.sim_cli`` on this node's simulator."""
-        return [sys.executable, "-m", "gpuplane.driver.hw.sim_cli", "--state-dir", str(self.sim_state_dir), *args]
 
     # Processes ---------------------------------------------------------------------------
     @property
@@ -224,18 +187,12 @@ def plan_file(state_dir: Path) -> Path:
 
 def load(state_dir: Path) -> list[RealNode]:
     """The real nodes recorded for ``state_dir``."""
-    path = plan_file(state_dir)
-    if not path.is_file():
-        return []
-    return [RealNode.from_json(item) for item in json.loads(path.read_text())]
+    return plan_files.load_records(plan_file(state_dir), RealNode.from_json)
 
 
 def save(state_dir: Path, planned: Iterable[RealNode]) -> None:
     """Record the plan (atomically)."""
-    path = plan_file(state_dir)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps([n.to_json() for n in planned], indent=2) + "\n")
-    tmp.replace(path)
+    plan_files.save_records(plan_file(state_dir), (n.to_json() for n in planned))
 
 
 def node_names(profile: str, count: int, taken: Iterable[str]) -> list[str]:
@@ -283,8 +240,7 @@ def plan_nodes(
             if group.profile == GB200_PROFILE:
                 rack = gb200_seen // GB200_RACK_NODES
                 gb200_seen += 1
-                rack_id = uuid.uuid5(uuid.NAMESPACE_URL, f"gpuplane-e2e:{state_dir}:real-rack-{rack}")
-                sim_config = {"cluster_uuid": str(rack_id), "clique_id": 1}
+                sim_config = plan_files.gb200_rack_config(state_dir, rack, kind="real-rack")
             planned.append(
                 RealNode(
                     name=name,
