@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from bench import docs_results
 from bench.placement_deciders import Decider, Placer, make_policy
 from bench.placement_latency import latency_curve
 from bench.placement_report import (
@@ -358,17 +359,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     npass = sum(c.ok for c in all_checks)
     emit(f"{npass}/{len(all_checks)} targets met; total wall {time.perf_counter() - t_start:.0f} s")
     if args.write_docs:
-        write_docs(out)
+        docs_results.write(REPO / "docs" / "placement.md", "Placement", out)
     return 0
-
-
-def write_docs(lines: list[str]) -> None:
-    """Replace the results section of docs/placement.md with ``lines``."""
-    path = REPO / "docs" / "placement.md"
-    marker = "<!-- results -->"
-    text = path.read_text() if path.exists() else f"# Placement\n\n{marker}\n"
-    head = text.split(marker)[0]
-    path.write_text(head + marker + "\n\n```text\n" + "\n".join(lines) + "\n```\n")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from bench import docs_results
 from bench.rightsize_needs import Option, Variant, h100, options, soft_threshold
 from bench.rightsize_replay import Item, Result, replay
 from bench.trace import DEFAULT_TRACE, HGX, REPO, Topology, load_pods, load_workload, size_mix
@@ -190,17 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     emit()
     emit(f"total wall {time.perf_counter() - t_start:.0f} s")
     if args.write_docs:
-        write_docs(out)
+        docs_results.write(REPO / "docs" / "rightsizing.md", "Right-sizing", out)
     return 0
-
-
-def write_docs(lines: list[str]) -> None:
-    """Replace the results section of docs/rightsizing.md with ``lines``."""
-    path = REPO / "docs" / "rightsizing.md"
-    marker = "<!-- results -->"
-    text = path.read_text() if path.exists() else f"# Right-sizing\n\n{marker}\n"
-    head = text.split(marker)[0]
-    path.write_text(head + marker + "\n\n```text\n" + "\n".join(lines) + "\n```\n")
 
 
 if __name__ == "__main__":
