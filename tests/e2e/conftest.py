@@ -190,6 +190,24 @@ class GpuCluster:
             "delete", "-f", str(EXAMPLES / name), "--ignore-not-found", "--wait=true", "--timeout=120s", timeout=150
         )
 
+    @contextlib.contextmanager
+    def example_applied(self, name: str, clean_within: float = 60) -> Iterator[str]:
+        """Apply an example for a test; delete it afterwards and wait until every node is clean again."""
+        self.apply_example(name)
+        try:
+            yield name
+        finally:
+            self.delete_example(name)
+            eventually(self.nodes_are_clean, clean_within, "nodes to be clean after deleting the example")
+
+    def nodes_are_clean(self) -> bool:
+        """:meth:`assert_nodes_clean` as a condition."""
+        try:
+            self.assert_nodes_clean()
+        except AssertionError:
+            return False
+        return True
+
     def pods(self, namespace: str) -> list[dict[str, Any]]:
         """Pods of a namespace."""
         return list(self.kubectl_json("get", "pods", "-n", namespace).get("items", []))

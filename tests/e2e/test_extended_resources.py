@@ -45,20 +45,8 @@ def special_claim(gpu: GpuCluster, pod: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.fixture
 def example(gpu_cluster: GpuCluster) -> Iterator[str]:
-    gpu_cluster.apply_example(EXAMPLE)
-    try:
-        yield EXAMPLE
-    finally:
-        gpu_cluster.delete_example(EXAMPLE)
-        eventually(lambda: _clean(gpu_cluster), 30, "nodes to be clean after deleting the example")
-
-
-def _clean(gpu: GpuCluster) -> bool:
-    try:
-        gpu.assert_nodes_clean()
-    except AssertionError:
-        return False
-    return True
+    with gpu_cluster.example_applied(EXAMPLE, clean_within=30) as name:
+        yield name
 
 
 def test_unchanged_nvidia_gpu_pods_run_on_gpuplane_gpus(gpu_cluster: GpuCluster, example: str) -> None:
@@ -188,7 +176,7 @@ def test_mixed_fleet_device_plugin_and_gpuplane_nodes(
         print(f"legacy pods per node: {dict(per_node)}; DRA pods on {hgx1}; devices allocated once each: 11")
     finally:
         handle.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s", timeout=150)
-        eventually(lambda: _clean(gpu_cluster), 30, "nodes to be clean after the mixed fleet")
+        eventually(gpu_cluster.nodes_are_clean, 30, "nodes to be clean after the mixed fleet")
 
 
 def test_device_plugin_node_publishes_nothing_to_dra(

@@ -104,23 +104,10 @@ def assert_one_domain_gang(gpu: GpuCluster, ns: str, gang: str, pods: list[dict[
     return lines
 
 
-def _clean(gpu: GpuCluster) -> bool:
-    try:
-        gpu.assert_nodes_clean()
-    except AssertionError:
-        return False
-    return True
-
-
 @pytest.fixture
 def applied(gpu_cluster: GpuCluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    name = str(request.param)
-    gpu_cluster.apply_example(name)
-    try:
+    with gpu_cluster.example_applied(str(request.param)) as name:
         yield name
-    finally:
-        gpu_cluster.delete_example(name)
-        eventually(lambda: _clean(gpu_cluster), 60, "nodes to be clean after the example")
 
 
 def fail_pod(gpu: GpuCluster, ns: str, pod: str) -> None:
@@ -144,7 +131,7 @@ def assert_released(gpu: GpuCluster, ns: str, gang: str, reason: str) -> dict[st
     assert "placement" not in st or not st["placement"]
     eventually(lambda: not gpu.kubectl_json("get", "resourceclaims", "-n", ns)["items"], 60, "every claim gone")
     eventually(lambda: not [p for p in gpu.pods(ns) if p["status"].get("phase") == "Running"], 60, "no pod running")
-    eventually(lambda: _clean(gpu), 60, "nodes clean: every GPU of the gang unprepared")
+    eventually(gpu.nodes_are_clean, 60, "nodes clean: every GPU of the gang unprepared")
     return st
 
 

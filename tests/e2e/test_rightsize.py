@@ -28,20 +28,8 @@ GIB = 2**30
 
 @pytest.fixture(scope="module")
 def example(gpu_cluster: GpuCluster) -> Iterator[GpuCluster]:
-    gpu_cluster.apply_example("right-sized")
-    try:
+    with gpu_cluster.example_applied("right-sized"):
         yield gpu_cluster
-    finally:
-        gpu_cluster.delete_example("right-sized")
-        eventually(lambda: _clean(gpu_cluster), 60, "nodes to be clean after deleting the example")
-
-
-def _clean(gpu: GpuCluster) -> bool:
-    try:
-        gpu.assert_nodes_clean()
-    except AssertionError:
-        return False
-    return True
 
 
 def gpu_request(gpu: GpuCluster, name: str) -> dict[str, Any]:

@@ -66,21 +66,8 @@ def assert_prepared(gpu: GpuCluster, node: simnodes.SimNode, claim: dict[str, An
 @pytest.fixture
 def example(gpu_cluster: GpuCluster, request: pytest.FixtureRequest) -> Iterator[str]:
     """Apply the example named by the test's parameter; delete it afterwards and check the nodes are clean."""
-    name = str(request.param)
-    gpu_cluster.apply_example(name)
-    try:
+    with gpu_cluster.example_applied(str(request.param), clean_within=30) as name:
         yield name
-    finally:
-        gpu_cluster.delete_example(name)
-        eventually(lambda: _clean(gpu_cluster), 30, "nodes to be clean after deleting the example")
-
-
-def _clean(gpu: GpuCluster) -> bool:
-    try:
-        gpu.assert_nodes_clean()
-    except AssertionError:
-        return False
-    return True
 
 
 def test_nodes_are_ready_and_publish_their_gpus(gpu_cluster: GpuCluster) -> None:
@@ -373,4 +360,4 @@ def test_failed_prepare_is_a_pod_event_and_pods_without_claims_run(gpu_cluster: 
         assert pod["spec"]["nodeName"] and pod["status"].get("phase") == "Pending"
     finally:
         gpu_cluster.cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=120s", timeout=150)
-    eventually(lambda: _clean(gpu_cluster), 30, "nodes clean")
+    eventually(gpu_cluster.nodes_are_clean, 30, "nodes clean")

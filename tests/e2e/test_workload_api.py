@@ -24,7 +24,7 @@ import yaml
 from e2e.plane import report
 from gpuplane.controller import names
 from tests.e2e.conftest import EXAMPLES, GpuCluster, eventually
-from tests.e2e.test_gang_templates import _clean, wait_phase
+from tests.e2e.test_gang_templates import wait_phase
 from tests.e2e.test_scenarios import assert_prepared, attr, results
 
 pytestmark = pytest.mark.e2e
@@ -54,13 +54,8 @@ def domains_of(gpu: GpuCluster, pods: list[dict[str, Any]]) -> tuple[set[str], s
 
 @pytest.fixture
 def example(gpu_cluster: GpuCluster, request: pytest.FixtureRequest) -> Any:
-    name = str(request.param)
-    gpu_cluster.apply_example(name)
-    try:
+    with gpu_cluster.example_applied(str(request.param)) as name:
         yield name
-    finally:
-        gpu_cluster.delete_example(name)
-        eventually(lambda: _clean(gpu_cluster), 60, "nodes to be clean after the example")
 
 
 @pytest.mark.parametrize("example", ["gang-workload-api"], indirect=True)
@@ -109,7 +104,7 @@ def test_the_scheduler_places_a_podgroup_all_or_nothing(gpu_cluster: GpuCluster)
         print(f"\nPodGroup with 3 x 4 GB200: {cond['reason']}: {cond['message']}; 0 of 3 pods bound")
     finally:
         handle.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s", timeout=150)
-        eventually(lambda: _clean(gpu_cluster), 60, "nodes clean")
+        eventually(gpu_cluster.nodes_are_clean, 60, "nodes clean")
 
 
 @pytest.mark.parametrize("example", ["gang-workload-steered"], indirect=True)
