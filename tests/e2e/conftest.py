@@ -56,21 +56,29 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-@pytest.fixture(scope="session")
-def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.Cluster]:
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+@contextlib.contextmanager
+def own_control_plane(tmp_path_factory: pytest.TempPathFactory, label: str) -> Iterator[cluster.Cluster]:
+    """A control plane of its own (etcd, apiserver, scheduler, controller-manager), stopped on exit."""
     bins = build.ensure_binaries()
-    state_dir = tmp_path_factory.mktemp("control-plane")
+    state_dir = tmp_path_factory.mktemp(label)
     plane = controlplane.ControlPlane(state_dir, bins, die_with_parent=True)
     try:
-        kubeconfig = plane.start()
-        handle = cluster.Cluster.connect(kubeconfig, bins, state_dir=state_dir)
+        handle = cluster.Cluster.connect(plane.start(), bins, state_dir=state_dir)
         try:
             yield handle
         finally:
             handle.close()
     finally:
         plane.stop()
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.Cluster]:
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with own_control_plane(tmp_path_factory, "control-plane") as handle:
+            yield handle
+    finally:
         signal.signal(signal.SIGTERM, previous)
 
 

@@ -28,10 +28,9 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster import build, controlplane
 from e2e.cluster import handle as cluster
 from e2e.plane import helm
-from tests.e2e.conftest import eventually
+from tests.e2e.conftest import eventually, own_control_plane
 
 pytestmark = pytest.mark.e2e
 
@@ -44,18 +43,8 @@ WORKLOADS = (("daemonset", "gpuplane-driver"), ("deployment", "gpuplane-controll
 
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.Cluster]:
-    bins = build.ensure_binaries()
-    state_dir = tmp_path_factory.mktemp("helm-plane")
-    control = controlplane.ControlPlane(state_dir, bins, die_with_parent=True)
-    try:
-        kubeconfig = control.start()
-        handle = cluster.Cluster.connect(kubeconfig, bins, state_dir=state_dir)
-        try:
-            yield handle
-        finally:
-            handle.close()
-    finally:
-        control.stop()
+    with own_control_plane(tmp_path_factory, "helm-plane") as handle:
+        yield handle
 
 
 @pytest.fixture(scope="module")

@@ -38,11 +38,11 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from e2e.cluster import build, controlplane
 from e2e.cluster import handle as cluster
 from e2e.plane import driverproc, identity, install, nodes
 from e2e.plane.driverproc import metric_value
 from gpuplane.driver.prepare.contract import ClaimRef, PrepareResult
+from tests.e2e.conftest import own_control_plane
 
 pytestmark = pytest.mark.e2e
 
@@ -54,16 +54,8 @@ VERSION_LABEL = "app.kubernetes.io/version"
 
 @pytest.fixture(scope="module")
 def fresh_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.Cluster]:
-    bins = build.ensure_binaries()
-    plane = controlplane.ControlPlane(tmp_path_factory.mktemp("upgrade-plane"), bins, die_with_parent=True)
-    try:
-        handle = cluster.Cluster.connect(plane.start(), bins, state_dir=plane.state_dir)
-        try:
-            yield handle
-        finally:
-            handle.close()
-    finally:
-        plane.stop()
+    with own_control_plane(tmp_path_factory, "upgrade-plane") as handle:
+        yield handle
 
 
 def downgrade_checkpoint_to_v1(path: Path) -> dict[str, Any]:
