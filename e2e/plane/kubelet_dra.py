@@ -25,6 +25,7 @@ from kubernetes.client.exceptions import ApiException
 
 from e2e.plane.kubelet_plugins import PluginRegistry
 from e2e.plane.kubelet_pods import PodView
+from gpuplane.driver.api import boundedjson
 from gpuplane.driver.prepare import cdi
 from gpuplane.driver.prepare.contract import ClaimRef, PrepareResult
 
@@ -85,10 +86,11 @@ class PodDra:
         claims = []
         for claim_name in self.claim_names(pod):
             try:
-                obj = cast(
-                    dict[str, Any],
-                    self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaims", claim_name),
+                raw: Any = self.custom.get_namespaced_custom_object(
+                    GROUP, VERSION, namespace, "resourceclaims", claim_name, _preload_content=False
                 )
+                # kubelet (Go) reads claims of any depth; what it needs (metadata, status) is shallow.
+                obj = cast(dict[str, Any], boundedjson.decode(raw.data, boundedjson.MAX_OBJECT_DEPTH).value)
             except ApiException as err:
                 # 403 while the Node authorizer's graph has not seen the binding yet; 404 before creation.
                 if err.status in (403, 404):

@@ -285,6 +285,14 @@ class SimNodes:
     def _remove_from_api(self, gone: Sequence[SimNode]) -> None:
         nodes.remove_from_api(self.access.admin_kubeconfig, [n.name for n in gone], self._out)
 
+    def restart(self, name: str) -> procs.ProcessRecord:
+        """Stop one process of a node (``node.driver_process`` or ``node.kubelet_process``), start it again."""
+        record = procs.read_records(self.state_dir / "pids")[name]
+        child = self._children.get(name)
+        procs.stop(record, child[0] if child else None)
+        self._spawn(name, list(record.argv))
+        return self._children[name][1]
+
     def _spawn(self, name: str, argv: list[str]) -> None:
         proc, record = procs.spawn(
             name,

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from gpuplane.controller import leader, names
+from gpuplane.controller import leader, names, supervisor
 
 
 class ControllerConfig(BaseModel):
@@ -25,8 +25,12 @@ class ControllerConfig(BaseModel):
     renew_deadline_s: float = Field(default=10.0, gt=0)
     retry_period_s: float = Field(default=2.0, gt=0)
     standalone: bool = False  # a single replica without leader election (development)
-    liveness: str = "http://0.0.0.0:8080/healthz"
+    liveness: str = "http://127.0.0.1:8080/healthz"  # the Deployment binds the pod IP
     metrics_port: int = 0  # 0: no metrics server
+    metrics_host: str = "127.0.0.1"  # the Deployment binds the pod IP (downward API)
+    unhealthy_after_s: float = Field(default=10.0, gt=0)  # event loop silent this long: /healthz 503
+    stall_exit_s: float = Field(default=30.0, gt=0)  # ... this long: release the Lease and exit 1
+    stop_grace_s: float = Field(default=20.0, gt=0)  # SIGTERM: wait this long for the operator to stop
     resync_s: float = Field(default=2.0, gt=0)
     claim_explain_after_s: float = Field(default=10.0, ge=0)
     policy: str = "gpuplane"
@@ -53,6 +57,13 @@ class ControllerConfig(BaseModel):
     def _lease_timing_is_safe(self) -> ControllerConfig:
         self.lease_timing  # noqa: B018 - raises ValueError when the three durations are unsafe
         return self
+
+    @property
+    def supervisor_timing(self) -> supervisor.Timing:
+        """How fast the process supervisor reacts to a stalled or failed operator."""
+        return supervisor.Timing(
+            unhealthy_after_s=self.unhealthy_after_s, stall_exit_s=self.stall_exit_s, stop_grace_s=self.stop_grace_s
+        )
 
     @property
     def lease_timing(self) -> leader.Timing:
@@ -84,7 +95,15 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Contro
         default=env("STANDALONE") == "1",
         help="no leader election (a single replica, e.g. for development)",
     )
-    p.add_argument("--liveness", default=env("LIVENESS", "http://0.0.0.0:8080/healthz"))
+    p.add_argument(
+        "--liveness",
+        default=env("LIVENESS", "http://127.0.0.1:8080/healthz"),
+        help="health endpoint, http://host:port/path or host:port ('' for none)",
+    )
+    p.add_argument("--metrics-host", default=env("METRICS_HOST", "127.0.0.1"), help="address the metrics bind to")
+    p.add_argument("--unhealthy-after", type=float, default=float(env("UNHEALTHY_AFTER", "10") or 10))
+    p.add_argument("--stall-exit", type=float, default=float(env("STALL_EXIT", "30") or 30))
+    p.add_argument("--stop-grace", type=float, default=float(env("STOP_GRACE", "20") or 20))
     p.add_argument("--metrics-port", type=int, default=int(env("METRICS_PORT", "0") or 0))
     p.add_argument("--resync", type=float, default=float(env("RESYNC", "2") or 2))
     p.add_argument("--claim-explain-after", type=float, default=float(env("CLAIM_EXPLAIN_AFTER", "10") or 10))
@@ -147,6 +166,10 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Contro
         standalone=a.standalone,
         liveness=a.liveness,
         metrics_port=a.metrics_port,
+        metrics_host=a.metrics_host,
+        unhealthy_after_s=a.unhealthy_after,
+        stall_exit_s=a.stall_exit,
+        stop_grace_s=a.stop_grace,
         resync_s=a.resync,
         claim_explain_after_s=a.claim_explain_after,
         policy=a.policy,

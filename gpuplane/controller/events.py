@@ -35,6 +35,7 @@ GANG_MEMBER_FAILED = "MemberFailed"  # a member without a controller to replace 
 GANG_REFUSED = "GangRefused"  # on a Job or JobSet: its gang can never fit (the reason is the message)
 GANG_OWNER_TIMED_OUT = "GangTimedOut"  # on a Job or JobSet: its gang timed out, so it was suspended
 CLAIM_INVALID_CONFIG = "InvalidDeviceConfig"
+OBJECT_REJECTED = "Rejected"  # nested too deeply to read (controller.rejects)
 CLAIM_UNALLOCATED = "NotAllocated"
 CLAIM_NO_DOMAIN_CONSTRAINT = "NoNVLinkDomainConstraint"
 NODE_DOMAIN_LABELLED = "NVLinkDomainLabelled"

@@ -19,7 +19,7 @@ from typing import Any
 
 import kopf
 
-from gpuplane.controller import config, names, runtime, steering
+from gpuplane.controller import config, names, rejects, runtime, steering
 from gpuplane.controller.claim import checks
 from gpuplane.controller.gang import owners
 from gpuplane.controller.rebalance import act, decide, loop
@@ -50,12 +50,16 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
 
     # --- indexes (the read side: caches of API state) ----------------------------------------------
     @kopf.index(names.GROUP, names.VERSION, names.GANG_PLURAL, id="gang_idx", registry=reg)
-    def gang_idx(body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any) -> dict[str, Any]:
+    def gang_idx(body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any) -> dict[str, Any] | None:
+        if rejects.rejected(body):  # nested too deeply to read: no decision may see it
+            return None
         memo.touched()
         return {f"{namespace}/{name}": _plain(body, "spec", "status")}
 
     @kopf.index("pods", labels={names.LABEL_GANG: kopf.PRESENT}, id="member_pod_idx", registry=reg)
-    def member_pod_idx(body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any) -> dict[str, Any]:
+    def member_pod_idx(body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any) -> dict[str, Any] | None:
+        if rejects.rejected(body):
+            return None
         memo.touched()
         return {f"{namespace}/{name}": _plain(body, "spec", "status")}
 
@@ -66,13 +70,15 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
         return out or None
 
     @kopf.index(*RESOURCE, "resourceclaims", id="claim_idx", registry=reg)
-    def claim_idx(body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any) -> dict[str, Any]:
+    def claim_idx(body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any) -> dict[str, Any] | None:
+        if rejects.rejected(body):
+            return None
         memo.touched()
         return {f"{namespace}/{name}": _plain(body, "spec", "status")}
 
     @kopf.index(*RESOURCE, "resourceslices", id="slice_idx", registry=reg)
     def slice_idx(body: kopf.Body, name: str, memo: runtime.Runtime, **_: Any) -> dict[str, Any] | None:
-        if (body.get("spec") or {}).get("driver") != dn.DRIVER_NAME:
+        if (body.get("spec") or {}).get("driver") != dn.DRIVER_NAME or rejects.rejected(body):
             return None
         memo.touched()
         # Not deep-copied like the other indexes: slices are the largest objects and the most frequent
@@ -80,7 +86,9 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
         return {name: {"metadata": dict(body.get("metadata") or {}), "spec": body.get("spec") or {}}}
 
     @kopf.index("nodes", id="node_idx", registry=reg)
-    def node_idx(body: kopf.Body, name: str, memo: runtime.Runtime, **_: Any) -> dict[str, Any]:
+    def node_idx(body: kopf.Body, name: str, memo: runtime.Runtime, **_: Any) -> dict[str, Any] | None:
+        if rejects.rejected(body):
+            return None
         memo.touched()
         spec = body.get("spec") or {}
         ready = any(
@@ -90,7 +98,9 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
         return {name: {"schedulable": ready and not spec.get("unschedulable"), "metadata": _plain(body)["metadata"]}}
 
     @kopf.index(*RESOURCE, "deviceclasses", id="class_idx", registry=reg)
-    def class_idx(body: kopf.Body, name: str, memo: runtime.Runtime, **_: Any) -> dict[str, Any]:
+    def class_idx(body: kopf.Body, name: str, memo: runtime.Runtime, **_: Any) -> dict[str, Any] | None:
+        if rejects.rejected(body):
+            return None
         memo.touched()
         # Not deep-copied like the other indexes: slices are the largest objects and the most frequent
         # events (the steered layout rewrites a few per prepare), and nothing here mutates them.
@@ -217,6 +227,9 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
     async def claim_event(body: kopf.Body, namespace: str | None, name: str, type: str, memo: Any, **kw: Any) -> None:
         if type == "DELETED":
             return
+        if rejects.rejected(body):
+            await rejects.refuse_claim(memo, body)
+            return
         classes = runtime.single(kw["class_idx"])
         consumers = [p for store in [kw["claim_consumer_idx"].get(f"{namespace}/{name}", [])] for p in store]
         await runtime.check_claim(memo, _plain(body, "spec", "status"), classes, consumers)
@@ -230,7 +243,7 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
     async def claim_timer(body: kopf.Body, memo: runtime.Runtime, **kw: Any) -> None:
         classes = runtime.single(kw["class_idx"])
         plain = _plain(body, "spec", "status")
-        if not memo.leading() or not checks.is_ours(plain, classes):
+        if not memo.leading() or rejects.rejected(body) or not checks.is_ours(plain, classes):
             return
         async with memo.lock():
             now = time.time()

@@ -23,6 +23,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuplane.controller import events, names
 from gpuplane.controller.gang import writes
+from gpuplane.driver.api import kuberesponse
 
 log = structlog.get_logger(__name__)
 
@@ -78,14 +79,17 @@ class KubeWriter:
     def patch_gang_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         """Merge-patch the status subresource (no resourceVersion: cannot conflict)."""
         self.fence()
-        self.custom.patch_namespaced_custom_object_status(
-            names.GROUP,
-            names.VERSION,
-            namespace,
-            names.GANG_PLURAL,
-            name,
-            {"status": dict(patch)},
-            _content_type=MERGE,
+        kuberesponse.discard(
+            self.custom.patch_namespaced_custom_object_status(
+                names.GROUP,
+                names.VERSION,
+                namespace,
+                names.GANG_PLURAL,
+                name,
+                {"status": dict(patch)},
+                _content_type=MERGE,
+                _preload_content=False,
+            )
         )
 
     # --- steps ------------------------------------------------------------------------------
@@ -95,26 +99,38 @@ class KubeWriter:
             self.fence()
         try:
             if step.kind == "create-claim":
-                self.custom.create_namespaced_custom_object(
-                    RESOURCE_GROUP, RESOURCE_VERSION, namespace, "resourceclaims", step.body
+                written = self.custom.create_namespaced_custom_object(
+                    RESOURCE_GROUP, RESOURCE_VERSION, namespace, "resourceclaims", step.body, _preload_content=False
                 )
             elif step.kind == "delete-claim":
-                self.custom.delete_namespaced_custom_object(
-                    RESOURCE_GROUP, RESOURCE_VERSION, namespace, "resourceclaims", step.name
+                written = self.custom.delete_namespaced_custom_object(
+                    RESOURCE_GROUP, RESOURCE_VERSION, namespace, "resourceclaims", step.name, _preload_content=False
                 )
             elif step.kind == "patch-pod":
-                self.core.patch_namespaced_pod(step.name, namespace, step.body, _content_type=JSON_PATCH)
+                written = self.core.patch_namespaced_pod(
+                    step.name, namespace, step.body, _content_type=JSON_PATCH, _preload_content=False
+                )
             elif step.kind == "delete-pod":
-                self.core.delete_namespaced_pod(step.name, namespace, grace_period_seconds=step.body)
+                written = self.core.delete_namespaced_pod(
+                    step.name, namespace, grace_period_seconds=step.body, _preload_content=False
+                )
             elif step.kind in SUSPENDABLE:
                 group, version, plural = SUSPENDABLE[step.kind]
-                self.custom.patch_namespaced_custom_object(
-                    group, version, namespace, plural, step.name, {"spec": {"suspend": True}}, _content_type=MERGE
+                written = self.custom.patch_namespaced_custom_object(
+                    group,
+                    version,
+                    namespace,
+                    plural,
+                    step.name,
+                    {"spec": {"suspend": True}},
+                    _content_type=MERGE,
+                    _preload_content=False,
                 )
             elif step.kind == "wait":
                 raise StepFailed(step.why)
             else:  # pragma: no cover - kinds are a closed set
                 raise StepFailed(f"unknown step kind {step.kind}")
+            kuberesponse.discard(written)  # never decoded: a user's object may nest without bound
         except ApiException as exc:
             if step.kind == "create-claim" and exc.status == 409:
                 return  # created by an earlier attempt; the next plan checks its decision annotation
@@ -224,25 +240,32 @@ class KubeWriter:
     def annotate_claim(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
         """Merge-patch annotations onto a ResourceClaim (None removes one)."""
         self.fence()
-        self.custom.patch_namespaced_custom_object(
-            RESOURCE_GROUP,
-            RESOURCE_VERSION,
-            namespace,
-            "resourceclaims",
-            name,
-            {"metadata": {"annotations": dict(annotations)}},
-            _content_type=MERGE,
+        kuberesponse.discard(
+            self.custom.patch_namespaced_custom_object(
+                RESOURCE_GROUP,
+                RESOURCE_VERSION,
+                namespace,
+                "resourceclaims",
+                name,
+                {"metadata": {"annotations": dict(annotations)}},
+                _content_type=MERGE,
+                _preload_content=False,
+            )
         )
 
     def set_pod_condition(self, namespace: str, name: str, cond: Mapping[str, Any]) -> None:
         """Strategic-merge one pod condition (conditions merge by type)."""
         self.fence()
-        self.core.patch_namespaced_pod_status(name, namespace, {"status": {"conditions": [dict(cond)]}})
+        kuberesponse.discard(
+            self.core.patch_namespaced_pod_status(
+                name, namespace, {"status": {"conditions": [dict(cond)]}}, _preload_content=False
+            )
+        )
 
     def patch_node(self, name: str, patch: Mapping[str, Any]) -> None:
         """Merge-patch a Node's metadata."""
         self.fence()
-        self.core.patch_node(name, dict(patch), _content_type=MERGE)
+        kuberesponse.discard(self.core.patch_node(name, dict(patch), _content_type=MERGE, _preload_content=False))
 
     # --- events (the Recorder protocol) -----------------------------------------------------------
     def event(self, ref: events.ObjectRef, kind: events.EventType, reason: str, message: str) -> None:

@@ -11,12 +11,18 @@ that can happen. Every decision lives in the API (gang status, claim
 annotations and owner references), so the new leader resumes exactly where the
 old one stopped. kopf runs without its own peering (``standalone``): peering
 paused the standby's watches, so its caches went cold, and it was not a lease.
+
+kopf runs in a thread under :class:`controller.supervisor.Supervisor`, which owns
+SIGTERM, ``/healthz`` and the exit: a replica whose operator or event loop has
+failed releases the Lease and exits non-zero, whatever state kopf is in.
+Responses are decoded with a bounded nesting depth (:mod:`controller.kopf_decoding`).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,7 +30,7 @@ import kopf
 import structlog
 from kopf._core.engines import peering  # kopf.run takes its Identity type (a NewType of str)
 
-from gpuplane.controller import config, handlers, kube, leader, metrics, probes, runtime
+from gpuplane.controller import config, handlers, kopf_decoding, kube, leader, metrics, probes, runtime, supervisor
 from gpuplane.driver import logs
 
 log = structlog.get_logger(__name__)
@@ -57,13 +63,14 @@ def make_elector(cfg: config.ControllerConfig, api: Any) -> leader.Elector:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``gpuplane-controller`` console script."""
+    """Entry point of the ``gpuplane-controller`` console script (ends the process with its exit code)."""
     cfg = config.parse_args(argv, os.environ)
     logs.configure(cfg.log_level, cfg.log_format)
+    kopf_decoding.install()  # before kopf reads anything: no watched object can crash the watchers
     api = kube.make_api_client(cfg.kubeconfig)
     m = metrics.ControllerMetrics()
     if cfg.metrics_port:
-        m.serve(cfg.metrics_port)
+        m.serve(cfg.metrics_port, cfg.metrics_host)
     elector = None if cfg.standalone else make_elector(cfg, api)
     leadership: leader.Leadership = elector if elector is not None else leader.AlwaysLeader()
     m.is_leader.set_function(lambda: float(leadership.is_leader()))
@@ -75,6 +82,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     def login(**_: Any) -> kopf.ConnectionInfo:
         return _login(cfg)
 
+    async def operate(stop: threading.Event) -> None:
+        await kopf.operator(
+            registry=registry,
+            memo=memo,
+            standalone=True,  # no kopf peering: the Lease decides who writes
+            clusterwide=True,
+            # kopf would otherwise derive one from getpass.getuser(), which raises in the image: its
+            # user 65532 has no passwd entry (found by the first run of the Deployment on a real node).
+            identity=peering.Identity(cfg.identity),
+            stop_flag=stop,
+        )
+
+    def release() -> None:
+        if elector is not None:
+            elector.stop(release=True)
+
+    sup = supervisor.Supervisor(
+        operate,
+        release=release,
+        health=cfg.liveness or None,
+        timing=cfg.supervisor_timing,
+        is_leader=leadership.is_leader,
+    )
+    sup.install_signal_handlers()
     log.info(
         "starting",
         identity=cfg.identity,
@@ -83,21 +114,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if elector is not None:
         elector.start()
-    try:
-        kopf.run(
-            registry=registry,
-            memo=memo,
-            standalone=True,  # no kopf peering: the Lease decides who writes
-            clusterwide=True,
-            # kopf would otherwise derive one from getpass.getuser(), which raises in the image: its
-            # user 65532 has no passwd entry (found by the first run of the Deployment on a real node).
-            identity=peering.Identity(cfg.identity),
-            liveness_endpoint=cfg.liveness or None,
-        )
-    finally:
-        if elector is not None:
-            elector.stop(release=True)
-    return 0
+    code = sup.run()
+    log.info("exiting", code=code)
+    supervisor.exit_now(code)
+    return code  # pragma: no cover - exit_now does not return
 
 
 if __name__ == "__main__":

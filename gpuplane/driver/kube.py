@@ -14,6 +14,8 @@ from typing import Any, cast
 import structlog
 from kubernetes import client, config
 
+from gpuplane.driver.api import boundedjson, kuberesponse
+
 log = structlog.get_logger(__name__)
 
 GROUP = "resource.k8s.io"
@@ -41,20 +43,28 @@ class KubeApi:
 
     # --- claims --------------------------------------------------------------
     def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """The claim, decoded with a bounded depth: one nested too deeply comes back quarantined (boundedjson)."""
         try:
-            obj = cast(
-                dict[str, Any],
-                self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaims", name),
+            raw = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, "resourceclaims", name, _preload_content=False
             )
         except client.ApiException as exc:
             if exc.status == 404:
                 raise NotFound(f"ResourceClaim {namespace}/{name} not found") from exc
             raise
-        return obj
+        return cast(dict[str, Any], kuberesponse.read_object(raw))
 
     def list_claims(self) -> list[dict[str, Any]]:
-        result = cast(dict[str, Any], self.custom.list_cluster_custom_object(GROUP, VERSION, "resourceclaims"))
-        items: list[dict[str, Any]] = result.get("items", [])
+        """Every claim; one nested too deeply is a quarantined stub (metadata only), the others intact."""
+        raw = self.custom.list_cluster_custom_object(GROUP, VERSION, "resourceclaims", _preload_content=False)
+        items: list[dict[str, Any]] = kuberesponse.read_list(raw).get("items", [])
+        for item in items:
+            reason = boundedjson.rejection(item)
+            if reason is not None:
+                meta = item.get("metadata", {})
+                log.warning(
+                    "ResourceClaim not readable", claim=f"{meta.get('namespace')}/{meta.get('name')}", why=reason
+                )
         return items
 
     # --- slices --------------------------------------------------------------

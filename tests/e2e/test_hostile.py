@@ -1,0 +1,246 @@
+"""Hostile input on the real control plane: objects users can write must not crash, wedge or starve gpuplane.
+
+Runs on the session's ``gpu_cluster`` (real drivers and two real controller
+replicas under their own ServiceAccounts, see ``tests/e2e/conftest.py``).
+
+- a ResourceClaim nested 1,500 levels deep (accepted by the API server): both
+  controller replicas stay up and healthy, the leader refuses it with an Event,
+  the node driver answers its pod with a specific error, a driver whose
+  checkpoint is corrupt rebuilds past it, and gangs and claim checks go on;
+- SIGTERM ends a replica at once and hands the Lease over.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from e2e.cluster import procs
+from e2e.plane import components
+from tests.e2e.conftest import GpuCluster, eventually
+from tests.hostile import nested, wrap
+
+pytestmark = pytest.mark.e2e
+
+NS_PREFIX = "hostile"
+
+
+@pytest.fixture(scope="module")
+def respawned() -> Iterator[list[tuple[Any, procs.ProcessRecord]]]:
+    """Processes a test started in place of the fixture's own; stopped at the end of the module."""
+    started: list[tuple[Any, procs.ProcessRecord]] = []
+    yield started
+    for proc, record in started:
+        procs.stop(record, proc)
+
+
+@pytest.fixture(scope="module")
+def ns(gpu_cluster: GpuCluster) -> Iterator[str]:
+    name = f"{NS_PREFIX}-{uuid.uuid4().hex[:6]}"
+    gpu_cluster.cluster.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    eventually(lambda: gpu_cluster.cluster.core.list_namespaced_service_account(name).items, 60, "service account")
+    yield name
+    gpu_cluster.cluster.kubectl("delete", "namespace", name, "--wait=true", "--timeout=120s", timeout=150)
+
+
+def apply_text(gc: GpuCluster, text: str) -> None:
+    """``kubectl apply -f -`` of a JSON text (built as text: no Python json can hold 1,500 levels)."""
+    gc.cluster.kubectl("apply", "-f", "-", input_text=text)
+
+
+PLACEHOLDER = "@@parameters@@"
+
+
+def claim_body(ns: str, name: str, parameters: Any, *, device_class: str = "gpu.gpuplane.dev") -> dict[str, Any]:
+    """A one-GPU claim with one opaque config of this driver."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}],
+                "config": [{"opaque": {"driver": "gpu.gpuplane.dev", "parameters": parameters}}],
+            }
+        },
+    }
+
+
+def deep_claim_and_pod(ns: str, name: str, levels: int) -> str:
+    """A List of the claim nested ``levels`` deep and a pod using it, as JSON text."""
+    params = wrap('{"apiVersion":"gpu.gpuplane.dev/v1alpha1","kind":"GpuConfig","deep":', nested(levels), "}")
+    items = [claim_body(ns, name, PLACEHOLDER), pod_body(ns, name, name)]
+    listing = {"apiVersion": "v1", "kind": "List", "items": items}
+    return json.dumps(listing).replace(json.dumps(PLACEHOLDER), params)
+
+
+def pod_body(ns: str, name: str, claim: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "resourceClaims": [{"name": "g", "resourceClaimName": claim}],
+            "containers": [
+                {"name": "c", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": [{"name": "g"}]}}
+            ],
+        },
+    }
+
+
+def events_of(gc: GpuCluster, ns: str, name: str) -> list[dict[str, Any]]:
+    items = gc.kubectl_json("get", "events", "-n", ns, "--field-selector", f"involvedObject.name={name}")["items"]
+    return list(items)
+
+
+def controller_records(gc: GpuCluster) -> dict[str, procs.ProcessRecord]:
+    assert gc.cluster.state_dir is not None
+    return components.controller_records(gc.cluster.state_dir)
+
+
+def healthz(record: procs.ProcessRecord) -> int:
+    url = next(a.split("=", 1)[1] for a in record.argv if a.startswith("--liveness="))
+    try:
+        with urllib.request.urlopen(url, timeout=2) as rsp:
+            return int(rsp.status)
+    except urllib.error.HTTPError as err:
+        return int(err.code)
+    except OSError:
+        return 0
+
+
+def lease_holder(gc: GpuCluster) -> str:
+    return components.lease_holder(gc.cluster.api)
+
+
+def test_a_claim_nested_1500_deep_crashes_nothing(gpu_cluster: GpuCluster, ns: str) -> None:
+    gc = gpu_cluster
+    before = controller_records(gc)
+    assert len(before) == 2 and all(procs.is_alive(r) for r in before.values())
+    apply_text(gc, deep_claim_and_pod(ns, "deep", 1500))
+
+    # The leader refuses the claim with an Event and the config-error annotation.
+    def refused() -> dict[str, Any] | None:
+        return next((e for e in events_of(gc, ns, "deep") if e["reason"] == "Rejected"), None)
+
+    event = eventually(refused, 60, "the controller's Rejected event")
+    assert "nests JSON deeper than 64 levels" in event["message"]
+    assert "spec.devices.config[0].opaque.parameters.deep" in event["message"]
+    assert event["source"]["component"] == "gpuplane-controller"
+
+    # The scheduler allocates it anyway; the node driver refuses it with the specific error (not "internal error").
+    def driver_said() -> dict[str, Any] | None:
+        return next(
+            (
+                e
+                for e in events_of(gc, ns, "deep")
+                if e["reason"] == "FailedPrepareDynamicResources" and "deeper than 64 levels" in e["message"]
+            ),
+            None,
+        )
+
+    eventually(driver_said, 90, "the driver's per-claim error on the pod")
+    assert not any("internal error" in e["message"] for e in events_of(gc, ns, "deep"))
+
+    # Both replicas are alive and healthy, one holds the Lease.
+    time.sleep(5)
+    after = controller_records(gc)
+    assert {n: r.pid for n, r in after.items()} == {n: r.pid for n, r in before.items()}
+    assert all(procs.is_alive(r) for r in after.values()), "a controller replica died"
+    assert [healthz(r) for r in after.values()] == [200, 200]
+    assert lease_holder(gc) in {f"gpuplane-controller-{i}" for i in range(2)}
+
+    # Claim validation still runs for everyone else: a shallow bad config is flagged.
+    bad = claim_body(ns, "shallow-bad", {"apiVersion": "gpu.gpuplane.dev/v1alpha1", "kind": "GpuConfig", "x": 1})
+    apply_text(gc, json.dumps(bad))
+    eventually(
+        lambda: any(e["reason"] == "InvalidDeviceConfig" for e in events_of(gc, ns, "shallow-bad")),
+        60,
+        "InvalidDeviceConfig on a shallow bad claim",
+    )
+
+
+def test_a_gang_is_placed_while_the_deep_claim_exists(gpu_cluster: GpuCluster, ns: str) -> None:
+    gc = gpu_cluster
+    gang = {
+        "apiVersion": "gpuplane.dev/v1alpha1",
+        "kind": "GpuGang",
+        "metadata": {"name": "g1", "namespace": ns},
+        "spec": {"members": 1, "gpusPerMember": 1},
+    }
+    member = pod_body(ns, "g1-0", "g1-0")
+    member["metadata"]["labels"] = {"gpuplane.dev/gang": "g1"}
+    member["spec"]["schedulingGates"] = [{"name": "gpuplane.dev/gang"}]
+    apply_text(gc, json.dumps({"apiVersion": "v1", "kind": "List", "items": [gang, member]}))
+
+    def running() -> bool:
+        return (gc.pod(ns, "g1-0").get("status") or {}).get("phase") == "Running"
+
+    eventually(running, 120, "the gang member to run")
+    gc.cluster.kubectl("delete", "gpugang", "-n", ns, "g1", "--wait=false")
+    gc.cluster.kubectl("delete", "pod", "-n", ns, "g1-0", "--wait=true", "--timeout=60s")
+
+
+def test_a_restarted_replica_starts_past_the_deep_claim_and_sigterm_hands_over(
+    gpu_cluster: GpuCluster, ns: str, respawned: list[tuple[Any, procs.ProcessRecord]]
+) -> None:
+    gc = gpu_cluster
+    records = controller_records(gc)
+    leader = lease_holder(gc)
+    leader_rec = records[leader.removeprefix("gpuplane-")]
+    standby = next(n for n in records if f"gpuplane-{n}" != leader)
+    started = time.monotonic()
+    os.kill(leader_rec.pid, signal.SIGTERM)
+    eventually(lambda: not procs.is_alive(leader_rec), 10, "the leader to exit on SIGTERM", step=0.1)
+    exited_after = time.monotonic() - started
+    assert exited_after < 5.0, f"SIGTERM took {exited_after:.1f}s"
+    log = Path(leader_rec.log).read_text(errors="replace").splitlines()
+    assert any('"released the leader lease"' in line for line in log[-20:])
+    assert any('"code": 0' in line and '"exiting"' in line for line in log[-5:])
+    eventually(lambda: lease_holder(gc) == f"gpuplane-{standby}", 10, "the standby to take the Lease")
+    handover = time.monotonic() - started
+    assert handover < 10.0  # released, not waited out (15 s lease)
+
+    # The same replica started again with the deep claim still there: it runs, healthy, as the standby.
+    assert gc.cluster.state_dir is not None
+    proc, again = procs.spawn(
+        leader_rec.name,
+        leader_rec.argv,
+        log=Path(leader_rec.log),
+        pid_dir=gc.cluster.state_dir / "pids",
+        die_with_parent=True,
+    )
+    respawned.append((proc, again))
+    eventually(lambda: healthz(again) == 200, 30, "the restarted replica to be healthy")
+    time.sleep(5)
+    assert procs.is_alive(again) and healthz(again) == 200
+
+
+def test_a_driver_rebuilds_its_checkpoint_past_the_deep_claim(gpu_cluster: GpuCluster, ns: str) -> None:
+    gc = gpu_cluster
+    node = gc.node(gc.pod(ns, "deep")["spec"]["nodeName"])
+    node.checkpoint.write_text("{corrupt")
+    marker = len(Path(gc.sim.log(node.driver_process)).read_text(errors="replace").splitlines())
+    record = gc.sim.restart(node.driver_process)
+
+    def recovered() -> list[str] | None:
+        lines = Path(gc.sim.log(node.driver_process)).read_text(errors="replace").splitlines()[marker:]
+        return lines if any('"driver ready"' in line for line in lines) else None
+
+    lines = eventually(recovered, 60, "the driver to come back")
+    assert procs.is_alive(record)
+    assert any('"checkpoint corrupt' in line for line in lines)
+    assert any('"ResourceClaim not readable"' in line and f"{ns}/deep" in line for line in lines)
+    assert not any("RecursionError" in line for line in lines)

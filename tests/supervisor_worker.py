@@ -1,0 +1,53 @@
+"""A controller process with a misbehaving operator, for tests/unit/test_supervisor.py.
+
+    python -m tests.supervisor_worker MODE HEALTH_PORT_FILE MARKER_DIR
+
+Runs :class:`gpuplane.controller.supervisor.Supervisor` exactly as ``gpuplane.controller.main`` does
+(signal handlers, health endpoint, ``exit_now``) around an operator that:
+``ok`` stops when asked; ``fail`` raises after 1 s (as kopf's operator does when a
+watcher fails); ``stall`` blocks its event loop after 1 s and never returns;
+``deaf`` ignores the stop flag (keeps running, loop healthy). ``release`` writes
+MARKER_DIR/released, ``stopped`` MARKER_DIR/stopped when the ``ok`` operator saw the flag.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+from pathlib import Path
+
+from gpuplane.controller import supervisor
+
+
+def main() -> None:
+    mode, port_file, markers = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+
+    async def operator(stop: threading.Event) -> None:
+        started = time.monotonic()
+        while True:
+            await asyncio.sleep(0.05)
+            if mode == "ok" and stop.is_set():
+                (markers / "stopped").write_text("1")
+                return
+            if time.monotonic() - started > 1.0:
+                if mode == "fail":
+                    raise RuntimeError("Watcher for resourceclaims has failed")
+                if mode == "stall":
+                    time.sleep(3600)  # the whole event loop is stuck
+
+    sup = supervisor.Supervisor(
+        operator,
+        release=lambda: (markers / "released").write_text("1"),
+        health="http://127.0.0.1:0/healthz",
+        timing=supervisor.Timing(beat_s=0.2, unhealthy_after_s=1.5, stall_exit_s=4.0, stop_grace_s=2.0),
+    )
+    sup.install_signal_handlers()
+    sup.start_health()
+    port_file.write_text(str(sup.health_port))
+    supervisor.exit_now(sup.run())
+
+
+if __name__ == "__main__":
+    main()
