@@ -131,7 +131,11 @@ def test_required_attributes_and_capacities(case: Case) -> None:
             assert int(caps[names.CAP_MEMORY]["value"]) == info.memory_bytes
             assert int(caps[names.CAP_MULTIPROCESSORS]["value"]) == info.multiprocessors
             assert d["allowMultipleAllocations"] is True
-            assert caps[names.CAP_SHARE_PERCENT] == {"value": "100"}  # no requestPolicy: no share = all of it
+            # No share asked: all of it; a share is a whole 1..100 (the scheduler rounds "0" up to 1).
+            assert caps[names.CAP_SHARE_PERCENT] == {
+                "value": "100",
+                "requestPolicy": {"default": "100", "validRange": {"min": "1", "max": "100", "step": "1"}},
+            }
             assert caps[names.CAP_MEMORY]["requestPolicy"] == {"default": "0"}
 
 

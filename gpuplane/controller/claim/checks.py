@@ -34,6 +34,7 @@ class Request:
     count: int  # -1 for allocationMode All
     selectors: tuple[str, ...]
     share_percent: int | None = None  # capacity.requests.sharePercent, when the request asks for a share
+    share_problem: str | None = None  # why the requested sharePercent is not a share the driver takes
 
 
 def requests_of(claim: Mapping[str, Any]) -> Iterator[Request]:
@@ -50,23 +51,26 @@ def requests_of(claim: Mapping[str, Any]) -> Iterator[Request]:
                 continue
             mode = body.get("allocationMode", "ExactCount")
             share = ((body.get("capacity") or {}).get("requests") or {}).get(dn.CAP_SHARE_PERCENT)
+            share_percent, share_problem = _share(share)
             yield Request(
                 name=full,
                 parent=name,
                 device_class=str(body.get("deviceClassName", "")),
                 count=-1 if mode == "All" else int(body.get("count", 1) or 1),
                 selectors=tuple(str((s.get("cel") or {}).get("expression", "")) for s in body.get("selectors") or []),
-                share_percent=_share(share),
+                share_percent=share_percent,
+                share_problem=share_problem,
             )
 
 
-def _share(value: Any) -> int | None:
+def _share(value: Any) -> tuple[int | None, str | None]:
+    """A requested sharePercent: (the percentage, None) or (None, why it is not a whole 1..100)."""
     if value is None:
-        return None
+        return None, None
     try:
-        return quantity.parse_quantity(str(value))
-    except ValueError:
-        return None
+        return quantity.share_percent(value), None
+    except ValueError as exc:
+        return None, f"capacity.requests.{exc}; the driver refuses it"
 
 
 def class_is_ours(device_class: Mapping[str, Any] | None) -> bool:
@@ -116,6 +120,8 @@ def validate(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]])
         if not class_is_ours(dclass):
             continue
         checked = True
+        if req.share_problem:
+            problems.append(f"request {req.name!r}: {req.share_problem}")
         class_entries = [
             configs.SourcedConfig(
                 source="FromClass", requests=(), parameters=(c.get("opaque") or {}).get("parameters") or {}

@@ -54,10 +54,15 @@ def _tokens(text: str) -> list[tuple[str, str]]:
     return out
 
 
+MAX_EXPRESSION = 4096  # characters; longer selectors are not pre-filtered (the scheduler still enforces them)
+MAX_NESTING = 32  # parentheses and negations; deeper ones are not pre-filtered either
+
+
 @dataclass
 class _Parser:
     toks: list[tuple[str, str]]
     i: int = 0
+    depth: int = 0
 
     def peek(self) -> str | None:
         return self.toks[self.i][1] if self.i < len(self.toks) else None
@@ -72,29 +77,36 @@ class _Parser:
         return tok
 
     def expr(self) -> Predicate:
-        left = self.conj()
+        terms = [self.conj()]
         while self.peek() == "||":
             self.take()
-            right = self.conj()
-            left = _or(left, right)
-        return left
+            terms.append(self.conj())
+        return terms[0] if len(terms) == 1 else _any(terms)  # flat: a long chain cannot nest closures
 
     def conj(self) -> Predicate:
-        left = self.unary()
+        terms = [self.unary()]
         while self.peek() == "&&":
             self.take()
-            right = self.unary()
-            left = _and(left, right)
-        return left
+            terms.append(self.unary())
+        return terms[0] if len(terms) == 1 else _all(terms)
+
+    def _nest(self) -> None:
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            raise _Unsupported(f"nested more than {MAX_NESTING} levels")
 
     def unary(self) -> Predicate:
         if self.peek() == "!":
             self.take()
+            self._nest()
             inner = self.unary()
+            self.depth -= 1
             return lambda d, a: not inner(d, a)
         if self.peek() == "(":
             self.take("(")
+            self._nest()
             inner = self.expr()
+            self.depth -= 1
             self.take(")")
             return inner
         return self.comparison()
@@ -180,12 +192,12 @@ def _compare(left: object, op: str, right: object) -> Predicate:
     return check
 
 
-def _and(x: Predicate, y: Predicate) -> Predicate:
-    return lambda d, a: x(d, a) and y(d, a)
+def _all(terms: list[Predicate]) -> Predicate:
+    return lambda d, a: all(t(d, a) for t in terms)
 
 
-def _or(x: Predicate, y: Predicate) -> Predicate:
-    return lambda d, a: x(d, a) or y(d, a)
+def _any(terms: list[Predicate]) -> Predicate:
+    return lambda d, a: any(t(d, a) for t in terms)
 
 
 def _unquote(text: str) -> str:
@@ -199,6 +211,8 @@ def UNKNOWN(driver: str, attributes: Attributes) -> bool:  # noqa: N802 - a cons
 
 def compile_selector(expression: str) -> Predicate | None:
     """A predicate for one CEL selector, or None when it is outside the supported subset."""
+    if len(expression) > MAX_EXPRESSION:
+        return None
     try:
         toks = _tokens(expression)
         # 'in' arrives as an identifier: turn it into an operator token.

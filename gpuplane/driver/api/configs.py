@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from gpuplane.driver.api import names, quantity
 
@@ -28,10 +28,16 @@ ClientPriority = Literal["Normal", "BelowNormal"]
 # CUDA_MPS_CLIENT_PRIORITY / set_default_client_priority values (NVIDIA MPS guide, "Tools and Interface
 # Reference": "Allowed values are 0 [NORMAL] and 1 [BELOW NORMAL]"; a hint to the CUDA driver).
 CLIENT_PRIORITY_VALUES: dict[str, int] = {"Normal": 0, "BelowNormal": 1}
+# A device name as a ResourceSlice publishes it (a DNS label, e.g. gpu-0 or gpu-0-mig-1g-10gb-0).
+DeviceName = Annotated[str, StringConstraints(max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
+QuantityText = Annotated[str, StringConstraints(max_length=quantity.MAX_CHARS)]
+MAX_PER_DEVICE_LIMITS = 128  # more device names than any node publishes
+MAX_MESSAGE = 2000  # characters of one ConfigError: every field of a hostile config may be wrong
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=False)
+    # strict: no coercion (true is not 1, "50" is not 50); every string and map bounded.
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=False, strict=True)
 
 
 class TimeSlicingConfig(_Strict):
@@ -56,8 +62,10 @@ class MpsConfig(_Strict):
     """
 
     defaultActiveThreadPercentage: Annotated[int, Field(ge=1, le=100)] | None = None
-    defaultPinnedDeviceMemoryLimit: str | None = None
-    perDevicePinnedMemoryLimit: dict[str, str] = Field(default_factory=dict)
+    defaultPinnedDeviceMemoryLimit: QuantityText | None = None
+    perDevicePinnedMemoryLimit: Annotated[dict[DeviceName, QuantityText], Field(max_length=MAX_PER_DEVICE_LIMITS)] = (
+        Field(default_factory=dict)
+    )
     clientPriority: ClientPriority | None = None
 
     @field_validator("defaultActiveThreadPercentage", mode="before")
@@ -150,15 +158,20 @@ class ConfigError(ValueError):
 
 
 def _describe(error: Any) -> str:
-    loc = ".".join(str(part) for part in error.get("loc", ()) if part != "function-after")
-    msg = str(error.get("msg", "invalid"))
+    loc = ".".join(quantity.shown(p) if not isinstance(p, str) else p[:64] for p in error.get("loc", ()))
+    loc = loc.replace(".function-after", "")
+    msg = str(error.get("msg", "invalid"))[:300]
     if error.get("type") == "extra_forbidden":
         msg = "unknown field"
     got = error.get("input")
     text = f"{loc}: {msg}" if loc else msg
     if error.get("type") not in ("extra_forbidden", "missing") and not isinstance(got, dict):
-        text += f" (got {got!r})"
+        text += f" (got {quantity.shown(got)})"
     return text
+
+
+def _bounded(message: str) -> str:
+    return message if len(message) <= MAX_MESSAGE else message[:MAX_MESSAGE] + "… (more errors left out)"
 
 
 def parse_config(parameters: Any, source: str = "config") -> DeviceConfig:
@@ -167,17 +180,18 @@ def parse_config(parameters: Any, source: str = "config") -> DeviceConfig:
         raise ConfigError(f"{source}: parameters must be an object with apiVersion and kind")
     api_version = parameters.get("apiVersion")
     if api_version != names.CONFIG_API_VERSION:
-        raise ConfigError(f"{source}: apiVersion must be {names.CONFIG_API_VERSION!r} (got {api_version!r})")
+        got = quantity.shown(api_version)
+        raise ConfigError(f"{source}: apiVersion must be {names.CONFIG_API_VERSION!r} (got {got})")
     kind = parameters.get("kind")
-    model = _KINDS.get(str(kind))
+    model = _KINDS.get(kind) if isinstance(kind, str) else None
     if model is None:
         allowed = ", ".join(repr(k) for k in _KINDS)
-        raise ConfigError(f"{source}: kind must be one of {allowed} (got {kind!r})")
+        raise ConfigError(f"{source}: kind must be one of {allowed} (got {quantity.shown(kind)})")
     try:
         return model.model_validate(dict(parameters))
     except pydantic.ValidationError as exc:
         details = "; ".join(_describe(err) for err in exc.errors())
-        raise ConfigError(f"{source} ({kind}): {details}") from exc
+        raise ConfigError(_bounded(f"{source} ({kind}): {details}")) from exc
 
 
 @dataclass(frozen=True)
@@ -265,7 +279,7 @@ def merge_configs(entries: Sequence[SourcedConfig], request: str, device_type: s
     want: type[GpuConfig] | type[MigDeviceConfig] = (
         MigDeviceConfig if device_type == names.DEVICE_TYPE_MIG else GpuConfig
     )
-    merged: DeviceConfig = want(apiVersion=names.CONFIG_API_VERSION, kind=want.__name__)
+    merged: DeviceConfig = want.model_validate({"apiVersion": names.CONFIG_API_VERSION, "kind": want.__name__})
     class_mps: MpsConfig | None = None
     class_ts: TimeSlicingConfig | None = None
     ordered = [e for e in entries if e.source == "FromClass"] + [e for e in entries if e.source == "FromClaim"]
@@ -297,5 +311,7 @@ def merge_configs(entries: Sequence[SourcedConfig], request: str, device_type: s
                 f"{where}: strategy {sharing.strategy!r} would drop the device class's MPS quota; "
                 f"a claim may only tighten its class's quota"
             )
-        merged = want(apiVersion=names.CONFIG_API_VERSION, kind=want.__name__, sharing=sharing)
+        merged = want.model_validate(
+            {"apiVersion": names.CONFIG_API_VERSION, "kind": want.__name__, "sharing": sharing}
+        )
     return merged

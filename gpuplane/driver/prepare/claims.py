@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuplane.driver.api import boundedjson, names, quantity
 from gpuplane.driver.api.configs import SourcedConfig
 
 
@@ -35,6 +36,9 @@ class ClaimAllocation:
 def parse_allocation(obj: Mapping[str, Any], expected_uid: str, driver_name: str, pool: str) -> ClaimAllocation:
     meta = obj.get("metadata", {})
     ns, name, uid = meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")
+    too_deep = boundedjson.rejection(obj)
+    if too_deep is not None:
+        raise ClaimError(f"ResourceClaim {ns}/{name}: {too_deep}")
     if uid != expected_uid:
         raise ClaimError(
             f"ResourceClaim {ns}/{name} has UID {uid}, kubelet asked for {expected_uid}: "
@@ -65,6 +69,7 @@ def parse_allocation(obj: Mapping[str, Any], expected_uid: str, driver_name: str
                 consumed_capacity=dict(result.get("consumedCapacity") or {}),
             )
         )
+    _check_requested_shares(obj, {d.request for d in devices}, f"ResourceClaim {ns}/{name}")
     configs: list[SourcedConfig] = []
     for entry in devices_status.get("config") or []:
         opaque = entry.get("opaque") or {}
@@ -78,3 +83,22 @@ def parse_allocation(obj: Mapping[str, Any], expected_uid: str, driver_name: str
             )
         )
     return ClaimAllocation(uid=uid, namespace=ns, name=name, devices=tuple(devices), configs=tuple(configs))
+
+
+def _check_requested_shares(obj: Mapping[str, Any], requests: set[str], where: str) -> None:
+    """Refuse a claim whose request asks for a sharePercent outside 1..100 (the scheduler rounds "0" up to 1)."""
+    for req in ((obj.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        name = str(req.get("name", ""))
+        bodies = [(name, req.get("exactly"))] + [
+            (f"{name}/{sub.get('name', '')}", sub) for sub in req.get("firstAvailable") or [] if isinstance(sub, dict)
+        ]
+        for full, body in bodies:
+            if not isinstance(body, Mapping) or full not in requests:
+                continue
+            share = ((body.get("capacity") or {}).get("requests") or {}).get(names.CAP_SHARE_PERCENT)
+            if share is None:
+                continue
+            try:
+                quantity.share_percent(share)
+            except ValueError as exc:
+                raise ClaimError(f"{where}: request {full!r}: capacity.requests.{exc}") from exc

@@ -24,6 +24,7 @@ class Plan:
     alloc: ClaimAllocation
     devices: list[tuple[AllocatedDevice, GpuEntry, MigSlot | None]]
     sharing: SharingRecord
+    warnings: tuple[str, ...] = ()  # for the user (an Event), not a refusal
 
 
 def plan_claim(
@@ -81,10 +82,34 @@ def plan_claim(
         sharing.timeslice_share_lower = any(
             cfg.sharing.timeSlicing is not None and cfg.sharing.timeSlicing.shareWithLowerTiers for *_, cfg in effective
         )
+    warnings: tuple[str, ...] = ()
     if strategy == "MPS":
         _plan_mps(alloc, effective, sharing)
+        warnings = _unknown_limit_devices(effective)
     _check_co_tenants(claims, alloc, devices, sharing)
-    return Plan(alloc=alloc, devices=devices, sharing=sharing)
+    return Plan(alloc=alloc, devices=devices, sharing=sharing, warnings=warnings)
+
+
+def _unknown_limit_devices(
+    effective: Sequence[tuple[AllocatedDevice, GpuEntry, MigSlot | None, configs.DeviceConfig]],
+) -> tuple[str, ...]:
+    """perDevicePinnedMemoryLimit entries naming no device of this claim: said, not silently ignored."""
+    allocated = sorted({dev.device for dev, *_ in effective})
+    named = {
+        name
+        for *_, cfg in effective
+        if cfg.sharing.mps is not None
+        for name in cfg.sharing.mps.perDevicePinnedMemoryLimit
+    }
+    unknown = sorted(named - set(allocated))
+    if not unknown:
+        return ()
+    shown = ", ".join(unknown[:8]) + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else "")
+    return (
+        f"mps.perDevicePinnedMemoryLimit names {shown}, not allocated to this claim (it got "
+        f"{', '.join(allocated[:8])}); those limits do not apply: the devices get "
+        "defaultPinnedDeviceMemoryLimit. Name the devices of the ResourceSlice (e.g. gpu-0) or drop the entries",
+    )
 
 
 def _plan_mps(
@@ -172,14 +197,23 @@ def device_uuid_hint(gpu: GpuEntry, slot: MigSlot | None) -> str:
 
 
 def consumed_percent(dev: AllocatedDevice) -> int | None:
+    """The share of the GPU the scheduler allocated (1..100); a claim with any other share is refused."""
     value = dev.consumed_capacity.get(names.CAP_SHARE_PERCENT)
     if value is None:
         return None
-    return max(1, min(100, quantity.parse_quantity(str(value))))
+    try:
+        return quantity.share_percent(value)
+    except ValueError as exc:
+        raise ClaimError(f"device {dev.device} was allocated with a share the driver refuses: {exc}") from exc
 
 
 def consumed_bytes(dev: AllocatedDevice) -> int | None:
     value = dev.consumed_capacity.get(names.CAP_MEMORY)
     if value is None:
         return None
-    return quantity.parse_quantity(str(value)) or None
+    try:
+        return (
+            quantity.parse_quantity(value if isinstance(value, str) else str(value)[: quantity.MAX_CHARS + 1]) or None
+        )
+    except ValueError as exc:
+        raise ClaimError(f"device {dev.device}: the allocated memory is not a quantity: {exc}") from exc

@@ -217,6 +217,8 @@ class DeviceState:
         except (ClaimError, configs.ConfigError) as exc:
             self.claims.claim_event(obj, "PrepareFailed", str(exc))
             raise
+        for warning in plan.warnings:
+            self.claims.claim_event(obj, "ConfigIgnored", warning)
         rec = ClaimRecord(
             uid=alloc.uid,
             namespace=alloc.namespace,

@@ -135,8 +135,8 @@ def _gpu_attributes(gpu: GpuEntry) -> dict[str, Any]:
 def whole_gpu_device(gpu: GpuEntry, taints: Sequence[DeviceTaint] = ()) -> dict[str, Any]:
     # A whole GPU may be shared by several claims (MPS tiers, time-slicing): it allows multiple
     # allocations and the scheduler accounts each claim's sharePercent (a claim that asks for no
-    # share consumes all 100 %, i.e. holds the GPU exclusively). Memory and SMs are only counted
-    # when a claim requests them.
+    # share consumes all 100 %, i.e. holds the GPU exclusively; a share is a whole 1..100).
+    # Memory and SMs are only counted when a claim requests them.
     device: dict[str, Any] = {
         "name": gpu.name,
         "attributes": _gpu_attributes(gpu),
@@ -147,7 +147,12 @@ def whole_gpu_device(gpu: GpuEntry, taints: Sequence[DeviceTaint] = ()) -> dict[
                 "value": str(gpu.info.multiprocessors),
                 "requestPolicy": {"default": "0"},
             },
-            names.CAP_SHARE_PERCENT: {"value": "100"},
+            # Whole percentages 1..100: the scheduler rounds a smaller request up to 1 and refuses more
+            # than 100, so no claim can hold a GPU while consuming none of it ("0").
+            names.CAP_SHARE_PERCENT: {
+                "value": "100",
+                "requestPolicy": {"default": "100", "validRange": {"min": "1", "max": "100", "step": "1"}},
+            },
         },
     }
     if gpu.offer_dynamic_mig:
