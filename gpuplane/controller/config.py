@@ -31,6 +31,7 @@ class ControllerConfig(BaseModel):
     unhealthy_after_s: float = Field(default=10.0, gt=0)  # event loop silent this long: /healthz 503
     stall_exit_s: float = Field(default=30.0, gt=0)  # ... this long: release the Lease and exit 1
     stop_grace_s: float = Field(default=20.0, gt=0)  # SIGTERM: wait this long for the operator to stop
+    fail_invalid_pods: bool = True  # Pending pods of a claim the driver will refuse fail at once (failfast)
     resync_s: float = Field(default=2.0, gt=0)
     claim_explain_after_s: float = Field(default=10.0, ge=0)
     policy: str = "gpuplane"
@@ -104,6 +105,12 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Contro
     p.add_argument("--unhealthy-after", type=float, default=float(env("UNHEALTHY_AFTER", "10") or 10))
     p.add_argument("--stall-exit", type=float, default=float(env("STALL_EXIT", "30") or 30))
     p.add_argument("--stop-grace", type=float, default=float(env("STOP_GRACE", "20") or 20))
+    p.add_argument(
+        "--fail-invalid-pods",
+        choices=["true", "false"],
+        default=env("FAIL_INVALID_PODS", "true"),
+        help="fail the Pending pods of a claim whose config the driver will refuse, releasing its devices",
+    )
     p.add_argument("--metrics-port", type=int, default=int(env("METRICS_PORT", "0") or 0))
     p.add_argument("--resync", type=float, default=float(env("RESYNC", "2") or 2))
     p.add_argument("--claim-explain-after", type=float, default=float(env("CLAIM_EXPLAIN_AFTER", "10") or 10))
@@ -170,6 +177,7 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Contro
         unhealthy_after_s=a.unhealthy_after,
         stall_exit_s=a.stall_exit,
         stop_grace_s=a.stop_grace,
+        fail_invalid_pods=a.fail_invalid_pods == "true",
         resync_s=a.resync,
         claim_explain_after_s=a.claim_explain_after,
         policy=a.policy,

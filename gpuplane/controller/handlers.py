@@ -66,6 +66,7 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
     @kopf.index("pods", id="claim_consumer_idx", registry=reg)
     def claim_consumer_idx(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[str, str] | None:
         refs = [r.get("resourceClaimName") for r in (body.get("spec") or {}).get("resourceClaims") or []]
+        refs += [s.get("resourceClaimName") for s in (body.get("status") or {}).get("resourceClaimStatuses") or []]
         out = {f"{namespace}/{r}": name for r in refs if r}
         return out or None
 
@@ -227,11 +228,11 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
     async def claim_event(body: kopf.Body, namespace: str | None, name: str, type: str, memo: Any, **kw: Any) -> None:
         if type == "DELETED":
             return
+        consumers = [p for store in [kw["claim_consumer_idx"].get(f"{namespace}/{name}", [])] for p in store]
         if rejects.rejected(body):
-            await rejects.refuse_claim(memo, body)
+            await rejects.refuse_claim(memo, body, consumers)
             return
         classes = runtime.single(kw["class_idx"])
-        consumers = [p for store in [kw["claim_consumer_idx"].get(f"{namespace}/{name}", [])] for p in store]
         await runtime.check_claim(memo, _plain(body, "spec", "status"), classes, consumers)
 
     def unallocated(body: kopf.Body, **_: Any) -> bool:

@@ -262,6 +262,27 @@ class KubeWriter:
             )
         )
 
+    def fail_pending_pod(self, namespace: str, name: str, reason: str, message: str) -> bool:
+        """Set a Pending pod's phase to Failed; False when it is gone or no longer Pending (nothing written)."""
+        self.fence()
+        patch = [
+            {"op": "test", "path": "/status/phase", "value": "Pending"},
+            {"op": "replace", "path": "/status/phase", "value": "Failed"},
+            {"op": "add", "path": "/status/reason", "value": reason},
+            {"op": "add", "path": "/status/message", "value": message},
+        ]
+        try:
+            kuberesponse.discard(
+                self.core.patch_namespaced_pod_status(
+                    name, namespace, patch, _content_type=JSON_PATCH, _preload_content=False
+                )
+            )
+        except ApiException as exc:
+            if exc.status in (404, 409, 422):  # gone, or the phase test failed: not Pending any more
+                return False
+            raise
+        return True
+
     def patch_node(self, name: str, patch: Mapping[str, Any]) -> None:
         """Merge-patch a Node's metadata."""
         self.fence()

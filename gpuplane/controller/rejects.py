@@ -10,12 +10,12 @@ sees why the claim is ignored (the node driver refuses it too, per claim).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import structlog
 
-from gpuplane.controller import events, names
+from gpuplane.controller import events, failfast, names
 from gpuplane.driver.api import boundedjson
 
 log = structlog.get_logger(__name__)
@@ -26,11 +26,12 @@ def rejected(body: Mapping[str, Any]) -> bool:
     return boundedjson.rejection(body) is not None
 
 
-async def refuse_claim(rt: Any, body: Mapping[str, Any]) -> None:
-    """Record, once per claim, why a quarantined ResourceClaim is ignored (leader only)."""
+async def refuse_claim(rt: Any, body: Mapping[str, Any], consumers: Iterable[str] = ()) -> None:
+    """Record, once per claim, why a quarantined ResourceClaim is ignored, and fail its pending pods (leader)."""
     reason = boundedjson.rejection(body)
     if reason is None or not rt.leading():
         return
+    await failfast.fail_pending_consumers(rt, body, consumers, reason)
     meta = body.get("metadata") or {}
     if (meta.get("annotations") or {}).get(names.ANNOTATION_CONFIG_ERROR) == reason[:250]:
         return

@@ -23,7 +23,7 @@ from typing import Any
 
 import structlog
 
-from gpuplane.controller import config, events, kube, leader, names
+from gpuplane.controller import config, events, failfast, kube, leader, names
 from gpuplane.controller import metrics as metrics_mod
 from gpuplane.controller.claim import checks, review
 from gpuplane.controller.gang import queue_runner, reconciler, status, world
@@ -318,12 +318,15 @@ async def check_claim(
     """Validate a claim's config and its NVLink-domain constraint; record findings once (annotations)."""
     if not rt.leading():
         return
+    consumers = list(consumers)
     found = review.decide(claim, classes, consumers, status.now_rfc3339())
     if found is None:
         return
     for finding in found.findings:
         rt.metrics.claim_findings.labels(finding=finding).inc()
     await asyncio.to_thread(review.apply, rt.writer, found)
+    if found.error:
+        await failfast.fail_pending_consumers(rt, claim, consumers, found.error)
 
 
 def _gang_member_claim(claim: Mapping[str, Any], w: world.World) -> bool:

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from e2e.cluster import handle as cluster
 from e2e.cluster import procs
 from e2e.plane import components, identity, report, simnodes
 from gpuplane.driver.api import names
@@ -298,25 +299,31 @@ def test_unprepare_cleanup(gpu_cluster: GpuCluster, example: str) -> None:
 
 
 def test_failed_prepare_is_a_pod_event_and_pods_without_claims_run(gpu_cluster: GpuCluster) -> None:
+    """A config wrong on its own is refused at creation; one only the class shows wrong fails its pod fast."""
     namespace = "gpuplane-e2e-failed-prepare"
-    bad_config = {
+    refused_config = {
         "apiVersion": names.CONFIG_API_VERSION,
         "kind": "GpuConfig",
         "sharing": {"strategy": "TimeSlicing", "mps": {"defaultActiveThreadPercentage": 10}},
     }
-    manifest = [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
-        {
+    class_mismatch = {"apiVersion": names.CONFIG_API_VERSION, "kind": "MigDeviceConfig"}  # on the whole-GPU class
+
+    def claim(name: str, parameters: dict[str, Any]) -> dict[str, Any]:
+        return {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
-            "metadata": {"name": "bad", "namespace": namespace},
+            "metadata": {"name": name, "namespace": namespace},
             "spec": {
                 "devices": {
                     "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.gpuplane.dev"}}],
-                    "config": [{"opaque": {"driver": D, "parameters": bad_config}}],
+                    "config": [{"opaque": {"driver": D, "parameters": parameters}}],
                 }
             },
-        },
+        }
+
+    manifest = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+        claim("bad", class_mismatch),
         {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -338,26 +345,25 @@ def test_failed_prepare_is_a_pod_event_and_pods_without_claims_run(gpu_cluster: 
     text = "\n---\n".join(json.dumps(m) for m in manifest)
     gpu_cluster.cluster.apply(text)
     try:
+        with pytest.raises(cluster.KubectlError, match="gpuplane-claim-configs") as refused:
+            gpu_cluster.cluster.apply(claim("refused", refused_config))
+        assert "timeSlicing goes with TimeSlicing" in str(refused.value) or "mps with MPS" in str(refused.value)
         eventually(
             lambda: gpu_cluster.pod(namespace, "no-claims")["status"].get("phase") == "Running", 60, "plain pod Running"
         )
 
-        def failed_event() -> dict[str, Any] | None:
-            events = gpu_cluster.kubectl_json("get", "events", "-n", namespace)["items"]
-            return next(
-                (
-                    e
-                    for e in events
-                    if e["reason"] == "FailedPrepareDynamicResources" and e["involvedObject"]["name"] == "bad-config"
-                ),
-                None,
-            )
+        def failed() -> dict[str, Any] | None:
+            pod = gpu_cluster.pod(namespace, "bad-config")
+            return pod if pod["status"].get("phase") == "Failed" else None
 
-        event = eventually(failed_event, 60, "FailedPrepareDynamicResources event")
-        assert event["type"] == "Warning" and event["source"]["component"] == "kubelet"
-        assert "strategy" in event["message"], event["message"]
-        pod = gpu_cluster.pod(namespace, "bad-config")
-        assert pod["spec"]["nodeName"] and pod["status"].get("phase") == "Pending"
+        pod = eventually(failed, 60, "the pod of the invalid claim to fail")
+        assert pod["status"]["reason"] == "InvalidDeviceConfig"
+        assert "MigDeviceConfig" in pod["status"]["message"] and "Fix the claim" in pod["status"]["message"]
+        eventually(
+            lambda: not (gpu_cluster.claim(namespace, "bad").get("status") or {}).get("allocation"),
+            60,
+            "the invalid claim's device released",
+        )
     finally:
         gpu_cluster.cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=120s", timeout=150)
     eventually(gpu_cluster.nodes_are_clean, 30, "nodes clean")

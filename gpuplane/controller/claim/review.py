@@ -38,6 +38,7 @@ class Review:
     domain_event: EventTuple | None = None
     annotations: Mapping[str, str | None] | None = None
     findings: tuple[str, ...] = ()
+    error: str | None = None  # the config error, recorded or not yet: its pending pods are failed
 
 
 def has_our_config(claim: Mapping[str, Any]) -> bool:
@@ -95,6 +96,7 @@ def decide(
         domain_event=domain_event,
         annotations=updates or None,
         findings=tuple(findings),
+        error=error,
     )
 
 

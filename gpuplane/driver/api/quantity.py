@@ -32,7 +32,7 @@ _SUFFIXES: dict[str, int] = {
     "Pi": 2**50,
     "Ei": 2**60,
 }
-_QUANTITY = re.compile(r"^\s*([0-9]{1,19}(?:\.[0-9]{1,9})?)\s*([kMGTPE]i?|)\s*$")
+_QUANTITY = re.compile(r"^([0-9]{1,19}(?:\.[0-9]{1,9})?)([kMGTPE]i?|)$")  # as Kubernetes writes them: no spaces
 
 
 def shown(value: Any) -> str:
