@@ -8,28 +8,31 @@ before a rule existed, and the one place that knows the defaults.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from gpuplane.controller import names
 from gpuplane.controller.placement import model
+from gpuplane.driver.api import quantity
 
 
 class GangSpec(BaseModel):
     """``spec`` of a GpuGang."""
 
+    # Strict and bounded as the CRD schema is (no "4" for 4, no true for 1): an object stored before a
+    # rule existed, or through a CRD someone loosened, is refused here with the same limits.
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    members: int = Field(ge=1)
-    gpusPerMember: int | None = Field(default=None, ge=1)
-    migProfile: str | None = None
-    tensorParallelSize: int = Field(default=1, ge=1)
-    deviceClassName: str | None = None
-    selectors: tuple[str, ...] = ()
-    priority: int = 0
-    timeoutSeconds: int | None = Field(default=None, ge=1)
+    members: StrictInt = Field(ge=1, le=4096)
+    gpusPerMember: StrictInt | None = Field(default=None, ge=1, le=64)
+    migProfile: StrictStr | None = Field(default=None, max_length=64)
+    tensorParallelSize: StrictInt = Field(default=1, ge=1, le=1024)
+    deviceClassName: StrictStr | None = Field(default=None, max_length=253)
+    selectors: tuple[Annotated[StrictStr, Field(min_length=1, max_length=1024)], ...] = Field(default=(), max_length=16)
+    priority: StrictInt = Field(default=0, ge=-1_000_000, le=1_000_000)
+    timeoutSeconds: StrictInt | None = Field(default=None, ge=1, le=10**9)
 
     @pydantic.model_validator(mode="after")
     def _one_shape(self) -> GangSpec:
@@ -56,15 +59,23 @@ class SpecError(ValueError):
     """The gang's spec cannot be used; the message says why."""
 
 
-def parse_gang_spec(spec: Mapping[str, Any]) -> GangSpec:
-    """Validate a gang's ``spec``; SpecError names what is wrong."""
+def parse_gang_spec(spec: Any) -> GangSpec:
+    """Validate a gang's ``spec``; SpecError names what is wrong (bounded: every field may be hostile)."""
+    if not isinstance(spec, Mapping):
+        raise SpecError(f"spec must be an object (got {quantity.shown(spec)})")
     try:
-        return GangSpec.model_validate(dict(spec))
+        parsed = GangSpec.model_validate(dict(spec))
     except pydantic.ValidationError as exc:
         details = "; ".join(
-            f"{'.'.join(str(p) for p in err.get('loc', ()))}: {err.get('msg')}".lstrip(": ") for err in exc.errors()
+            f"{'.'.join(str(p)[:64] for p in err.get('loc', ()))}: {str(err.get('msg'))[:200]}".lstrip(": ")
+            + ("" if err.get("type") == "missing" else f" (got {quantity.shown(err.get('input'))})")
+            for err in exc.errors()[:10]
         )
         raise SpecError(details) from exc
+    # The placement rules too (tensorParallelSize against the gang's GPUs): a spec the queue pass could not
+    # turn into a request would fail every gang's pass, not only its own.
+    to_request(parsed, "spec", "", 0.0, parsed.migProfile)
+    return parsed
 
 
 def to_request(
