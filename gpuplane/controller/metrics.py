@@ -83,6 +83,6 @@ class ControllerMetrics:
             "gpuplane_controller_is_leader", "1 while this replica holds the leader Lease.", registry=self.registry
         )
 
-    def serve(self, port: int, address: str = "0.0.0.0") -> None:
+    def serve(self, port: int, address: str = "127.0.0.1") -> None:
         """Start the HTTP exposition server in a daemon thread."""
         prom.start_http_server(port, addr=address, registry=self.registry)

@@ -67,7 +67,11 @@ class DriverMetrics:
         self.rpc_seconds.labels(op).observe(seconds)
 
     def serve(self, address: str) -> int:
-        """Start the /metrics HTTP server on "host:port" (port 0 picks one); returns the port."""
+        """Start the /metrics HTTP server on "host:port" (port 0 picks one; no host: 127.0.0.1); returns the port.
+
+        The metrics name claims, pods and GPU UUIDs and are not authenticated: bind to localhost or the
+        pod's own IP (the DaemonSet passes status.podIP), never to every interface by default.
+        """
         host, _, port = address.rpartition(":")
-        server, _thread = start_http_server(int(port), addr=host or "0.0.0.0", registry=self.registry)
+        server, _thread = start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1", registry=self.registry)
         return int(server.server_port)

@@ -203,6 +203,20 @@ def test_driver_writes_only_its_own_nodes_slices(
         err = refused(mine.create_cluster_custom_object, g, v, r, slice_body(other, node_b))
         assert POLICY in str(err.body) and f"node '{node_b}'" in str(err.body)
 
+        # Anything else in a slice that names another node (or another driver) is refused too.
+        def spoof(name: str, change: Any) -> str:
+            body = slice_body(name, node_a)
+            change(body)
+            return str(refused(mine.create_cluster_custom_object, g, v, r, body).body)
+
+        assert f"not pool '{node_b}'" in spoof(f"{node_a}-pool", lambda b: b["spec"]["pool"].update(name=node_b))
+        assert f"names its ResourceSlices '{node_a}-" in spoof(f"{node_b}-gpuplane-9", lambda b: None)
+        assert "not 'gpu.example.com'" in spoof(f"{node_a}-drv", lambda b: b["spec"].update(driver="gpu.example.com"))
+        assert "gpuplane.dev/node=" in spoof(
+            f"{node_a}-lbl", lambda b: b["metadata"].setdefault("labels", {}).update({"gpuplane.dev/node": node_b})
+        )
+        # (Per-device nodeName/nodeSelector need perDeviceNodeSelection without spec.nodeName: the first rule.)
+
         # Another node's existing slice (written by the admin): update and delete refused.
         theirs = admin.create_cluster_custom_object(g, v, r, slice_body(other, node_b))
         theirs["spec"]["pool"]["generation"] = 2
@@ -377,3 +391,113 @@ def _mentions_forbidden(line: str) -> bool:
         record.pop("timestamp", None)
         line = json.dumps(record)
     return re.search(r"(?<![\d.:])403(?!\d)|forbidden", line, re.IGNORECASE) is not None
+
+
+CONTROLLER_POLICY = "gpuplane-controller-writes"
+
+
+def test_controller_writes_are_narrowed_to_its_own(
+    installed: cluster.Cluster, two_nodes: tuple[str, str], controller: identity.Identity
+) -> None:
+    """RBAC grants pods patch/delete, pods/status patch, nodes patch and claims delete cluster-wide; the
+    admission policy lets the controller's token make only the writes the controller makes."""
+    node_a, _ = two_nodes
+    ns = f"rbac-ctl-{uuid.uuid4().hex[:5]}"
+    admin = client.CoreV1Api(installed.api)
+    admin_custom = client.CustomObjectsApi(installed.api)
+    admin.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+
+    def pod(name: str, labels: dict[str, str], gated: bool) -> dict[str, Any]:
+        spec: dict[str, Any] = {
+            "nodeSelector": {"rbac-test": "nowhere"},  # stays Pending
+            "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+        }
+        if gated:
+            spec["schedulingGates"] = [{"name": "gpuplane.dev/gang"}]
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels}, "spec": spec}
+
+    api = controller.api_client()
+    core = client.CoreV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    json_patch = "application/json-patch+json"
+    try:
+        for name, labels, gated in (("victim", {"app": "web"}, False), ("member", {"gpuplane.dev/gang": "g"}, True)):
+            admin.create_namespaced_pod(ns, pod(name, labels, gated))
+        claim = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "someones"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.gpuplane.dev"}}]}},
+        }
+        admin_custom.create_namespaced_custom_object("resource.k8s.io", "v1", ns, "resourceclaims", claim)
+
+        def denied(call: Any, *args: Any, **kw: Any) -> str:
+            with pytest.raises(ApiException) as err:
+                call(*args, **kw)
+            assert err.value.status == 403 and CONTROLLER_POLICY in str(err.value.body), err.value.body
+            return str(err.value.body)
+
+        # What a stolen controller token could do with RBAC alone, and may not any more.
+        denied(core.patch_namespaced_pod, "victim", ns, {"metadata": {"labels": {"app": "evil"}}})
+        denied(core.patch_namespaced_pod, "victim", ns, {"spec": {"containers": [{"name": "c", "image": "evil/x"}]}})
+        denied(core.delete_namespaced_pod, "victim", ns)
+        running = [{"op": "replace", "path": "/status/phase", "value": "Running"}]
+        denied(core.patch_namespaced_pod_status, "victim", ns, running, _content_type=json_patch)
+        ready = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+        denied(core.patch_namespaced_pod_status, "victim", ns, ready)
+        taint = {"spec": {"taints": [{"key": "evil", "effect": "NoSchedule"}]}}
+        denied(core.patch_node, node_a, taint)
+        denied(core.patch_node, node_a, {"metadata": {"labels": {"evil": "yes"}}})
+        denied(core.patch_namespaced_pod, "member", ns, {"spec": {"containers": [{"name": "c", "image": "evil/x"}]}})
+        denied(custom.delete_namespaced_custom_object, "resource.k8s.io", "v1", ns, "resourceclaims", "someones")
+        denied(
+            custom.patch_namespaced_custom_object,
+            "resource.k8s.io",
+            "v1",
+            ns,
+            "resourceclaims",
+            "someones",
+            {"metadata": {"labels": {"x": "y"}}},
+        )
+
+        # What the controller does: allowed.
+        core.patch_node(node_a, {"metadata": {"labels": {"gpuplane.dev/nvlink-domain": f"{node_a}.nvl0"}}})
+        custom.patch_namespaced_custom_object(
+            "resource.k8s.io",
+            "v1",
+            ns,
+            "resourceclaims",
+            "someones",
+            {"metadata": {"annotations": {"gpuplane.dev/config-error": "x"}}},
+        )
+        affinity = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [node_a]}]}
+                    ]
+                }
+            }
+        }
+        core.patch_namespaced_pod(
+            "member", ns, [{"op": "add", "path": "/spec/affinity", "value": affinity}], _content_type=json_patch
+        )
+        core.patch_namespaced_pod(
+            "member", ns, [{"op": "replace", "path": "/spec/schedulingGates", "value": []}], _content_type=json_patch
+        )
+        condition = {"status": {"conditions": [{"type": "gpuplane.dev/ClaimConfigValid", "status": "False"}]}}
+        core.patch_namespaced_pod_status("victim", ns, condition)
+        failed = [
+            {"op": "test", "path": "/status/phase", "value": "Pending"},
+            {"op": "replace", "path": "/status/phase", "value": "Failed"},
+        ]
+        core.patch_namespaced_pod_status("victim", ns, failed, _content_type=json_patch)
+        core.delete_namespaced_pod("member", ns)
+        # A failed pod is never made Running again (the API server's own rule, 422, or the policy, 403).
+        with pytest.raises(ApiException) as again:
+            core.patch_namespaced_pod_status("victim", ns, running, _content_type=json_patch)
+        assert again.value.status in (403, 422)
+    finally:
+        api.close()
+        admin.patch_node(node_a, {"metadata": {"labels": {"gpuplane.dev/nvlink-domain": None}}})
+        installed.kubectl("delete", "namespace", ns, "--wait=false")
