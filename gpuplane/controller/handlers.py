@@ -229,10 +229,10 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
         if type == "DELETED":
             return
         consumers = [p for store in [kw["claim_consumer_idx"].get(f"{namespace}/{name}", [])] for p in store]
-        if rejects.rejected(body):
-            await rejects.refuse_claim(memo, body, consumers)
-            return
         classes = runtime.single(kw["class_idx"])
+        if rejects.rejected(body):
+            await rejects.refuse_claim(memo, body, classes, consumers)
+            return
         await runtime.check_claim(memo, _plain(body, "spec", "status"), classes, consumers)
 
     def unallocated(body: kopf.Body, **_: Any) -> bool:

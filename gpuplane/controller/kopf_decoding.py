@@ -9,11 +9,11 @@ replaces exactly those two places, in the one module kopf's watcher and fetcher
 call through (``api.stream``, ``api.get``, looked up at call time): the stream's
 ``json`` becomes a shim whose ``loads`` is :func:`gpuplane.driver.api.boundedjson.decode_event`,
 and the four request helpers decode with :func:`gpuplane.driver.api.boundedjson.decode_list`.
-An object deeper than the bound reaches the handlers as a quarantined stub
-(metadata and :data:`gpuplane.driver.api.boundedjson.REJECTED`), which they refuse with an
-Event. ``tests/unit/test_kopf_decoding.py`` drives kopf's own stream and fetch
-functions against an HTTP server, so a kopf release that moves these calls fails
-the tests instead of silently bypassing the bound.
+An object deeper than the bound reaches the handlers cut and marked with
+:data:`gpuplane.driver.api.boundedjson.REJECTED`, which they refuse with an Event.
+``tests/unit/test_kopf_decoding.py`` drives kopf's own stream and fetch functions
+against an HTTP server, so a kopf release that moves these calls fails the tests
+instead of silently bypassing the bound.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """Objects the bounded decoder quarantined (nested too deeply to read): refused with an Event, never processed.
 
-:mod:`gpuplane.controller.kopf_decoding` hands such an object to the handlers as a stub
-(metadata and :data:`gpuplane.driver.api.boundedjson.REJECTED`). The indexes leave it out
-(no decision ever sees it), and for a ResourceClaim the leader records one
-Warning Event and the ``gpuplane.dev/config-error`` annotation, so the user
-sees why the claim is ignored (the node driver refuses it too, per claim).
+:mod:`gpuplane.controller.kopf_decoding` hands such an object to the handlers cut and marked
+with :data:`gpuplane.driver.api.boundedjson.REJECTED`. The indexes leave it out (no
+decision ever sees it). For a ResourceClaim that uses one of this driver's classes (its
+requests are shallow, so they survive the cut) the leader records one Warning Event and
+the ``gpuplane.dev/config-error`` annotation, and fails its pending pods (the node driver
+refuses it too, per claim); another driver's claim is only logged.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import structlog
 
 from gpuplane.controller import events, failfast, names
+from gpuplane.controller.claim import checks as claims
 from gpuplane.driver.api import boundedjson
 
 log = structlog.get_logger(__name__)
@@ -26,10 +28,16 @@ def rejected(body: Mapping[str, Any]) -> bool:
     return boundedjson.rejection(body) is not None
 
 
-async def refuse_claim(rt: Any, body: Mapping[str, Any], consumers: Iterable[str] = ()) -> None:
-    """Record, once per claim, why a quarantined ResourceClaim is ignored, and fail its pending pods (leader)."""
+async def refuse_claim(
+    rt: Any, body: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], consumers: Iterable[str] = ()
+) -> None:
+    """Record, once per claim, why a quarantined claim of ours is ignored, and fail its pending pods (leader)."""
     reason = boundedjson.rejection(body)
     if reason is None or not rt.leading():
+        return
+    if not claims.is_ours(body, classes):
+        meta = body.get("metadata") or {}
+        log.info("a ResourceClaim of another driver is nested too deeply to read", claim=meta.get("name"))
         return
     await failfast.fail_pending_consumers(rt, body, consumers, reason)
     meta = body.get("metadata") or {}

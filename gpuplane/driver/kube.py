@@ -55,7 +55,7 @@ class KubeApi:
         return cast(dict[str, Any], kuberesponse.read_object(raw))
 
     def list_claims(self) -> list[dict[str, Any]]:
-        """Every claim; one nested too deeply is a quarantined stub (metadata only), the others intact."""
+        """Every claim; one nested too deeply comes cut and marked rejected (boundedjson), the others intact."""
         raw = self.custom.list_cluster_custom_object(GROUP, VERSION, "resourceclaims", _preload_content=False)
         items: list[dict[str, Any]] = kuberesponse.read_list(raw).get("items", [])
         for item in items:

@@ -62,10 +62,12 @@ class TestDecode:
 
 
 class TestQuarantine:
-    def test_a_deep_claim_becomes_a_stub_naming_the_users_field(self) -> None:
+    def test_a_deep_claim_is_cut_and_marked_naming_the_users_field(self) -> None:
         stub = bj.decode_object(claim_text(1500))
-        assert set(stub) == {"apiVersion", "kind", "metadata", bj.REJECTED}
+        assert set(stub) == {"apiVersion", "kind", "metadata", "spec", "status", bj.REJECTED}
         assert stub["metadata"] == {"name": "deep", "namespace": "ns", "uid": "u-deep", "annotations": {"k": "v"}}
+        assert stub["status"] == {"allocation": {"devices": {"results": []}}}  # what was shallow stays
+        assert bj.first_cut(stub["spec"]) is not None  # the deep subtree is the marker, not the data
         reason = bj.rejection(stub)
         assert reason is not None and "deeper than 64 levels" in reason
         assert "spec.devices.config[0].opaque.parameters.deep.a" in reason  # not the managedFields mirror

@@ -9,9 +9,9 @@ recursion (one regex pass skipping string literals, then a C-speed scan of the
 brackets); a document within ``max_depth`` goes to ``json.loads`` unchanged, and
 every deeper container is cut out of the text and replaced by the string
 :data:`TOO_DEEP` before parsing, so the rest (a list's other items, an object's
-metadata) still decodes. :func:`quarantine` turns an object that lost a subtree
-into a stub (apiVersion, kind, shallow metadata and :data:`REJECTED`: what was too
-deep, where), which readers refuse with a specific error instead of crashing.
+metadata) still decodes. :func:`quarantine` marks an object that lost a subtree
+with :data:`REJECTED` (what was too deep, where), which readers refuse with a
+specific error instead of crashing.
 
 Depths count containers: ``{}`` is 1, ``{"a": []}`` is 2. Kubernetes objects
 gpuplane reads nest at most 14 levels (CustomResourceDefinitions, measured on the
@@ -145,30 +145,29 @@ def _short_path(path: str, limit: int = 160) -> str:
 
 
 def quarantine(obj: Any, max_depth: int = MAX_OBJECT_DEPTH) -> Any:
-    """``obj`` unchanged when nothing in it was cut; else a stub that names where it was too deep.
+    """``obj`` unchanged when nothing in it was cut; else the cut object marked with :data:`REJECTED`.
 
-    ``max_depth`` is the bound relative to ``obj`` (used in the message only).
+    What was not too deep stays (metadata, the claim's requests, its status), so a reader can still
+    tell whose object it is; every cut subtree is the string :data:`TOO_DEEP`, and
+    ``metadata.managedFields`` (which mirrors the deep fields) is dropped. ``max_depth`` is the
+    bound relative to ``obj`` (used in the message only).
     """
     where = first_cut(obj)
     if where is None:
         return obj
-    src = obj if isinstance(obj, Mapping) else {}
+    if not isinstance(obj, Mapping):
+        return {REJECTED: f"the document nests JSON deeper than {max_depth} levels; gpuplane does not read it"}
     # Name the user's field rather than its managedFields mirror, which nests as deep.
-    beyond_meta = {k: v for k, v in src.items() if k != "metadata"}
-    where = first_cut(beyond_meta) or where
-    meta = src.get("metadata")
-    kept: dict[str, Any] = {}
+    where = first_cut({k: v for k, v in obj.items() if k != "metadata"}) or where
+    out = dict(obj)
+    meta = out.get("metadata")
     if isinstance(meta, Mapping):
-        kept = {k: meta[k] for k in _KEPT_METADATA if k in meta and first_cut(meta[k]) is None}
-    stub: dict[str, Any] = {"metadata": kept}
-    for key in ("apiVersion", "kind"):
-        if isinstance(src.get(key), str):
-            stub[key] = src[key]
-    stub[REJECTED] = (
+        out["metadata"] = {k: meta[k] for k in _KEPT_METADATA if k in meta}
+    out[REJECTED] = (
         f"the object nests JSON deeper than {max_depth} levels (at {_short_path(where)}); gpuplane does not read "
-        f"it: delete it and write it with at most {max_depth} levels (gpuplane's configs need 5)"
+        f"it: delete it and write it with at most {max_depth} levels (gpuplane's configs need 4)"
     )
-    return stub
+    return out
 
 
 def rejection(obj: Any) -> str | None:

@@ -1,13 +1,18 @@
 """Hostile input on the real control plane: objects users can write must not crash, wedge or starve gpuplane.
 
 Runs on the session's ``gpu_cluster`` (real drivers and two real controller
-replicas under their own ServiceAccounts, see ``tests/e2e/conftest.py``).
+replicas under their own ServiceAccounts, see ``tests/e2e/conftest.py``); the
+module sorts after ``test_rbac.py``, whose own controller needs the Lease free.
 
-- a ResourceClaim nested 1,500 levels deep (accepted by the API server): both
-  controller replicas stay up and healthy, the leader refuses it with an Event,
-  the node driver answers its pod with a specific error, a driver whose
+- a ResourceClaim nested 1,500 levels deep (in another driver's config, which
+  gpuplane's admission policy leaves alone): both controller replicas stay up and
+  healthy, the leader refuses it with an Event and fails its pod, the node driver
+  answers a prepare of it with a specific per-claim error, a driver whose
   checkpoint is corrupt rebuilds past it, and gangs and claim checks go on;
-- SIGTERM ends a replica at once and hands the Lease over.
+- SIGTERM ends a replica at once and hands the Lease over;
+- invalid configs never hold devices: refused at creation (claims and templates),
+  or, when only the DeviceClass shows them wrong, their pods fail at once; the
+  admission policy agrees with the driver's models on generated inputs.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from kubernetes import client
 from e2e.cluster import procs
 from e2e.plane import components
 from gpuplane.driver.api import configs, quantity
+from gpuplane.driver.plugin.kubelet_client import KubeletPluginClient
+from gpuplane.driver.prepare.contract import ClaimRef
 from tests import strategies
 from tests.e2e.conftest import GpuCluster, eventually
 from tests.hostile import nested, wrap
@@ -81,9 +88,11 @@ def claim_body(ns: str, name: str, parameters: Any, *, device_class: str = "gpu.
 
 
 def deep_claim_and_pod(ns: str, name: str, levels: int) -> str:
-    """A List of the claim nested ``levels`` deep and a pod using it, as JSON text."""
-    params = wrap('{"apiVersion":"gpu.gpuplane.dev/v1alpha1","kind":"GpuConfig","deep":', nested(levels), "}")
-    items = [claim_body(ns, name, PLACEHOLDER), pod_body(ns, name, name)]
+    """A List of a one-GPU claim with a config nested ``levels`` deep (for another driver) and its pod, as text."""
+    params = wrap('{"apiVersion":"other.example.com/v1","kind":"Config","deep":', nested(levels), "}")
+    claim = claim_body(ns, name, PLACEHOLDER)
+    claim["spec"]["devices"]["config"][0]["opaque"]["driver"] = "other.example.com"
+    items = [claim, pod_body(ns, name, name)]
     listing = {"apiVersion": "v1", "kind": "List", "items": items}
     return json.dumps(listing).replace(json.dumps(PLACEHOLDER), params)
 
@@ -143,19 +152,24 @@ def test_a_claim_nested_1500_deep_crashes_nothing(gpu_cluster: GpuCluster, ns: s
     assert "spec.devices.config[0].opaque.parameters.deep" in event["message"]
     assert event["source"]["component"] == "gpuplane-controller"
 
-    # The scheduler allocates it anyway; the node driver refuses it with the specific error (not "internal error").
-    def driver_said() -> dict[str, Any] | None:
-        return next(
-            (
-                e
-                for e in events_of(gc, ns, "deep")
-                if e["reason"] == "FailedPrepareDynamicResources" and "deeper than 64 levels" in e["message"]
-            ),
-            None,
-        )
+    # Its pod fails at once (it could never run), so nothing is held for it.
+    def pod_failed() -> dict[str, Any] | None:
+        pod = gc.pod(ns, "deep")
+        return pod if pod["status"].get("phase") == "Failed" else None
 
-    eventually(driver_said, 90, "the driver's per-claim error on the pod")
-    assert not any("internal error" in e["message"] for e in events_of(gc, ns, "deep"))
+    failed = eventually(pod_failed, 60, "the deep claim's pod to fail")
+    assert (
+        failed["status"]["reason"] == "InvalidDeviceConfig" and "deeper than 64 levels" in failed["status"]["message"]
+    )
+
+    # A node driver asked to prepare it (as kubelet would) answers with the specific per-claim error.
+    uid = gc.cluster.kubectl("get", "resourceclaim", "-n", ns, "deep", "-o", "jsonpath={.metadata.uid}").strip()
+    plugin = KubeletPluginClient(str(gc.nodes[0].plugin_dir / "dra.sock"))
+    try:
+        (result,) = plugin.prepare([ClaimRef(namespace=ns, uid=uid, name="deep")]).values()
+    finally:
+        plugin.close()
+    assert "nests JSON deeper than 64 levels" in result.error and "internal error" not in result.error, result.error
 
     # Both replicas are alive and healthy, one holds the Lease.
     time.sleep(5)
@@ -165,8 +179,8 @@ def test_a_claim_nested_1500_deep_crashes_nothing(gpu_cluster: GpuCluster, ns: s
     assert [healthz(r) for r in after.values()] == [200, 200]
     assert lease_holder(gc) in {f"gpuplane-controller-{i}" for i in range(2)}
 
-    # Claim validation still runs for everyone else: a shallow bad config is flagged.
-    bad = claim_body(ns, "shallow-bad", {"apiVersion": "gpu.gpuplane.dev/v1alpha1", "kind": "GpuConfig", "x": 1})
+    # Claim validation still runs for everyone else: a config only the class shows wrong is flagged.
+    bad = claim_body(ns, "shallow-bad", {"apiVersion": "gpu.gpuplane.dev/v1alpha1", "kind": "MigDeviceConfig"})
     apply_text(gc, json.dumps(bad))
     eventually(
         lambda: any(e["reason"] == "InvalidDeviceConfig" for e in events_of(gc, ns, "shallow-bad")),
@@ -233,7 +247,7 @@ def test_a_restarted_replica_starts_past_the_deep_claim_and_sigterm_hands_over(
 
 def test_a_driver_rebuilds_its_checkpoint_past_the_deep_claim(gpu_cluster: GpuCluster, ns: str) -> None:
     gc = gpu_cluster
-    node = gc.node(gc.pod(ns, "deep")["spec"]["nodeName"])
+    node = gc.nodes[0]  # the rebuild lists every claim of the cluster: any node reads the deep one
     node.checkpoint.write_text("{corrupt")
     marker = len(Path(gc.sim.log(node.driver_process)).read_text(errors="replace").splitlines())
     record = gc.sim.restart(node.driver_process)
@@ -313,13 +327,14 @@ def test_a_template_claim_only_the_class_shows_wrong_fails_its_pod_and_frees_the
     assert failed_pod["status"]["reason"] == "InvalidDeviceConfig"
     assert "kind 'MigDeviceConfig' does not apply to a 'gpu' device" in failed_pod["status"]["message"]
 
-    def released() -> bool:
-        owned = [
-            c
-            for c in gc.kubectl_json("get", "resourceclaims", "-n", ns)["items"]
-            if any(o.get("name") == "from-template" for o in c["metadata"].get("ownerReferences") or [])
-        ]
-        return all(not (c.get("status") or {}).get("allocation") for c in owned)
+    generated = [s.get("resourceClaimName") for s in failed_pod["status"].get("resourceClaimStatuses") or []]
+    assert generated and generated[0], failed_pod["status"]
+
+    def released() -> bool:  # (this namespace also holds the deep claim: read the generated one by name)
+        text = gc.cluster.kubectl(
+            "get", "resourceclaim", "-n", ns, str(generated[0]), "--ignore-not-found", "-o", "json"
+        )
+        return not text.strip() or not (json.loads(text).get("status") or {}).get("allocation")
 
     eventually(released, 60, "the generated claim's device released")
     events = events_of(gc, ns, "from-template")
