@@ -4,8 +4,9 @@
 
 Runs :class:`gpuplane.controller.supervisor.Supervisor` exactly as ``gpuplane.controller.main`` does
 (signal handlers, health endpoint, ``exit_now``) around an operator that:
-``ok`` stops when asked; ``fail`` raises after 1 s (as kopf's operator does when a
-watcher fails); ``stall`` blocks its event loop after 1 s and never returns;
+``ok`` stops when asked; ``fail`` raises after 1 s; ``report`` reports a failure after
+1 s and lingers (kopf retrying on a closed session after a watcher failed);
+``stall`` blocks its event loop after 1 s and never returns;
 ``deaf`` ignores the stop flag (keeps running, loop healthy). ``release`` writes
 MARKER_DIR/released, ``stopped`` MARKER_DIR/stopped when the ``ok`` operator saw the flag.
 """
@@ -16,6 +17,7 @@ import asyncio
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from gpuplane.controller import supervisor
@@ -24,7 +26,7 @@ from gpuplane.controller import supervisor
 def main() -> None:
     mode, port_file, markers = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 
-    async def operator(stop: threading.Event) -> None:
+    async def operator(stop: threading.Event, failed: Callable[[str], None]) -> None:
         started = time.monotonic()
         while True:
             await asyncio.sleep(0.05)
@@ -34,6 +36,9 @@ def main() -> None:
             if time.monotonic() - started > 1.0:
                 if mode == "fail":
                     raise RuntimeError("Watcher for resourceclaims has failed")
+                if mode == "report":  # a part failed and says so, while the operator lingers (kopf's retries)
+                    failed("kopf's 'multidimensional multitasker' ended: RecursionError()")
+                    await asyncio.sleep(3600)
                 if mode == "stall":
                     time.sleep(3600)  # the whole event loop is stuck
 

@@ -20,10 +20,11 @@ Responses are decoded with a bounded nesting depth (:mod:`controller.kopf_decodi
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import kopf
@@ -82,8 +83,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     def login(**_: Any) -> kopf.ConnectionInfo:
         return _login(cfg)
 
-    async def operate(stop: threading.Event) -> None:
-        await kopf.operator(
+    async def operate(stop: threading.Event, failed: Callable[[str], None]) -> None:
+        """kopf.operator, spelled out so that a root task ending (a watcher failed) is reported at once."""
+        existing = asyncio.all_tasks()
+        tasks = await kopf.spawn_tasks(
             registry=registry,
             memo=memo,
             standalone=True,  # no kopf peering: the Lease decides who writes
@@ -93,6 +96,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             identity=peering.Identity(cfg.identity),
             stop_flag=stop,
         )
+
+        async def first_end() -> None:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            if not stop.is_set():
+                task = next(iter(done))
+                error = None if task.cancelled() else task.exception()
+                failed(f"kopf's {task.get_name()!r} ended: {error!r}")
+
+        watch = asyncio.create_task(first_end(), name="gpuplane root-task watch")
+        try:
+            await kopf.run_tasks(tasks, ignored=existing)
+        finally:
+            watch.cancel()
 
     def release() -> None:
         if elector is not None:

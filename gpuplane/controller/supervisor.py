@@ -6,16 +6,18 @@ thread keeps renewing: a replica that holds the Lease and does nothing
 (issue 18: a restarted leader kept the Lease, ignored SIGTERM, answered no
 probe). Here the main thread keeps what must work even then:
 
-* the operator (any coroutine; production: ``kopf.operator`` with a stop flag)
+* the operator (any coroutine; production: kopf's root tasks with a stop flag)
   runs in its own thread and event loop, with a heartbeat task beating every
-  ``beat_s``;
+  ``beat_s``; it calls ``failed(reason)`` the moment a part of it ends that
+  should run forever (kopf's orchestrator after a watcher failed): kopf then
+  spends seconds to minutes retrying requests on a closed session before it
+  returns, with no health endpoint and no SIGTERM handler (issue 18's wedge);
 * ``/healthz`` is served from a thread of its own: 200 while the operator thread
   lives and its loop beat within ``unhealthy_after_s``; otherwise 503 with the
   reason;
-* the operator thread ending on its own (a watcher failed, the loop died), or
-  its loop not beating for ``stall_exit_s``, ends the process with exit code 1
-  after releasing the Lease, so the standby takes over at once and the pod
-  restarts;
+* a reported failure, the operator thread ending on its own, or its loop not
+  beating for ``stall_exit_s`` ends the process with exit code 1 after
+  releasing the Lease, so the standby takes over at once and the pod restarts;
 * SIGTERM/SIGINT set the operator's stop flag, wait up to ``stop_grace_s`` for
   it, release the Lease and exit 0 (1 when the operator did not stop in time);
   a second signal exits at once.
@@ -47,7 +49,7 @@ import structlog
 
 log = structlog.get_logger(__name__)
 
-Operator = Callable[[threading.Event], Coroutine[Any, Any, None]]
+Operator = Callable[[threading.Event, Callable[[str], None]], Coroutine[Any, Any, None]]  # (stop flag, failed)
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -98,6 +100,7 @@ class Supervisor:
         self._beat = time.monotonic()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._failed: str | None = None
         self._server: http.server.ThreadingHTTPServer | None = None
         self.health_port: int | None = None
 
@@ -110,9 +113,14 @@ class Supervisor:
     async def _operate(self) -> None:
         beater = asyncio.create_task(self._beating(), name="gpuplane heartbeat")
         try:
-            await self.operator(self.stop_flag)
+            await self.operator(self.stop_flag, self.report_failure)
         finally:
             beater.cancel()
+
+    def report_failure(self, reason: str) -> None:
+        """The operator is failing (thread-safe; the supervisor exits 1 at its next poll)."""
+        if self._failed is None:
+            self._failed = reason
 
     def _run_operator(self) -> None:
         try:
@@ -127,6 +135,8 @@ class Supervisor:
     # --- health ----------------------------------------------------------------------------------
     def problem(self) -> str | None:
         """Why this replica is unhealthy now (None: healthy)."""
+        if self._failed is not None:
+            return f"the operator failed: {self._failed}"
         if self._thread is not None and not self._thread.is_alive():
             return f"the operator stopped: {self._error!r}" if self._error else "the operator stopped"
         age = self.loop_age()
@@ -193,6 +203,10 @@ class Supervisor:
         self._thread.start()
         t = self.timing
         while not self._signalled.wait(t.poll_s):
+            if self._failed is not None:
+                log.error("the operator failed; releasing the Lease and exiting", reason=self._failed)
+                self.stop_flag.set()
+                return self._finish(EXIT_FAILED)
             if not self._thread.is_alive():
                 log.error("the operator stopped on its own; releasing the Lease and exiting", error=repr(self._error))
                 return self._finish(EXIT_FAILED)

@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -395,3 +397,44 @@ def test_the_admission_policy_agrees_with_the_drivers_models(gpu_cluster: GpuClu
     case()
     assert checked[0] >= 100
     assert not mismatches, "\n".join(mismatches[:8])
+
+
+def test_a_replica_whose_watch_fails_releases_the_lease_and_exits(gpu_cluster: GpuCluster, ns: str) -> None:
+    """The supervisor around the real kopf: with the bounded decoder left out (as before issue 18), the deep
+    claim kills kopf's claim watcher; the replica must give up its Lease and exit non-zero, at once."""
+    gc = gpu_cluster
+    assert gc.cluster.state_dir is not None
+    lease = f"watch-failure-{uuid.uuid4().hex[:5]}"
+    log = gc.cluster.state_dir / "logs" / f"{lease}.log"
+    code = (
+        "import sys; from gpuplane.controller import kopf_decoding, main; "
+        "kopf_decoding.install = lambda *a, **k: None; main.main(sys.argv[1:])"
+    )
+    argv = [
+        sys.executable,
+        "-c",
+        code,
+        f"--kubeconfig={gc.cluster.kubeconfig}",
+        f"--identity={lease}",
+        f"--lease-name={lease}",
+        "--lease-namespace=default",
+        "--liveness=127.0.0.1:0",
+        "--log-format=json",
+    ]
+    started = time.monotonic()
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        code_ = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    took = time.monotonic() - started
+    text = log.read_text(errors="replace")
+    assert code_ == 1, text[-2000:]
+    assert "maximum recursion depth exceeded" in text  # kopf's watcher really failed on the deep claim
+    assert '"the operator stopped on its own; releasing the Lease and exiting"' in text
+    assert '"became leader"' in text and '"released the leader lease"' in text, text[-2000:]
+    holder = client.CoordinationV1Api(gc.cluster.api).read_namespaced_lease(lease, "default").spec.holder_identity
+    assert not holder, f"the Lease is still held by {holder!r}"
+    print(f"\n[e2e] watcher failed -> Lease released and exit 1 after {took:.1f}s (process start included)")

@@ -102,6 +102,13 @@ def test_a_failed_operator_releases_the_lease_and_exits_non_zero(start: Start) -
     assert w.health()[0] == 0  # nothing answers: the probe fails
 
 
+def test_a_reported_failure_ends_a_lingering_operator_at_once(start: Start) -> None:
+    w = start("report")
+    code, took = w.wait_exit(10)
+    assert code == 1 and took < 2.5  # reported 1 s in; kopf itself would linger for minutes
+    assert w.released()
+
+
 def test_a_stalled_loop_turns_unhealthy_within_seconds_then_exits(start: Start) -> None:
     w = start("stall")
     started = time.monotonic()
