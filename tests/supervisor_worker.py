@@ -1,14 +1,14 @@
 """A controller process with a misbehaving operator, for tests/unit/test_supervisor.py.
 
-    python -m tests.supervisor_worker MODE HEALTH_PORT_FILE MARKER_DIR
+    python -m tests.supervisor_worker MODE MARKER_DIR
 
 Runs :class:`gpuplane.controller.supervisor.Supervisor` exactly as ``gpuplane.controller.main`` does
-(signal handlers, health endpoint, ``exit_now``) around an operator that:
-``ok`` stops when asked; ``fail`` raises after 1 s; ``report`` reports a failure after
-1 s and lingers (kopf retrying on a closed session after a watcher failed);
-``stall`` blocks its event loop after 1 s and never returns;
-``deaf`` ignores the stop flag (keeps running, loop healthy). ``release`` writes
-MARKER_DIR/released, ``stopped`` MARKER_DIR/stopped when the ``ok`` operator saw the flag.
+(signal handlers, ``exit_now``) around an operator that: ``ok`` stops when asked; ``fail``
+raises after 1 s; ``report`` reports a failure after 1 s and lingers (kopf retrying on a
+closed session after a watcher failed); ``stall`` blocks its event loop after 1 s and never
+returns; ``deaf`` ignores the stop flag (keeps running, loop healthy). MARKER_DIR/started
+appears once the operator's loop runs, MARKER_DIR/released when the Lease is released,
+MARKER_DIR/stopped when the ``ok`` operator saw the stop flag.
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ from gpuplane.controller import supervisor
 
 
 def main() -> None:
-    mode, port_file, markers = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    mode, markers = sys.argv[1], Path(sys.argv[2])
 
     async def operator(stop: threading.Event, failed: Callable[[str], None]) -> None:
         started = time.monotonic()
+        (markers / "started").write_text("1")
         while True:
             await asyncio.sleep(0.05)
             if mode == "ok" and stop.is_set():
@@ -36,7 +37,7 @@ def main() -> None:
             if time.monotonic() - started > 1.0:
                 if mode == "fail":
                     raise RuntimeError("Watcher for resourceclaims has failed")
-                if mode == "report":  # a part failed and says so, while the operator lingers (kopf's retries)
+                if mode == "report":
                     failed("kopf's 'multidimensional multitasker' ended: RecursionError()")
                     await asyncio.sleep(3600)
                 if mode == "stall":
@@ -45,12 +46,9 @@ def main() -> None:
     sup = supervisor.Supervisor(
         operator,
         release=lambda: (markers / "released").write_text("1"),
-        health="http://127.0.0.1:0/healthz",
-        timing=supervisor.Timing(beat_s=0.2, unhealthy_after_s=1.5, stall_exit_s=4.0, stop_grace_s=2.0),
+        timing=supervisor.Timing(beat_s=0.2, stall_exit_s=3.0, stop_grace_s=2.0),
     )
     sup.install_signal_handlers()
-    sup.start_health()
-    port_file.write_text(str(sup.health_port))
     supervisor.exit_now(sup.run())
 
 

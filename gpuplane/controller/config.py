@@ -28,8 +28,7 @@ class ControllerConfig(BaseModel):
     liveness: str = "http://127.0.0.1:8080/healthz"  # the Deployment binds the pod IP
     metrics_port: int = 0  # 0: no metrics server
     metrics_host: str = "127.0.0.1"  # the Deployment binds the pod IP (downward API)
-    unhealthy_after_s: float = Field(default=10.0, gt=0)  # event loop silent this long: /healthz 503
-    stall_exit_s: float = Field(default=30.0, gt=0)  # ... this long: release the Lease and exit 1
+    stall_exit_s: float = Field(default=30.0, gt=0)  # event loop silent this long: release the Lease, exit 1
     stop_grace_s: float = Field(default=20.0, gt=0)  # SIGTERM: wait this long for the operator to stop
     fail_invalid_pods: bool = True  # Pending pods of a claim the driver will refuse fail at once (failfast)
     resync_s: float = Field(default=2.0, gt=0)
@@ -62,9 +61,7 @@ class ControllerConfig(BaseModel):
     @property
     def supervisor_timing(self) -> supervisor.Timing:
         """How fast the process supervisor reacts to a stalled or failed operator."""
-        return supervisor.Timing(
-            unhealthy_after_s=self.unhealthy_after_s, stall_exit_s=self.stall_exit_s, stop_grace_s=self.stop_grace_s
-        )
+        return supervisor.Timing(stall_exit_s=self.stall_exit_s, stop_grace_s=self.stop_grace_s)
 
     @property
     def lease_timing(self) -> leader.Timing:
@@ -99,10 +96,9 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Contro
     p.add_argument(
         "--liveness",
         default=env("LIVENESS", "http://127.0.0.1:8080/healthz"),
-        help="health endpoint, http://host:port/path or host:port ('' for none)",
+        help="kopf's health endpoint, http://host:port/path ('' for none)",
     )
     p.add_argument("--metrics-host", default=env("METRICS_HOST", "127.0.0.1"), help="address the metrics bind to")
-    p.add_argument("--unhealthy-after", type=float, default=float(env("UNHEALTHY_AFTER", "10") or 10))
     p.add_argument("--stall-exit", type=float, default=float(env("STALL_EXIT", "30") or 30))
     p.add_argument("--stop-grace", type=float, default=float(env("STOP_GRACE", "20") or 20))
     p.add_argument(
@@ -174,7 +170,6 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Contro
         liveness=a.liveness,
         metrics_port=a.metrics_port,
         metrics_host=a.metrics_host,
-        unhealthy_after_s=a.unhealthy_after,
         stall_exit_s=a.stall_exit,
         stop_grace_s=a.stop_grace,
         fail_invalid_pods=a.fail_invalid_pods == "true",

@@ -12,10 +12,11 @@ annotations and owner references), so the new leader resumes exactly where the
 old one stopped. kopf runs without its own peering (``standalone``): peering
 paused the standby's watches, so its caches went cold, and it was not a lease.
 
-kopf runs in a thread under :class:`controller.supervisor.Supervisor`, which owns
-SIGTERM, ``/healthz`` and the exit: a replica whose operator or event loop has
-failed releases the Lease and exits non-zero, whatever state kopf is in.
-Responses are decoded with a bounded nesting depth (:mod:`controller.kopf_decoding`).
+kopf runs in a thread under :class:`gpuplane.controller.supervisor.Supervisor`, which owns
+SIGTERM and the exit: a replica whose operator or event loop has failed releases
+the Lease and exits non-zero, whatever state kopf is in; kopf still serves
+``/healthz`` (:mod:`gpuplane.controller.probes`). Responses are decoded with a
+bounded nesting depth (:mod:`gpuplane.controller.kopf_decoding`).
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             # user 65532 has no passwd entry (found by the first run of the Deployment on a real node).
             identity=peering.Identity(cfg.identity),
             stop_flag=stop,
+            liveness_endpoint=cfg.liveness or None,  # kopf's /healthz, with the probe of probes.py
         )
 
         async def first_end() -> None:
@@ -114,13 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if elector is not None:
             elector.stop(release=True)
 
-    sup = supervisor.Supervisor(
-        operate,
-        release=release,
-        health=cfg.liveness or None,
-        timing=cfg.supervisor_timing,
-        is_leader=leadership.is_leader,
-    )
+    sup = supervisor.Supervisor(operate, release=release, timing=cfg.supervisor_timing)
     sup.install_signal_handlers()
     log.info(
         "starting",

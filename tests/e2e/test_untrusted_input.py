@@ -418,7 +418,7 @@ def test_a_replica_whose_watch_fails_releases_the_lease_and_exits(gpu_cluster: G
         f"--identity={lease}",
         f"--lease-name={lease}",
         "--lease-namespace=default",
-        "--liveness=127.0.0.1:0",
+        "--liveness=",
         "--log-format=json",
     ]
     started = time.monotonic()

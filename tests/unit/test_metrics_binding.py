@@ -12,7 +12,6 @@ from pathlib import Path
 import yaml
 
 from gpuplane.controller import metrics as controller_metrics
-from gpuplane.controller import supervisor
 from gpuplane.driver import metrics as driver_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,13 +45,6 @@ def test_controller_metrics_bind_localhost_by_default() -> None:
     assert listening(port) == {"127.0.0.1"}
 
 
-def test_health_endpoint_takes_a_url_or_host_port() -> None:
-    assert supervisor.parse_endpoint("http://127.0.0.1:8080/healthz") == ("127.0.0.1", 8080, "/healthz")
-    assert supervisor.parse_endpoint("10.1.2.3:8080") == ("10.1.2.3", 8080, "/healthz")
-    assert supervisor.parse_endpoint("fd00::5:8080") == ("fd00::5", 8080, "/healthz")  # $(POD_IP):8080 on IPv6
-    assert supervisor.parse_endpoint("[fd00::5]:8080") == ("fd00::5", 8080, "/healthz")
-
-
 def _container(path: str) -> dict[str, object]:
     (doc,) = [d for d in yaml.safe_load_all((ROOT / path).read_text()) if d]
     (container,) = doc["spec"]["template"]["spec"]["containers"]
@@ -70,6 +62,6 @@ def test_the_manifests_bind_to_the_pod_ip() -> None:
         users = [i for i, e in enumerate(c["env"]) if "$(POD_IP)" in str(e.get("value", ""))]  # type: ignore[attr-defined]
         assert all(names.index("POD_IP") < i for i in users)  # Kubernetes expands only variables defined earlier
     env = {e["name"]: e.get("value") for e in controller["env"]}  # type: ignore[attr-defined]
-    assert env["GPUPLANE_METRICS_HOST"] == "$(POD_IP)" and env["GPUPLANE_LIVENESS"] == "$(POD_IP):8080"
+    assert env["GPUPLANE_METRICS_HOST"] == "$(POD_IP)" and env["GPUPLANE_LIVENESS"] == "http://$(POD_IP):8080/healthz"
     assert "0.0.0.0" not in (ROOT / "manifests/driver/daemonset.yaml").read_text()
     assert "0.0.0.0" not in (ROOT / "manifests/controller/deployment.yaml").read_text()
