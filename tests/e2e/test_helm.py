@@ -104,6 +104,7 @@ def test_feature_switches(helm_bin: Path) -> None:
         helm_bin,
         "features.controller=false",
         "features.ownNodeSlicePolicy=false",
+        "features.claimConfigPolicy=false",
         "features.mig=false",
         "features.mps=false",
         "features.nvidiaGpuExtendedResource=false",
@@ -117,6 +118,14 @@ def test_feature_switches(helm_bin: Path) -> None:
     assert ("MutatingAdmissionPolicy", "gpuplane-steer-gate") not in kinds  # off with the controller
     no_gate = {(o["kind"], o["metadata"]["name"]) for o in template(helm_bin, "features.steeringGate=false")}
     assert ("MutatingAdmissionPolicy", "gpuplane-steer-gate") not in no_gate
+    assert ("ValidatingAdmissionPolicy", "gpuplane-claim-configs") not in kinds
+    assert {
+        ("ValidatingAdmissionPolicy", n) for n in ("gpuplane-claim-configs", "gpuplane-controller-writes")
+    } <= defaults
+    no_writes = {
+        (o["kind"], o["metadata"]["name"]) for o in template(helm_bin, "features.controllerWritesPolicy=false")
+    }
+    assert ("ValidatingAdmissionPolicy", "gpuplane-controller-writes") not in no_writes
     assert {name for kind, name in kinds if kind == "DeviceClass"} == {"gpu.gpuplane.dev"}
     assert ("DaemonSet", "gpuplane-driver") in kinds
     default = {o["metadata"]["name"]: o for o in template(helm_bin) if o["kind"] == "DeviceClass"}
@@ -139,4 +148,6 @@ def test_namespace_follows_the_release(helm_bin: Path) -> None:
     assert by_kind(objects, "Namespace").keys() == {"gpu-ops"}
     policy = by_kind(objects, "ValidatingAdmissionPolicy")["gpuplane-driver-own-node-slices"]
     assert "system:serviceaccount:gpu-ops:gpuplane-driver" in policy["spec"]["matchConditions"][0]["expression"]
+    writes = by_kind(objects, "ValidatingAdmissionPolicy")["gpuplane-controller-writes"]
+    assert "system:serviceaccount:gpu-ops:gpuplane-controller" in writes["spec"]["matchConditions"][0]["expression"]
     assert {o["metadata"]["namespace"] for o in objects if "namespace" in o["metadata"]} == {"gpu-ops"}
