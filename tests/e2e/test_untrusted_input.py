@@ -10,9 +10,7 @@ module sorts after ``test_rbac.py``, whose own controller needs the Lease free.
   answers a prepare of it with a specific per-claim error, a driver whose
   checkpoint is corrupt rebuilds past it, and gangs and claim checks go on;
 - SIGTERM ends a replica at once and hands the Lease over;
-- invalid configs never hold devices: refused at creation (claims and templates),
-  or, when only the DeviceClass shows them wrong, their pods fail at once; the
-  admission policy agrees with the driver's models on generated inputs.
+- (invalid configs never holding devices: ``test_untrusted_configs.py``).
 """
 
 from __future__ import annotations
@@ -31,21 +29,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
 from kubernetes import client
 
 from e2e.cluster import procs
 from e2e.plane import components
-from gpuplane.driver.api import configs, quantity
 from gpuplane.driver.plugin.kubelet_client import KubeletPluginClient
 from gpuplane.driver.prepare.contract import ClaimRef
-from tests import strategies
 from tests.e2e.conftest import GpuCluster, eventually
 from tests.hostile import nested, wrap
+from tests.hostilekit import (
+    PLACEHOLDER,
+    apply_text,
+    claim_body,
+    events_of,
+    ns_fixture,  # noqa: F401  (fixture ns)
+    pod_body,
+)
 
 pytestmark = pytest.mark.e2e
-
-NS_PREFIX = "hostile"
 
 
 @pytest.fixture(scope="module")
@@ -57,38 +58,6 @@ def respawned() -> Iterator[list[tuple[Any, procs.ProcessRecord]]]:
         procs.stop(record, proc)
 
 
-@pytest.fixture(scope="module")
-def ns(gpu_cluster: GpuCluster) -> Iterator[str]:
-    name = f"{NS_PREFIX}-{uuid.uuid4().hex[:6]}"
-    gpu_cluster.cluster.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    eventually(lambda: gpu_cluster.cluster.core.list_namespaced_service_account(name).items, 60, "service account")
-    yield name
-    gpu_cluster.cluster.kubectl("delete", "namespace", name, "--wait=true", "--timeout=120s", timeout=150)
-
-
-def apply_text(gc: GpuCluster, text: str) -> None:
-    """``kubectl apply -f -`` of a JSON text (built as text: no Python json can hold 1,500 levels)."""
-    gc.cluster.kubectl("apply", "-f", "-", input_text=text)
-
-
-PLACEHOLDER = "@@parameters@@"
-
-
-def claim_body(ns: str, name: str, parameters: Any, *, device_class: str = "gpu.gpuplane.dev") -> dict[str, Any]:
-    """A one-GPU claim with one opaque config of this driver."""
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "devices": {
-                "requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}],
-                "config": [{"opaque": {"driver": "gpu.gpuplane.dev", "parameters": parameters}}],
-            }
-        },
-    }
-
-
 def deep_claim_and_pod(ns: str, name: str, levels: int) -> str:
     """A List of a one-GPU claim with a config nested ``levels`` deep (for another driver) and its pod, as text."""
     params = wrap('{"apiVersion":"other.example.com/v1","kind":"Config","deep":', nested(levels), "}")
@@ -97,26 +66,6 @@ def deep_claim_and_pod(ns: str, name: str, levels: int) -> str:
     items = [claim, pod_body(ns, name, name)]
     listing = {"apiVersion": "v1", "kind": "List", "items": items}
     return json.dumps(listing).replace(json.dumps(PLACEHOLDER), params)
-
-
-def pod_body(ns: str, name: str, claim: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "terminationGracePeriodSeconds": 0,
-            "resourceClaims": [{"name": "g", "resourceClaimName": claim}],
-            "containers": [
-                {"name": "c", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": [{"name": "g"}]}}
-            ],
-        },
-    }
-
-
-def events_of(gc: GpuCluster, ns: str, name: str) -> list[dict[str, Any]]:
-    items = gc.kubectl_json("get", "events", "-n", ns, "--field-selector", f"involvedObject.name={name}")["items"]
-    return list(items)
 
 
 def controller_records(gc: GpuCluster) -> dict[str, procs.ProcessRecord]:
@@ -263,140 +212,6 @@ def test_a_driver_rebuilds_its_checkpoint_past_the_deep_claim(gpu_cluster: GpuCl
     assert any('"checkpoint corrupt' in line for line in lines)
     assert any('"ResourceClaim not readable"' in line and f"{ns}/deep" in line for line in lines)
     assert not any("RecursionError" in line for line in lines)
-
-
-# --- invalid configs never hold devices (defect 3) ------------------------------------------------
-
-
-def mps(**limits: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "gpu.gpuplane.dev/v1alpha1",
-        "kind": "GpuConfig",
-        "sharing": {"strategy": "MPS", "mps": limits},
-    }
-
-
-REFUSED_AT_CREATION = {
-    "huge-limit": (mps(defaultPinnedDeviceMemoryLimit="9" * 9800), None, "MPS pinned memory limits"),
-    "pct-true": (mps(defaultActiveThreadPercentage=True), None, "defaultActiveThreadPercentage must be an integer"),
-    "pct-string": (mps(defaultActiveThreadPercentage="50"), None, "defaultActiveThreadPercentage must be an integer"),
-    "unknown-field": ({"apiVersion": "gpu.gpuplane.dev/v1alpha1", "kind": "GpuConfig", "x": 1}, None, "unknown field"),
-    "bad-kind": ({"apiVersion": "gpu.gpuplane.dev/v1alpha1", "kind": "Gpu"}, None, "needs apiVersion"),
-    "share-zero": (mps(), "0", "sharePercent must be a whole percentage 1..100"),
-}
-
-
-@pytest.mark.parametrize("case", sorted(REFUSED_AT_CREATION))
-def test_a_config_wrong_on_its_own_is_refused_at_creation(gpu_cluster: GpuCluster, ns: str, case: str) -> None:
-    params, share, words = REFUSED_AT_CREATION[case]
-    claim = claim_body(ns, f"refused-{case}", params, device_class="mps-bronze.gpu.gpuplane.dev")
-    if share is not None:
-        claim["spec"]["devices"]["requests"][0]["exactly"]["capacity"] = {"requests": {"sharePercent": share}}
-    template = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": f"refused-{case}", "namespace": ns},
-        "spec": {"spec": claim["spec"]},
-    }
-    for obj in (claim, template):
-        with pytest.raises(Exception, match="gpuplane-claim-configs") as refused:
-            gpu_cluster.cluster.apply(obj)
-        assert words in str(refused.value), str(refused.value)
-    ok = claim_body(ns, f"accepted-{case}", mps(defaultActiveThreadPercentage=10))
-    gpu_cluster.cluster.kubectl("apply", "--dry-run=server", "-f", "-", input_text=json.dumps(ok))
-
-
-def test_a_template_claim_only_the_class_shows_wrong_fails_its_pod_and_frees_the_device(
-    gpu_cluster: GpuCluster, ns: str
-) -> None:
-    gc = gpu_cluster
-    mismatch = {"apiVersion": "gpu.gpuplane.dev/v1alpha1", "kind": "MigDeviceConfig"}  # on the whole-GPU class
-    template = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": "mismatch", "namespace": ns},
-        "spec": {"spec": claim_body(ns, "x", mismatch)["spec"]},
-    }
-    pod = pod_body(ns, "from-template", "unused")
-    pod["spec"]["resourceClaims"] = [{"name": "g", "resourceClaimTemplateName": "mismatch"}]
-    apply_text(gc, json.dumps({"apiVersion": "v1", "kind": "List", "items": [template, pod]}))
-
-    def failed() -> dict[str, Any] | None:
-        p = gc.pod(ns, "from-template")
-        return p if p["status"].get("phase") == "Failed" else None
-
-    failed_pod = eventually(failed, 60, "the template claim's pod to fail")
-    assert failed_pod["status"]["reason"] == "InvalidDeviceConfig"
-    assert "kind 'MigDeviceConfig' does not apply to a 'gpu' device" in failed_pod["status"]["message"]
-
-    generated = [s.get("resourceClaimName") for s in failed_pod["status"].get("resourceClaimStatuses") or []]
-    assert generated and generated[0], failed_pod["status"]
-
-    def released() -> bool:  # (this namespace also holds the deep claim: read the generated one by name)
-        text = gc.cluster.kubectl(
-            "get", "resourceclaim", "-n", ns, str(generated[0]), "--ignore-not-found", "-o", "json"
-        )
-        return not text.strip() or not (json.loads(text).get("status") or {}).get("allocation")
-
-    eventually(released, 60, "the generated claim's device released")
-    events = events_of(gc, ns, "from-template")
-    assert any(
-        e["reason"] == "InvalidDeviceConfig" and e["source"]["component"] == "gpuplane-controller" for e in events
-    )
-
-
-@pytest.mark.parametrize("field", ["config", "share"])
-def test_the_admission_policy_agrees_with_the_drivers_models(gpu_cluster: GpuCluster, ns: str, field: str) -> None:
-    """Generated configs and shares: the API server refuses exactly what the driver's models refuse.
-
-    ``parse_config`` / ``share_percent`` are context-free, as the policy is (what needs a DeviceClass is the
-    controller's). Each case is a server-side dry-run create through the real admission chain.
-    """
-    custom = client.CustomObjectsApi(gpu_cluster.cluster.api)
-    mismatches: list[str] = []
-    checked = [0]
-
-    def verdict(claim: dict[str, Any]) -> tuple[bool, str]:
-        try:
-            custom.create_namespaced_custom_object(
-                "resource.k8s.io", "v1", ns, "resourceclaims", claim, dry_run="All", _preload_content=False
-            )
-        except client.ApiException as exc:
-            return False, str(exc.body)[:300]
-        return True, ""
-
-    @settings(max_examples=150, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
-    @given(value=strategies.opaque_config if field == "config" else strategies.share_text)
-    def case(value: Any) -> None:
-        try:
-            json.dumps(value)
-        except ValueError:
-            return  # an int too long for JSON text cannot be sent
-        if field == "config":
-            claim = claim_body(ns, "agree", value)
-            try:
-                configs.parse_config(value)
-                model_ok = True
-            except configs.ConfigError:
-                model_ok = False
-        else:
-            claim = claim_body(ns, "agree", mps())
-            claim["spec"]["devices"]["requests"][0]["exactly"]["capacity"] = {"requests": {"sharePercent": value}}
-            try:
-                quantity.share_percent(value)
-                model_ok = True
-            except ValueError:
-                model_ok = False
-        api_ok, why = verdict(claim)
-        checked[0] += 1
-        if api_ok != model_ok:
-            mismatches.append(
-                f"{value!r:.200}: model {'accepts' if model_ok else 'refuses'}, API server {why or 'accepts'}"
-            )
-
-    case()
-    assert checked[0] >= 100
-    assert not mismatches, "\n".join(mismatches[:8])
 
 
 def test_a_replica_whose_watch_fails_releases_the_lease_and_exits(gpu_cluster: GpuCluster, ns: str) -> None:
