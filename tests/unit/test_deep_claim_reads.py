@@ -1,0 +1,86 @@
+"""A claim nested 3,000 levels deep, read by the driver and written by the controller over HTTP (issue 18, defect 1).
+
+An HTTP server stands in for the API server and answers GET, list and PATCH of
+ResourceClaims with the deep claim between two ordinary ones, exactly as the API
+server would (it accepts such claims). The production clients are used as they
+run: :class:`gpuplane.driver.kube.KubeApi` (prepare's ``get_claim``, the checkpoint
+rebuild's ``list_claims``) and :class:`gpuplane.controller.kube.KubeWriter` (the
+annotation the controller writes on every invalid claim). Before issue 18 each of
+these raised ``RecursionError`` in the kubernetes client's ``json.loads``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gpuplane.controller.kube import KubeWriter
+from gpuplane.driver.kube import KubeApi
+from tests.hostile import claim_text, wrap
+
+REJECTED = "gpuplane.dev/rejected"  # boundedjson.REJECTED, spelled out: the marker users see
+DEEP = claim_text(3000, "deep", "ns")
+LISTING = wrap(
+    '{"kind":"ResourceClaimList","apiVersion":"resource.k8s.io/v1","metadata":{"resourceVersion":"7"},"items":[',
+    ",".join(claim_text(levels, name, "ns") for levels, name in ((5, "a"), (3000, "deep"), (5, "c"))),
+    "]}",
+)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def _answer(self, text: str) -> None:
+        data = text.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        self._answer(LISTING if self.path.split("?")[0].endswith("/resourceclaims") else DEEP)
+
+    def do_PATCH(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self._answer(DEEP)  # the API server answers a patch with the whole object
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+@pytest.fixture(name="api")
+def api_fixture() -> Iterator[client.ApiClient]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    cfg = client.Configuration()
+    cfg.host = f"http://127.0.0.1:{server.server_address[1]}"
+    api = client.ApiClient(cfg)
+    try:
+        yield api
+    finally:
+        api.close()
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_driver_reads_the_deep_claim_as_a_rejected_stub(api: client.ApiClient) -> None:
+    claim = KubeApi(api).get_claim("ns", "deep")
+    assert claim["metadata"]["name"] == "deep" and claim["metadata"]["uid"] == "u-deep"
+    reason = str(claim.get(REJECTED))
+    assert "deeper than 64 levels" in reason and "spec.devices.config[0].opaque.parameters" in reason, claim
+
+
+def test_the_checkpoint_rebuild_lists_past_the_deep_claim(api: client.ApiClient) -> None:
+    items = KubeApi(api).list_claims()
+    assert [i["metadata"]["name"] for i in items] == ["a", "deep", "c"]
+    assert [REJECTED in i for i in items] == [False, True, False]
+    assert items[0]["spec"]["devices"]["config"][0]["opaque"]["driver"] == "gpu.gpuplane.dev"
+
+
+def test_the_controller_annotates_the_deep_claim(api: client.ApiClient) -> None:
+    KubeWriter(api).annotate_claim("ns", "deep", {"gpuplane.dev/config-error": "nested too deeply"})
