@@ -210,7 +210,6 @@ def explain_unallocated(
         compiled = selectors.compile_all([*class_selectors(dclass), *req.selectors])
         if class_device_type(dclass) == dn.DEVICE_TYPE_MIG:
             # MIG selectors name MIG attributes: count placements on every parent GPU.
-            snap = view.snapshot(None)
             profile = mig_profile_of(req)
             geo_profile = view.profiles.get(profile or "")
             if profile is None:
@@ -218,15 +217,18 @@ def explain_unallocated(
             if geo_profile is None:
                 reasons.append(f"request {req.name}: no node publishes MIG profile {profile}")
                 continue
+            snap = view.snapshot(None, mig_profile=profile)  # only the GPU models whose profile it is
             free = [g for g in snap.gpus() if snap.slots.can_host(snap.state(g), geo_profile)]
             if len(free) >= max(1, req.count):
                 continue
             blocks = [snap.slots.largest_free(snap.state(g)) for g in snap.gpus()]
             largest = max((b for b in blocks if b is not None), key=lambda p: (p.compute, p.memory), default=None)
-            shown = (view.driver_profile_names(largest.name) or (largest.name,))[0] if largest else "none"
+            own = {name for g in snap.gpus() for name in view.mig_published.get(g.id, ())}
+            names_ = [n for n in view.driver_profile_names(largest.name) if n in own] if largest else []
+            shown = (names_ or [largest.name])[0] if largest else "none (every such GPU is taken)"
             reasons.append(
-                f"no free placement for profile {profile} ({len(free)} of {max(1, req.count)} needed); "
-                f"largest free block per GPU is {shown}"
+                f"no free placement for profile {profile} ({len(free)} of {max(1, req.count)} needed on GPUs that "
+                f"publish it); largest free block per GPU is {shown}"
             )
         else:
             admitted = view.snapshot(compiled.predicate)

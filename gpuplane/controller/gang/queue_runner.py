@@ -205,7 +205,8 @@ def plan(
             )
             continue
         request = requests[nxt.key]
-        snap = work.snapshot(admit_for(nxt))
+        # A MIG gang only on GPUs that publish its profile (the geometry's slot names are shared by models).
+        snap = work.snapshot(admit_for(nxt), mig_profile=nxt.spec.migProfile or None)
         never = place.check(request, snap)
         if never:
             actions[nxt.key] = Action("unschedulable", never, effective_priority=prio, position=position)

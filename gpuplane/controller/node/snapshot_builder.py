@@ -65,6 +65,9 @@ class ClusterView:
     holdings: Mapping[str, model.Decision]  # gang key "ns/name" -> what its claims hold or reserve
     profiles: Mapping[str, str]  # driver MIG profile name -> geometry profile name
     geometry: MigGeometry = HOPPER
+    # GPU id -> the driver MIG profiles its node publishes for it: a profile name is one GPU model's
+    # (1g.10gb is H100's, 1g.23gb GB200's) though both map to the geometry's 1g slot.
+    mig_published: Mapping[str, frozenset[str]] = field(default_factory=lambda: MappingProxyType({}))
     by_id: Mapping[str, GpuInfo] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -74,11 +77,16 @@ class ClusterView:
         """Driver names that map to a geometry profile (for messages)."""
         return tuple(sorted({d for d, g in self.profiles.items() if g == geometry_profile}))
 
-    def snapshot(self, admit: GpuFilter | None = None) -> snapshot.Snapshot:
-        """A Snapshot of the GPUs ``admit`` accepts (all when None), with allocations applied."""
+    def snapshot(self, admit: GpuFilter | None = None, *, mig_profile: str | None = None) -> snapshot.Snapshot:
+        """A Snapshot of the GPUs ``admit`` accepts (all when None), with allocations applied.
+
+        ``mig_profile`` (a driver profile name) keeps only the GPUs that publish it.
+        """
         per_domain: dict[str, dict[str, list[model.Gpu]]] = {}
         for g in self.gpus:
             if admit is not None and not admit(dn.DRIVER_NAME, g.attributes):
+                continue
+            if mig_profile is not None and mig_profile not in self.mig_published.get(g.id, ()):
                 continue
             gpu = model.Gpu(
                 id=g.id,
@@ -244,6 +252,7 @@ def build_view(
     gpus: dict[str, GpuInfo] = {}
     mig: dict[str, MigInfo] = {}
     profiles: dict[str, str] = {}
+    published: dict[str, set[str]] = {}
     pending_mig: list[tuple[str, str, str, int, str]] = []
     seen: set[tuple[str, str]] = set()
     for s in slices:
@@ -271,6 +280,7 @@ def build_view(
         if parent not in gpus:
             continue
         profiles.setdefault(driver_profile, prof)
+        published.setdefault(parent, set()).add(driver_profile)
         mnode, mdevice = mkey.split("/", 1)
         mig[mkey] = MigInfo(mnode, mdevice, parent, prof, start, driver_profile)
 
@@ -319,6 +329,7 @@ def build_view(
         holdings=MappingProxyType(holdings),
         profiles=MappingProxyType(profiles),
         geometry=geometry,
+        mig_published=MappingProxyType({k: frozenset(v) for k, v in published.items()}),
     )
 
 
