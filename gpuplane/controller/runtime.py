@@ -57,6 +57,7 @@ class Shared:
     term: int = 0  # the leadership term the caches above belong to
     templates: dict[str, tuple[dict[str, Any], float]] = field(default_factory=dict)  # right-sizing writes in flight
     tasks: list[asyncio.Task[None]] = field(default_factory=list)  # background loops (rebalancing)
+    claim_notes: dict[str, dict[str, str | None]] = field(default_factory=dict)  # uid -> annotations written
 
 
 @dataclass
@@ -100,6 +101,7 @@ class Runtime:
             self.shared.overlay.clear()
             self.shared.templates.clear()
             self.shared.steer.clear()
+            self.shared.claim_notes.clear()
             self.coalescer.reset()
             self.metrics.leader_terms.inc()
         return True
@@ -319,12 +321,14 @@ async def check_claim(
     if not rt.leading():
         return
     consumers = list(consumers)
+    claim = review.with_notes(claim, rt.shared.claim_notes)  # what this replica wrote counts, if not seen yet
     found = review.decide(claim, classes, consumers, status.now_rfc3339())
     if found is None:
         return
     for finding in found.findings:
         rt.metrics.claim_findings.labels(finding=finding).inc()
     await asyncio.to_thread(review.apply, rt.writer, found)
+    review.remember(rt.shared.claim_notes, found, str((claim.get("metadata") or {}).get("uid") or ""))
     if found.error:
         await failfast.fail_pending_consumers(rt, claim, consumers, found.error)
 

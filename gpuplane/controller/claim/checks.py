@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuplane.controller import names
-from gpuplane.controller.claim import selectors
+from gpuplane.controller.claim import no_match, selectors
 from gpuplane.controller.node import snapshot_builder
 from gpuplane.driver.api import configs, quantity
 from gpuplane.driver.api import names as dn
@@ -232,6 +232,10 @@ def explain_unallocated(
             )
         else:
             admitted = view.snapshot(compiled.predicate)
+            if view.gpus and not any(n.gpus for d in admitted.domains for n in d.nodes):
+                exprs = class_selectors(dclass)
+                reasons.append(no_match.reason(req.name, req.device_class, exprs, req.selectors, view))
+                continue
             want = max(1, req.count)
             node_free = max((n.free_whole for d in admitted.domains for n in d.nodes), default=0)
             dom_free = max((d.free_whole for d in admitted.domains), default=0)

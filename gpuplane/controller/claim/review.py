@@ -113,3 +113,29 @@ def apply(writer: kube.KubeWriter, review: Review) -> None:
         writer.event(review.ref, *review.domain_event)
     if review.annotations:
         writer.annotate_claim(review.namespace, review.name, review.annotations)
+
+
+NOTES_KEPT = 10_000  # claims whose recorded findings a replica remembers (oldest forgotten first)
+
+
+def with_notes(claim: Mapping[str, Any], notes: Mapping[str, Mapping[str, str | None]]) -> Mapping[str, Any]:
+    """``claim`` with the annotations this replica already wrote on it laid over its (maybe older) body.
+
+    Claim events arrive with bodies older than the controller's own annotation (the scheduler's
+    allocation, kubelet's reservation); reviewed as they are, each recorded the same finding again.
+    """
+    meta = claim.get("metadata") or {}
+    written = notes.get(str(meta.get("uid") or ""))
+    if not written:
+        return claim
+    annotations = {**(meta.get("annotations") or {}), **written}
+    return {**claim, "metadata": {**meta, "annotations": {k: v for k, v in annotations.items() if v is not None}}}
+
+
+def remember(notes: dict[str, dict[str, str | None]], found: Review, uid: str) -> None:
+    """Record the annotations ``found`` wrote (bounded: the oldest claim is forgotten first)."""
+    if not uid or not found.annotations:
+        return
+    notes[uid] = {**notes.pop(uid, {}), **found.annotations}
+    while len(notes) > NOTES_KEPT:
+        notes.pop(next(iter(notes)))

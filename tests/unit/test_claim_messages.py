@@ -1,0 +1,93 @@
+"""What the controller tells a user about a claim says what is wrong, and says it once (issue 18, defect 6).
+
+- a claim whose DeviceClass (or own selector) matches no GPU, or whose CEL reads an attribute
+  no GPU publishes (the scheduler's CEL fails at run time), was explained as "largest free
+  block: 0 GPUs ... 0 free in all" while every GPU was free;
+- ``InvalidDeviceConfig`` was recorded 2-5 times per claim: each claim event whose body was
+  older than the controller's own annotation reviewed the claim again.
+
+Slices are the real driver's (:mod:`tests.controllerkit`); the review runs through
+``runtime.check_claim`` with a writer that records what it would write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import pytest
+
+from gpuplane.controller import config, events, kube, metrics, runtime
+from gpuplane.controller.claim import checks
+from gpuplane.controller.node import snapshot_builder
+from tests import controllerkit as kit
+
+
+@pytest.fixture(scope="module", name="view")
+def view_fixture(tmp_path_factory: pytest.TempPathFactory) -> snapshot_builder.ClusterView:
+    return snapshot_builder.build_view(kit.cluster_slices(tmp_path_factory.mktemp("sim")))
+
+
+def _nothing_class(expression: str) -> dict[str, Any]:
+    return {"metadata": {"name": "odd.gpuplane.dev"}, "spec": {"selectors": [{"cel": {"expression": expression}}]}}
+
+
+def test_a_class_that_matches_no_gpu_is_named_not_counted(view: snapshot_builder.ClusterView) -> None:
+    classes = {
+        **kit.CLASSES,
+        "odd.gpuplane.dev": _nothing_class(
+            'device.driver == "gpu.gpuplane.dev" && device.attributes["gpu.gpuplane.dev"].productName == "NVIDIA B300"'
+        ),
+    }
+    why = checks.explain_unallocated(kit.claim_body([kit.req("g", cls="odd.gpuplane.dev")]), classes, view)
+    free = len(view.gpus)
+    assert "0 free in all" not in why, why
+    assert f"no GPU matches the selectors of DeviceClass odd.gpuplane.dev ({free} of {free} GPUs free)" in why, why
+
+
+def test_a_request_selector_that_matches_no_gpu_is_named(view: snapshot_builder.ClusterView) -> None:
+    sel = 'device.attributes["gpu.gpuplane.dev"].productName == "NVIDIA B300"'
+    why = checks.explain_unallocated(kit.claim_body([kit.req("g", sel=[sel])]), kit.CLASSES, view)
+    assert "no GPU matches the selectors of DeviceClass gpu.gpuplane.dev and request g" in why, why
+
+
+def test_a_selector_on_an_attribute_no_gpu_publishes_is_a_cel_runtime_error(view: snapshot_builder.ClusterView) -> None:
+    sel = 'device.attributes["gpu.gpuplane.dev"].vendorColour == "green"'
+    why = checks.explain_unallocated(kit.claim_body([kit.req("g", sel=[sel])]), kit.CLASSES, view)
+    assert 'reads device.attributes["gpu.gpuplane.dev"].vendorColour, which no GPU publishes' in why, why
+    assert "fails at run time" in why and "0 free in all" not in why, why
+
+
+class Recorder(kube.KubeWriter):
+    """A KubeWriter that records the writes instead of making them."""
+
+    def __init__(self) -> None:  # no API client: nothing is sent
+        self.guard = lambda: True
+        self.writes: list[tuple[str, Any]] = []
+
+    def event(self, ref: events.ObjectRef, kind: events.EventType, reason: str, message: str) -> None:
+        self.writes.append(("event", (ref.kind, ref.name, reason)))
+
+    def annotate_claim(self, namespace: str, name: str, annotations: Any) -> None:
+        self.writes.append(("annotate", dict(annotations)))
+
+    def set_pod_condition(self, namespace: str, name: str, cond: Any) -> None:
+        self.writes.append(("condition", name))
+
+    def fail_pending_pod(self, namespace: str, name: str, reason: str, message: str) -> bool:
+        self.writes.append(("fail", name))
+        return False  # already failed: no pod Event
+
+
+def test_invalid_device_config_is_recorded_once_though_stale_bodies_arrive() -> None:
+    writer = Recorder()
+    rt = runtime.Runtime.create(config.parse_args(["--identity", "a"], {}), writer, metrics.ControllerMetrics())
+    opaque = {"driver": "gpu.gpuplane.dev", "parameters": {}}  # no apiVersion/kind: invalid
+    bad = kit.claim_body([kit.req("g")], [{"requests": ["g"], "opaque": opaque}])
+    bad["metadata"]["uid"] = "u-bad"
+    for _ in range(4):  # the scheduler's and kubelet's updates, each a body older than the annotation
+        asyncio.run(runtime.check_claim(rt, copy.deepcopy(bad), kit.CLASSES, ["p"]))
+    claim_events = [w for w in writer.writes if w[0] == "event" and w[1][0] == "ResourceClaim"]
+    assert [e[1][2] for e in claim_events] == [events.CLAIM_INVALID_CONFIG], writer.writes
+    assert sum(1 for w in writer.writes if w[0] == "annotate") == 1, writer.writes
