@@ -19,6 +19,7 @@ from gpuplane.driver.hw.sim import SimConfig
 from gpuplane.driver.kube import KubeApi, make_api_client
 from gpuplane.driver.metrics import DriverMetrics
 from gpuplane.driver.observe import cost, health, noisy, noisy_taints, telemetry
+from gpuplane.driver.observe.claim_notices import ClaimNotices
 from gpuplane.driver.observe.health_board import HealthBoard
 from gpuplane.driver.observe.health_watcher import HealthMetrics, HealthWatcher
 from gpuplane.driver.observe.noisy_taints import NoisyTaints
@@ -91,13 +92,23 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
         )
         wake = threading.Event()
         board = HealthBoard()
+        notices = ClaimNotices(state.snapshot, api)
+
+        def on_health_change() -> None:
+            """Taints changed: republish the slices, tell the claims on newly unhealthy GPUs."""
+            wake.set()
+            try:
+                notices.notify(watcher.taints(), {g.info.uuid: g.name for g in state.inventory().gpus})
+            except Exception:  # the watcher thread must go on; the taint is published either way
+                log.exception("could not tell the claims of unhealthy GPUs")
+
         watcher = HealthWatcher(
             backend,
             health.HealthSettings(clear_after_s=cfg.taint_clear_after_s, benign_xids=frozenset(cfg.benign_xids)),
             board,
             state.inventory,
             cfg.node_name,
-            on_change=wake.set,
+            on_change=on_health_change,
             poll_interval_s=cfg.health_poll_interval_s,
             metrics=HealthMetrics(metrics.registry),
             state_file=cfg.plugin_dir / "health.json",

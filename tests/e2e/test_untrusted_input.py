@@ -173,7 +173,10 @@ def test_a_restarted_replica_starts_past_the_deep_claim_and_sigterm_hands_over(
     os.kill(leader_rec.pid, signal.SIGTERM)
     eventually(lambda: not procs.is_alive(leader_rec), 10, "the leader to exit on SIGTERM", step=0.1)
     exited_after = time.monotonic() - started
-    assert exited_after < 5.0, f"SIGTERM took {exited_after:.1f}s"
+    load = os.getloadavg()[0]
+    print(f"\n[e2e] SIGTERM -> leader exited after {exited_after:.1f}s (load {load:.1f})")
+    # Seconds, not the 20 s grace nor the 15 s Lease: on a loaded 2-core machine (load ~25) it took 5.2 s.
+    assert exited_after < 10.0, f"SIGTERM took {exited_after:.1f}s (load {load:.1f})"
     log = Path(leader_rec.log).read_text(errors="replace").splitlines()
     assert any('"released the leader lease"' in line for line in log[-20:])
     assert any('"code": 0' in line and '"exiting"' in line for line in log[-5:])
@@ -240,7 +243,11 @@ def test_a_replica_whose_watch_fails_releases_the_lease_and_exits(gpu_cluster: G
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
     try:
-        code_ = proc.wait(timeout=60)
+        code_ = proc.wait(timeout=120)  # the start (imports, Lease) is most of it: ~60 s at load 25
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"the replica did not exit within 120 s; its log ends:\n{log.read_text(errors='replace')[-3000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()
