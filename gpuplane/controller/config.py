@@ -50,6 +50,7 @@ class ControllerConfig(BaseModel):
     # stay gated before it is released to the scheduler undecided.
     steer_mode: Literal["prefer", "require"] = "prefer"
     steer_timeout_s: float = Field(default=30.0, gt=0)
+    bind_timeout_s: float = Field(default=600.0, ge=0)  # a placement unbound this long is released (0: never)
     log_level: str = "INFO"
     log_format: Literal["auto", "json", "console"] = "auto"
 
@@ -155,6 +156,7 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Contro
         default=float(env("STEER_TIMEOUT", "30") or 30),
         help="seconds a pod may stay gated for steering before it is released to the scheduler undecided",
     )
+    p.add_argument("--bind-timeout", type=float, default=float(env("BIND_TIMEOUT", "600") or 600))
     p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
     p.add_argument("--log-format", choices=["auto", "json", "console"], default=env("LOG_FORMAT", "auto"))
     a = p.parse_args(argv)
@@ -189,6 +191,7 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Contro
         eviction_grace_s=a.eviction_grace,
         steer_mode=a.steer_mode,
         steer_timeout_s=a.steer_timeout,
+        bind_timeout_s=a.bind_timeout,
         log_level=a.log_level,
         log_format=a.log_format,
     )

@@ -112,6 +112,7 @@ class Runtime:
         c = self.cfg
         return reconciler.Settings(
             eviction_grace_s=c.eviction_grace_s,
+            bind_timeout_s=c.bind_timeout_s,
             queue=queue_runner.Settings(aging_s=c.aging_s, aging_cap=c.aging_cap, starvation_s=c.starvation_s),
         )
 

@@ -43,6 +43,7 @@ from gpuplane.controller.gang import (
     queue_runner,
     release,
     status,
+    unbound,
     world,
     writes,
 )
@@ -62,6 +63,7 @@ class Settings:
     """Reconcile settings from the controller config."""
 
     eviction_grace_s: int | None = None
+    bind_timeout_s: float = 0.0  # release a placement still unbound this long after placedAt (0: never)
     queue: queue_runner.Settings = field(default_factory=queue_runner.Settings)
 
 
@@ -85,7 +87,7 @@ def decide(
         return g
     outcome = _timed_out(g, settings, now)
     if outcome is None:
-        outcome = _holding(g, view, settings)
+        outcome = _holding(g, view, settings, now)
     if outcome is None:
         outcome = _waiting_for_members(g)
     if outcome is None:
@@ -167,7 +169,7 @@ def _timed_out(g: GangRead, settings: Settings, now: float) -> Outcome | None:
     )
 
 
-def _holding(g: GangRead, view: snapshot_builder.ClusterView, settings: Settings) -> Outcome | None:
+def _holding(g: GangRead, view: snapshot_builder.ClusterView, settings: Settings, now: float) -> Outcome | None:
     """A gang that holds a placement: apply what is left of it, or follow its members to Running (or Released)."""
     if g.prev_phase not in world.HOLDING_PHASES:
         return None
@@ -199,6 +201,11 @@ def _holding(g: GangRead, view: snapshot_builder.ClusterView, settings: Settings
         return finish(g, "Running", "AllRunning", f"all {spec.members} members running in {domain}", {"domain": domain})
     if members.complete(spec.members) and members.bound == spec.members:
         return finish(g, "Scheduled", "AllBound", f"all {spec.members} members bound in {domain}", {"domain": domain})
+    late = unbound.overdue(g.prev, members.bound, spec.members, now, settings.bind_timeout_s)
+    if late:
+        gone = writes.release_steps(g.ref, members, g.claims, settings.eviction_grace_s, late)
+        extra = {"placement": None, "domain": None, "readySince": None}
+        return finish(g, "Preempted", unbound.REASON, late, extra, steps=gone, etype="Warning")
     return finish(
         g,
         "Placed",
