@@ -288,8 +288,7 @@ class SimNodes:
     def restart(self, name: str) -> procs.ProcessRecord:
         """Stop one process of a node (``node.driver_process`` or ``node.kubelet_process``), start it again."""
         record = procs.read_records(self.state_dir / "pids")[name]
-        child = self._children.get(name)
-        procs.stop(record, child[0] if child else None)
+        procs.stop(record, child[0] if (child := self._children.get(name)) else None)
         self._spawn(name, list(record.argv))
         return self._children[name][1]
 
