@@ -20,10 +20,10 @@ from types import MappingProxyType
 from typing import Any
 
 from gpuplane.controller import names
+from gpuplane.controller.node.device_attrs import geometry_profile, qualified_attributes, quantity_bytes
 from gpuplane.controller.placement import geometry as slot_geometry
 from gpuplane.controller.placement import model, snapshot
 from gpuplane.driver.api import names as dn
-from gpuplane.driver.api import quantity
 from gpuplane.mig.geometry import HOPPER, MigGeometry
 
 GpuFilter = Callable[[str, Mapping[str, Any]], bool]  # (driver, attributes) -> admitted
@@ -120,46 +120,6 @@ class ClusterView:
         return got.memory_bytes if got else 0
 
 
-def _attr_value(raw: Mapping[str, Any]) -> Any:
-    for kind in ("string", "int", "bool", "version"):
-        if kind in raw:
-            return raw[kind]
-    return None
-
-
-def qualified_attributes(device: Mapping[str, Any], driver: str) -> dict[str, Any]:
-    """A device's attributes keyed by qualified name (unqualified names belong to the driver's domain)."""
-    out: dict[str, Any] = {}
-    for key, raw in (device.get("attributes") or {}).items():
-        qual = key if "/" in key else f"{driver}/{key}"
-        out[qual] = _attr_value(raw or {})
-    return out
-
-
-def _quantity(raw: Any) -> int:
-    try:
-        return quantity.parse_quantity(str(raw))
-    except ValueError:
-        return 0
-
-
-def _geometry_profile(device: Mapping[str, Any], driver_profile: str, geo: MigGeometry) -> tuple[str, int] | None:
-    """(geometry profile, start) of a MIG device from its counter consumption."""
-    consumes = device.get("consumesCounters") or []
-    if not consumes:
-        return None
-    counters = consumes[0].get("counters") or {}
-    slices = sorted(int(k.rsplit("-", 1)[1]) for k in counters if k.startswith("memory-slice-"))
-    compute = _quantity((counters.get("compute-slices") or {}).get("value", "0"))
-    if not slices or not compute:
-        return None
-    exclusive = "+me" in driver_profile
-    for p in geo.profiles:
-        if p.compute == compute and p.memory == len(slices) and p.exclusive == exclusive:
-            return p.name, slices[0]
-    return None
-
-
 @dataclass(frozen=True)
 class Reservation:
     """A gang member placed by the controller whose claim the scheduler has not allocated yet."""
@@ -212,14 +172,14 @@ def _parse_slice(spec: Mapping[str, Any], node: str, driver: str, geometry: MigG
                     device=device["name"],
                     domain=str(attrs.get(f"{driver}/{dn.ATTR_NVLINK_DOMAIN}") or f"{node}.{device['name']}"),
                     attributes=MappingProxyType(attrs),
-                    memory_bytes=_quantity((caps.get(dn.CAP_MEMORY) or {}).get("value", "0")),
+                    memory_bytes=quantity_bytes((caps.get(dn.CAP_MEMORY) or {}).get("value", "0")),
                     product=str(attrs.get(f"{driver}/{dn.ATTR_PRODUCT_NAME}") or ""),
                 )
             )
         elif kind == dn.DEVICE_TYPE_MIG:
             driver_profile = str(attrs.get(f"{driver}/{dn.ATTR_MIG_PROFILE}") or "")
             parent = f"{node}/gpu-{attrs.get(f'{driver}/{dn.ATTR_PARENT_MINOR}')}"
-            got = _geometry_profile(device, driver_profile, geometry)
+            got = geometry_profile(device, driver_profile, geometry)
             if got is not None:
                 mig.append((f"{node}/{device['name']}", parent, got[0], got[1], driver_profile))
     return tuple(gpus), tuple(mig)
