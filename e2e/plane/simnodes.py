@@ -11,26 +11,21 @@ and starts per node
   (``system:node:<name>``), which registers the driver, keeps the Node Ready and
   runs the pods bound to it;
 
-both through ``e2e.cluster.procs`` (pidfiles in ``state_dir/pids``, logs in
-``state_dir/logs``), so ``python -m e2e down`` stops them with the control
-plane. ``start`` returns once every Node is Ready, every driver is registered
-with its stand-in and every node's ResourceSlice pool is complete.
+both through ``e2e.cluster.procs`` (pidfiles in ``state_dir/pids``, logs in ``state_dir/logs``), so
+``python -m e2e down`` stops them with the control plane. ``start`` returns once every Node is Ready,
+every driver is registered with its stand-in and every node's ResourceSlice pool is complete.
 
-The plan (names, directories, sockets, racks: the nodes of one NVL72 rack share a fabric cluster
-UUID and clique id, passed to the simulator in a ``--sim-config`` file) is
-:mod:`e2e.plane.simnode_plan`'s. Layout: ``state_dir/nodes/<node>/`` holds the CDI root
-(``cdi``), simulator state (``sim``), simulator config (``sim.yaml``) and the stand-in's
-kubeconfig and status file; the unix sockets (registration dir ``r``, plugin dir ``p`` with the
-MPS pipes below it) live under the node's socket dir. The plan is kept in ``state_dir/nodes.json``.
+The plan (names, directories, sockets, racks: one NVL72 rack's nodes share a fabric cluster UUID
+and clique id, in a ``--sim-config`` file) is :mod:`e2e.plane.simnode_plan`'s. Layout:
+``state_dir/nodes/<node>/`` holds the CDI root (``cdi``), simulator state (``sim``), simulator config
+(``sim.yaml``), the stand-in's kubeconfig and status file; the unix sockets (registration dir ``r``,
+plugin dir ``p`` with the MPS pipes) live under the node's socket dir; the plan in ``nodes.json``.
 
-The driver's API credentials come from a ``DriverCredentials`` function
-called once per node before its driver starts. ``python -m e2e up``/``demo`` and
-the scenario tests' ``gpu_cluster`` fixture pass
-``e2e.plane.components.driver_credentials``: the ``gpuplane-driver`` ServiceAccount's
-token, bound to a stand-in pod on the node, so the admission policy in
-``manifests/policies`` confines the driver to its own node's ResourceSlices.
-The default, ``admin_credentials``, hands it the admin kubeconfig, for tests
-that install no RBAC.
+The driver's API credentials come from a ``DriverCredentials`` function called once per node before
+its driver starts: ``e2e.plane.components.driver_credentials`` (``up``/``demo``, ``gpu_cluster``) gives
+the ``gpuplane-driver`` ServiceAccount's token bound to a stand-in pod on the node, so the admission
+policy in ``manifests/policies`` confines the driver to its own node's ResourceSlices; the default,
+``admin_credentials``, the admin kubeconfig (for tests that install no RBAC).
 """
 
 from __future__ import annotations
