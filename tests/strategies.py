@@ -84,11 +84,16 @@ mps = st.fixed_dictionaries(
         ),
         "defaultPinnedDeviceMemoryLimit": st.one_of(quantity_text, st.none(), edge_ints),
         "perDevicePinnedMemoryLimit": _maybe(st.dictionaries(device_names, quantity_text, max_size=4)),
+        "clientPriority": st.sampled_from(["Normal", "BelowNormal", "normal", "High", "", None, 0, 1]),
         "extra": junk,
     },
 )
 time_slicing = st.fixed_dictionaries(
-    {}, optional={"interval": st.sampled_from(["Default", "Short", "Medium", "Long", "default", "", 5])}
+    {},
+    optional={
+        "interval": st.sampled_from(["Default", "Short", "Medium", "Long", "default", "", 5]),
+        "shareWithLowerTiers": st.sampled_from([True, False, True, False, "true", 1, 0, None]),
+    },
 )
 sharing = st.fixed_dictionaries(
     {},

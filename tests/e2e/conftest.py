@@ -304,9 +304,9 @@ def running_plane(control_plane: cluster.Cluster, node_spec: str = GPU_NODES) ->
 # Modules that start nodes or controllers of their own on the session's control plane. They must run
 # before the session's ``gpu_cluster`` exists: its nodes and its controllers (which hold the leader Lease)
 # would otherwise add capacity, NVLink domains and a second leader to theirs (test_rbac's controller must
-# take the Lease itself), and the base installs of test_manifests, test_metrics, test_rbac and test_upgrade
-# (the Deployment with two replicas and no nodeSelector) would find the session's nodes to run the
-# controller's pods on (test_scenarios counts the pods on its nodes; the session's e2e overlay, applied
+# take the Lease itself), and the base installs of test_manifests, test_metrics, test_rbac, test_rbac_writes
+# and test_upgrade (the Deployment with two replicas and no nodeSelector) would find the session's nodes to
+# run the controller's pods on (test_scenarios counts the pods on its nodes; the session's e2e overlay, applied
 # after them, scales the Deployment to 0 and pins it to containerized nodes).
 # tests/unit/test_e2e_order.py fails when a module installs the base on the session's plane and is not here.
 OWN_PLANE_MODULES = (
@@ -316,6 +316,7 @@ OWN_PLANE_MODULES = (
     "test_metrics.py",
     "test_probes.py",
     "test_rbac.py",
+    "test_rbac_writes.py",
     "test_upgrade.py",
 )
 

@@ -6,7 +6,9 @@
    prepares. Deleting the pods unprepares only after their containers stopped
    (the containers ignore SIGTERM, so they die at the end of the grace period);
    the MIG instance, the MPS daemon and the CDI specs are gone afterwards.
-4. A claim with a bad opaque config fails NodePrepareResources: the pod gets
+4. A claim with an opaque config only the driver can refuse (an MPS pinned-memory
+   limit above the allocated GPU's memory: the admission policy and the controller
+   see a valid config) fails NodePrepareResources: the pod gets
    kubelet's own ``FailedPrepareDynamicResources`` Warning event with the
    driver's message and no container ever starts; a new pod with a fixed claim
    runs.
@@ -205,7 +207,10 @@ def test_unprepare_comes_after_the_containers_stopped(lifecycle: RealCluster) ->
 def test_failed_prepare_is_kubelets_pod_event_and_a_fixed_claim_runs(lifecycle: RealCluster) -> None:
     real = lifecycle
     (node,) = real.of_profile("hgx-h100")
-    bad = {"apiVersion": names.CONFIG_API_VERSION, "kind": "GpuConfig", "sharing": {"strategy": "Bogus"}}
+    # Valid on its own (the claim-configs policy admits it) and under its class (the controller's check
+    # passes): only the driver, which knows the allocated GPU (an H100 of 80 GiB), can refuse it at prepare.
+    limit = {"defaultPinnedDeviceMemoryLimit": "1Ti"}
+    bad = {"apiVersion": names.CONFIG_API_VERSION, "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mps": limit}}
     apply(real, claim("bad", "gpu.gpuplane.dev", config=bad), pod("bad", "bad", node, command="sleep 3600"))
 
     def event() -> dict[str, Any] | None:
@@ -217,7 +222,8 @@ def test_failed_prepare_is_kubelets_pod_event_and_a_fixed_claim_runs(lifecycle: 
 
     found = eventually(event, 90, "kubelet's FailedPrepareDynamicResources event")
     assert found["type"] == "Warning" and found["source"] == {"component": "kubelet", "host": node.name}
-    assert "strategy" in found["message"] and "Bogus" in found["message"], found["message"]
+    assert "exceeds the device's memory" in found["message"], found["message"]
+    assert "defaultPinnedDeviceMemoryLimit" in found["message"], found["message"]
     print(f"\nkubelet event: {found['message']}")
     time.sleep(3)
     bad_pod = real.kubectl_json("get", "pod", "-n", NAMESPACE, "bad")

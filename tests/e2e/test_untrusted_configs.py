@@ -71,6 +71,70 @@ def test_a_config_wrong_on_its_own_is_refused_at_creation(gpu_cluster: GpuCluste
     gpu_cluster.cluster.kubectl("apply", "--dry-run=server", "-f", "-", input_text=json.dumps(ok))
 
 
+def sharing(strategy: str, key: str, **fields: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "gpu.gpuplane.dev/v1alpha1",
+        "kind": "GpuConfig",
+        "sharing": {"strategy": strategy, key: fields},
+    }
+
+
+# Fields the driver's models accept (issue 15's among them), each on a class whose own config lets the
+# claim have it: the policy must admit every one (never refuse what the driver accepts).
+ADMITTED = {
+    "client-priority-below-normal": (
+        "mps-silver.gpu.gpuplane.dev",
+        sharing("MPS", "mps", clientPriority="BelowNormal"),
+    ),
+    "client-priority-normal": ("mps-gold.gpu.gpuplane.dev", sharing("MPS", "mps", clientPriority="Normal")),
+    "mps-every-field": (
+        "mps-silver.gpu.gpuplane.dev",
+        sharing(
+            "MPS",
+            "mps",
+            defaultActiveThreadPercentage=20,
+            defaultPinnedDeviceMemoryLimit="8Gi",
+            perDevicePinnedMemoryLimit={"gpu-0": "4Gi"},
+            clientPriority="BelowNormal",
+        ),
+    ),
+    "share-with-lower-tiers-false": (
+        "timeslice-silver.gpu.gpuplane.dev",
+        sharing("TimeSlicing", "timeSlicing", interval="Long", shareWithLowerTiers=False),
+    ),
+    "share-with-lower-tiers-true": (
+        "gpu.gpuplane.dev",
+        sharing("TimeSlicing", "timeSlicing", interval="Short", shareWithLowerTiers=True),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ADMITTED))
+def test_every_field_the_driver_accepts_is_admitted(gpu_cluster: GpuCluster, ns: str, case: str) -> None:
+    """Created for real (claim and template): the API server admits them, and the driver's own merge with
+    the class's config (read from the cluster) accepts the same claim."""
+    device_class, params = ADMITTED[case]
+    dc = gpu_cluster.kubectl_json("get", "deviceclass", device_class)
+    entries = [
+        configs.SourcedConfig("FromClass", (), c["opaque"]["parameters"])
+        for c in dc["spec"].get("config") or []
+        if c.get("opaque", {}).get("driver") == "gpu.gpuplane.dev"
+    ] + [configs.SourcedConfig("FromClaim", (), params)]
+    configs.merge_configs(entries, "gpu", "gpu")  # the driver accepts it (raises ConfigError otherwise)
+    claim = claim_body(ns, f"admitted-{case}", params, device_class=device_class)
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": f"admitted-{case}", "namespace": ns},
+        "spec": {"spec": claim["spec"]},
+    }
+    for obj in (claim, template):
+        gpu_cluster.cluster.apply(obj)
+    kept = gpu_cluster.kubectl_json("get", "resourceclaim", "-n", ns, f"admitted-{case}")
+    assert kept["spec"]["devices"]["config"][0]["opaque"]["parameters"] == params
+    gpu_cluster.kubectl_json("get", "resourceclaimtemplate", "-n", ns, f"admitted-{case}")
+
+
 def test_a_template_claim_only_the_class_shows_wrong_fails_its_pod_and_frees_the_device(
     gpu_cluster: GpuCluster, ns: str
 ) -> None:
