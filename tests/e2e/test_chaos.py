@@ -1,0 +1,196 @@
+"""Chaos: pods come and go while each component is SIGKILLed and restarted; then nothing is leaked or doubled.
+
+On a control plane of its own (kube-apiserver is killed: other modules' clients and add-ons with
+leader election must not see that), two simulated ``hgx-h100`` nodes (MIG-capable; a real
+``gpuplane-driver`` on the simulator and the kubelet stand-in each) and two controller replicas,
+as ``python -m e2e up`` runs them (``running_plane``). Pods with whole-GPU, MIG (``1g.10gb``) and
+MPS (bronze tier) claims from ResourceClaimTemplates are created and deleted in a loop
+(``e2e.plane.chaos_load``), with one pod whose claim can never fit. Meanwhile each component in
+turn is SIGKILLed and started again with its own command line (``e2e.plane.chaos``): a node's
+driver, the controller replica holding the leader Lease, kube-apiserver, kube-scheduler and
+kube-controller-manager. Then the loop stops, and once the cluster is quiet the invariants of
+``e2e.plane.chaos_invariants`` must hold with zero violations: every Running pod's devices
+prepared exactly once (checkpoint, CDI spec, MIG instance, MPS daemon against the API), no MIG
+instance, MPS daemon or directory, CDI spec or checkpoint entry without an owner claim, nothing
+held twice, every pending claim explained. The counts are printed (``pytest -s``).
+
+Sizes come from the environment, for a longer nightly-style run:
+``GPUPLANE_CHAOS_PODS`` (pods to create, 24), ``GPUPLANE_CHAOS_LIVE`` (pods alive at once, 6),
+``GPUPLANE_CHAOS_ROUNDS`` (kills of each component, 1), ``GPUPLANE_CHAOS_INTERVAL`` (seconds
+between churn steps, 1.5), ``GPUPLANE_CHAOS_GAP`` (seconds between kills, 4),
+``GPUPLANE_CHAOS_COMPONENTS`` (comma list), ``GPUPLANE_CHAOS_QUIET_TIMEOUT`` (seconds, 150).
+The drivers sweep orphans every 10 s (``GPUPLANE_CLEANUP_INTERVAL``) instead of 60 s, so the
+quiet state comes within the test's time.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+
+from e2e.cluster import build, controlplane
+from e2e.cluster import handle as cluster
+from e2e.plane import chaos, chaos_invariants, chaos_load, components, identity, simnodes
+from tests.e2e.conftest import GpuCluster, eventually, running_plane
+
+pytestmark = pytest.mark.e2e
+
+NODE_SPEC = "hgx-h100:2"
+NAMESPACE = "chaos"
+DEFAULT_COMPONENTS = "driver,controller,kube-apiserver,kube-scheduler,kube-controller-manager"
+DRIVER_ENV = {"GPUPLANE_CLEANUP_INTERVAL": "10"}
+
+
+def _num(name: str, default: float) -> float:
+    return float(os.environ.get(f"GPUPLANE_CHAOS_{name}", default))
+
+
+PODS = int(_num("PODS", 24))
+LIVE = int(_num("LIVE", 6))
+ROUNDS = int(_num("ROUNDS", 1))
+INTERVAL_S = _num("INTERVAL", 1.5)
+GAP_S = _num("GAP", 4)
+QUIET_TIMEOUT_S = _num("QUIET_TIMEOUT", 150)
+COMPONENTS = [c for c in os.environ.get("GPUPLANE_CHAOS_COMPONENTS", DEFAULT_COMPONENTS).split(",") if c]
+
+
+@pytest.fixture(scope="module")
+def chaos_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GpuCluster, chaos.Restarter]]:
+    bins = build.ensure_binaries()
+    plane = controlplane.ControlPlane(tmp_path_factory.mktemp("chaos-plane"), bins, die_with_parent=True)
+    restarter = chaos.Restarter(plane.state_dir)
+    saved = {k: os.environ.get(k) for k in DRIVER_ENV}
+    os.environ.update(DRIVER_ENV)  # the drivers inherit it
+    try:
+        handle = cluster.Cluster.connect(plane.start(), bins, state_dir=plane.state_dir)
+        try:
+            with running_plane(handle, NODE_SPEC) as gpu:
+                try:
+                    yield gpu, restarter
+                finally:  # running_plane stops only the processes it started; the restarted ones are ours
+                    restarter.stop(("driver-", "kubelet-", "controller-"))
+        finally:
+            handle.close()
+    finally:
+        restarter.stop()
+        plane.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _leader_process(api: client.ApiClient) -> str:
+    holder = components.lease_holder(api)
+    prefix = components.Controllers.replica_name(0)[:-1]
+    assert holder.startswith(prefix), f"the leader Lease is held by {holder!r}"
+    return f"{components.CONTROLLER_PREFIX}{holder[len(prefix) :]}"
+
+
+def _lease_renewed_since(api: client.ApiClient, since: datetime.datetime) -> str | None:
+    lease = client.CoordinationV1Api(api).read_namespaced_lease(components.LEASE_NAME, identity.NAMESPACE)
+    renewed = lease.spec.renew_time if lease.spec else None
+    return str(lease.spec.holder_identity) if renewed and renewed > since else None
+
+
+def _crash(gpu: GpuCluster, restarter: chaos.Restarter, component: str, round_: int) -> chaos.Kill:
+    api = gpu.cluster.api
+    if component == "driver":
+        node = gpu.nodes[round_ % len(gpu.nodes)]
+        return restarter.crash(component, node.driver_process)
+    if component == "controller":
+        name = _leader_process(api)
+        killed_at = datetime.datetime.now(datetime.UTC)
+        kill = restarter.crash(component, name)
+        holder = eventually(lambda: _lease_renewed_since(api, killed_at), 90, "a live leader to renew the Lease")
+        print(f"[chaos] leader Lease renewed by {holder} {kill.ready_s:.1f}s+ after {name} was killed")
+        return kill
+    return restarter.crash(component, component)
+
+
+def _churn_client(handle: cluster.Cluster) -> client.CoreV1Api:
+    load: Callable[..., client.ApiClient] = config.new_client_from_config
+    return client.CoreV1Api(load(config_file=str(handle.kubeconfig), persist_config=False))
+
+
+def _quiet(api: chaos_invariants.ApiView) -> bool:
+    mine = [c for c in api.claims if (c.get("metadata") or {}).get("namespace") == api.namespace]
+    return not any((o.get("metadata") or {}).get("deletionTimestamp") for o in [*api.pods, *mine])
+
+
+def _converge(gpu: GpuCluster) -> tuple[chaos_invariants.Verdict, int, int]:
+    """Check until a quiet reading has no violation, or the time is up; (last verdict, passes, checks in all)."""
+    deadline = time.monotonic() + QUIET_TIMEOUT_S
+    passes = checks = 0
+
+    def must_run(pod: Mapping[str, Any]) -> bool:
+        return ((pod.get("metadata") or {}).get("labels") or {}).get(chaos_load.KIND_LABEL) in chaos_load.KINDS
+
+    while True:
+        api = chaos_invariants.read_api(gpu.cluster.api, NAMESPACE)
+        nodes = [chaos_invariants.read_node(n, str(simnodes.MPS_STANDIN)) for n in gpu.nodes]
+        verdict = chaos_invariants.check(api, nodes, must_run)
+        passes, checks = passes + 1, checks + verdict.checks
+        if (_quiet(api) and not verdict.violations) or time.monotonic() > deadline:
+            return verdict, passes, checks
+        time.sleep(3)
+
+
+@pytest.mark.timeout(int(300 + QUIET_TIMEOUT_S + ROUNDS * len(COMPONENTS) * 60 + PODS * INTERVAL_S))
+def test_chaos_kills_each_component_and_nothing_leaks_or_doubles(
+    chaos_cluster: tuple[GpuCluster, chaos.Restarter],
+) -> None:
+    gpu, restarter = chaos_cluster
+    handle, started = gpu.cluster, time.monotonic()
+    core = handle.core
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
+    eventually(lambda: core.list_namespaced_service_account(NAMESPACE).items, what="default SA")
+    for template in chaos_load.templates(NAMESPACE):
+        handle.custom.create_namespaced_custom_object(
+            "resource.k8s.io", "v1", NAMESPACE, "resourceclaimtemplates", template
+        )
+    core.create_namespaced_pod(NAMESPACE, chaos_load.pod("chaos-unfit", chaos_load.UNFIT))
+    churn = chaos_load.Churn(_churn_client(handle), NAMESPACE, live=LIVE, total=PODS, interval=INTERVAL_S)
+    churn.start()
+    try:
+        gpu.running_pods(NAMESPACE, min(3, LIVE), timeout=120)  # the loop is under way before the first kill
+        for round_ in range(ROUNDS):
+            for component in COMPONENTS:
+                _crash(gpu, restarter, component, round_)
+                time.sleep(GAP_S)
+        counts = churn.finish()
+    finally:
+        churn.abort()
+    chaos_s = time.monotonic() - started
+    verdict, passes, checks = _converge(gpu)
+    kills: dict[str, list[float]] = {}
+    for kill in restarter.kills:
+        kills.setdefault(kill.component, []).append(kill.ready_s)
+    pods = chaos_invariants.read_api(handle.api, NAMESPACE).pods
+    running = sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Running")
+    print(
+        f"\n[chaos] pods created {counts.total_created} {counts.created} (+1 unfit), deleted {counts.deleted}, "
+        f"failed API calls during the faults {counts.failed_calls} {churn.last_errors[-2:]}"
+    )
+    for component, ready in kills.items():
+        print(f"[chaos] kills of {component}: {len(ready)} (ready again after {', '.join(f'{s:.1f}s' for s in ready)})")
+    print(
+        f"[chaos] total kills {len(restarter.kills)}; churn and faults took {chaos_s:.0f}s; quiet after "
+        f"{time.monotonic() - started - chaos_s:.0f}s more; {len(pods)} pods left, {running} running"
+    )
+    print(
+        f"[chaos] invariant checks: {verdict.checks} in the final pass, {checks} in {passes} passes; "
+        f"violations: {len(verdict.violations)}"
+    )
+    for violation in verdict.violations:
+        print(f"[chaos] VIOLATION {violation}")
+    assert counts.total_created >= PODS and len(restarter.kills) == ROUNDS * len(COMPONENTS)
+    assert verdict.checks > 0
+    assert verdict.violations == [], "\n".join(verdict.violations)
