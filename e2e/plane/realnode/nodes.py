@@ -132,8 +132,12 @@ class RealNodes:
         wanted = [p for n in self.nodes for p in n.processes]
         return bool(wanted) and all(p in records and procs.is_alive(records[p]) for p in wanted)
 
-    def start(self, groups: Sequence[nodes.NodeGroup]) -> list[RealNode]:
-        """Start the real nodes of ``groups`` and wait until they are usable."""
+    def start(self, groups: Sequence[nodes.NodeGroup], *, host_driver: bool = True) -> list[RealNode]:
+        """Start the real nodes of ``groups`` and wait until they are usable.
+
+        ``host_driver=False``: no driver process; the nodes are Ready and wait for the driver's
+        DaemonSet (``e2e.plane.realinstall``), as a freshly joined node of a real cluster does.
+        """
         if not groups:
             return []
         host.require()
@@ -156,9 +160,10 @@ class RealNodes:
             for node in planned:
                 self._start_runtime(node, bins, runc, archives)
             self.ready_seconds.update(self._wait(planned, began_nodes, self._ready, "Ready", 1))
-            for node in planned:
-                self._start_driver(node)
-            self._wait(planned, began_nodes, self._published, "driver registered by kubelet, slices published", 0)
+            if host_driver:
+                for node in planned:
+                    self._start_driver(node)
+                self._wait(planned, began_nodes, self._published, "driver registered by kubelet, slices published", 0)
         except BaseException:
             self.stop()
             raise

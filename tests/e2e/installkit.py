@@ -1,0 +1,184 @@
+"""gpuplane installed on real nodes by ``kubectl apply -k`` (DaemonSet and Deployment as pods), for the install tests.
+
+``installed_cluster(gpu_cluster, spec)`` adds real nodes (a real kubelet and
+containerd each, ``e2e.plane.realnode``) to the session's cluster *without* a host
+driver, builds N's images from this tree's Dockerfiles and imports them into every
+node's containerd, and installs this tree's ``manifests/overlays/local`` through
+``e2e.plane.realinstall`` (the generated kustomization; ``kubectl apply -k``). It
+returns when the driver DaemonSet has a Running, Ready pod on every real node, each
+registered by kubelet and publishing, and the controller Deployment's two pods are
+available. :meth:`Install.install` puts another version (an earlier commit's tree
+and images, ``e2e.images.previous``) in place the same way. On exit the session's own
+install (overlays/e2e, whose workloads keep off every node) is applied again and the
+real nodes are taken off the machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+import yaml
+
+from e2e.cluster import build as k8sbuild
+from e2e.images import build as images
+from e2e.plane import components, identity, nodes, realinstall
+from e2e.plane.realnode import nodes as realnodes
+from e2e.plane.realnode import readiness, teardown
+from e2e.plane.realnode.plan import RealNode
+from tests.e2e.realfixtures import DRIVER_ENV, RealCluster, skip_or_fail_without_real_nodes
+
+if TYPE_CHECKING:
+    from tests.e2e.conftest import GpuCluster
+
+REPO = Path(__file__).resolve().parents[2]
+NS = realinstall.NAMESPACE
+ROLLOUT_TIMEOUT_S = 420
+
+
+def image_map(built: Sequence[images.BuiltImage]) -> dict[str, str]:
+    """The overlay's image names -> the pinned names of ``built``."""
+    return {f"{images.REGISTRY}/{b.name}": b.pinned_ref for b in built}
+
+
+@dataclasses.dataclass
+class Install:
+    """The cluster, its real nodes and the version installed on them."""
+
+    real: RealCluster
+    layout: realinstall.Layout
+    installed: str = ""
+    log: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def nodes(self) -> list[RealNode]:
+        """The real nodes."""
+        return self.real.nodes
+
+    def kubectl(self, *args: str, check: bool = True, timeout: float = 60) -> str:
+        """kubectl as the cluster admin."""
+        return self.real.kubectl(*args, check=check, timeout=timeout)
+
+    def say(self, line: str) -> None:
+        """Print and keep a line of the run's record."""
+        print(line, flush=True)
+        self.log.append(line)
+
+    def import_images(self, built: Sequence[images.BuiltImage]) -> None:
+        """Import ``built`` into every real node's containerd (timed)."""
+        state_dir = self.real.real.state_dir
+        for image in built:
+            began = time.monotonic()
+            realnodes.import_archive(state_dir, image.archive, out=lambda _: None)
+            self.say(
+                f"imported {image.pinned_ref} ({image.sizes.compressed / 1e6:.0f} MB compressed) into "
+                f"{len(self.nodes)} containerd(s) in {time.monotonic() - began:.1f}s"
+            )
+
+    def install(self, label: str, tree: Path, built: Sequence[images.BuiltImage]) -> float:
+        """``kubectl apply -k`` of ``tree``'s local overlay with ``built``'s images; the seconds until rolled out."""
+        dest = self.real.real.state_dir / "install" / label
+        realinstall.write_install(self.kubectl, tree, self.layout, images=image_map(built), dest=dest, out=self.say)
+        began = time.monotonic()
+        self.say(f"$ kubectl apply -k {dest}")
+        self.say(self.kubectl("apply", "-k", str(dest), timeout=180).strip())
+        for node in self.nodes:  # after the apply: the session's overlays/e2e must never land on a real node
+            labels = [f"{k}={v}" for k, v in realinstall.NODE_LABELS.items()]
+            self.kubectl("label", "node", node.name, "--overwrite", *labels)
+        self.wait_rolled_out()
+        seconds = time.monotonic() - began
+        self.installed = label
+        self.say(f"{label}: rolled out on {len(self.nodes)} real node(s) in {seconds:.1f}s")
+        return seconds
+
+    def wait_rolled_out(self, timeout: float = ROLLOUT_TIMEOUT_S) -> None:
+        """DaemonSet and Deployment rolled out; every node's driver registered and publishing."""
+        for workload in (f"daemonset/{realinstall.DAEMONSET}", f"deployment/{realinstall.DEPLOYMENT}"):
+            self.kubectl("rollout", "status", "-n", NS, workload, f"--timeout={int(timeout)}s", timeout=timeout + 30)
+        deadline = time.monotonic() + timeout
+        with contextlib.closing(identity.new_client(self.real.gpu.cluster.kubeconfig)) as api:
+            for node in self.nodes:
+                while (problem := readiness.pool_problem(api, node.name)) is not None:
+                    if time.monotonic() > deadline:
+                        raise AssertionError(f"{node.name}: {problem}")
+                    time.sleep(1)
+
+    def kubectl_json(self, *args: str) -> dict[str, Any]:
+        """``kubectl get ... -o json``."""
+        data: dict[str, Any] = json.loads(self.kubectl(*args, "-o", "json"))
+        return data
+
+    def pods_wide(self) -> str:
+        """``kubectl get pods -n gpuplane-system -o wide``."""
+        return self.kubectl("get", "pods", "-n", NS, "-o", "wide")
+
+    def driver_pods(self) -> list[dict[str, Any]]:
+        """The driver DaemonSet's pods (JSON)."""
+        return realinstall.driver_pods(self.kubectl)
+
+    def daemonset(self) -> dict[str, Any]:
+        """The driver DaemonSet (JSON)."""
+        data: dict[str, Any] = json.loads(
+            self.kubectl("get", "daemonset", "-n", NS, realinstall.DAEMONSET, "-o", "json")
+        )
+        return data
+
+
+def _apiserver_port(kubeconfig: Path) -> int:
+    server = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+    port = urlparse(server).port
+    assert port is not None, server
+    return port
+
+
+@contextlib.contextmanager
+def installed_cluster(gpu_cluster: GpuCluster, spec: str) -> Iterator[Install]:
+    """Real nodes of ``spec`` with gpuplane N installed on them by ``kubectl apply -k`` (see the module docstring)."""
+    skip_or_fail_without_real_nodes()
+    handle = gpu_cluster.cluster
+    assert handle.state_dir is not None
+    state_dir = handle.state_dir.resolve()
+    began = time.monotonic()
+    built = images.ensure_images(cache=k8sbuild.cache_root(dict(os.environ)), out=lambda _: None)
+    for image in built:
+        print(
+            f"image {image.pinned_ref}: {'cache hit' if image.cached else f'built in {image.seconds:.0f}s'}, "
+            f"{image.sizes.uncompressed / 1e6:.0f} MB unpacked, {image.sizes.compressed / 1e6:.0f} MB compressed"
+        )
+    print(f"images ready in {time.monotonic() - began:.1f}s")
+    real = realnodes.RealNodes(
+        state_dir,
+        handle.kubeconfig,
+        driver_credentials=lambda node: handle.kubeconfig,  # no host driver: never called
+        driver_env=DRIVER_ENV,
+        die_with_parent=True,
+        out=lambda _: None,
+    )
+    port = _apiserver_port(handle.kubeconfig)
+    started: list[RealNode] = []
+    try:
+        started = real.start(nodes.parse_node_spec(spec), host_driver=False)
+        cluster = RealCluster(gpu=gpu_cluster, real=real)
+        install = Install(cluster, realinstall.layout_of(started))
+        for node in started:
+            realinstall.prepare_node(node)
+            realinstall.route_api(node.bridge, port)
+        install.import_images(built)
+        install.install("N", REPO, built)
+        install.say("$ kubectl get pods -n gpuplane-system -o wide\n" + install.pods_wide())
+        yield install
+    finally:
+        with contextlib.suppress(Exception):
+            components.install(handle, out=lambda _: None)  # the session's overlays/e2e again
+        for node in started:
+            realinstall.unroute_api(node.bridge, port)
+        left = real.stop()
+    leftovers = {n.name: teardown.leftovers(n) for n in started}
+    assert not left and not any(leftovers.values()), f"real nodes left behind: {left} {leftovers}"
