@@ -55,6 +55,8 @@ class Install:
     real: RealCluster
     layout: realinstall.Layout
     installed: str = ""
+    built: dict[str, list[images.BuiltImage]] = dataclasses.field(default_factory=dict)
+    trees: dict[str, Path] = dataclasses.field(default_factory=dict)
     log: list[str] = dataclasses.field(default_factory=list)
 
     @property
@@ -139,14 +141,20 @@ def _apiserver_port(kubeconfig: Path) -> int:
 
 
 @contextlib.contextmanager
-def installed_cluster(gpu_cluster: GpuCluster, spec: str) -> Iterator[Install]:
-    """Real nodes of ``spec`` with gpuplane N installed on them by ``kubectl apply -k`` (see the module docstring)."""
+def installed_cluster(
+    gpu_cluster: GpuCluster, spec: str, first: tuple[str, Path, Sequence[images.BuiltImage]] | None = None
+) -> Iterator[Install]:
+    """Real nodes of ``spec`` with gpuplane installed by ``kubectl apply -k`` (see the module docstring).
+
+    ``first``: (label, tree, images) of the version to install instead of N (this tree); its images are
+    imported beside N's.
+    """
     skip_or_fail_without_real_nodes()
     handle = gpu_cluster.cluster
     assert handle.state_dir is not None
     state_dir = handle.state_dir.resolve()
     began = time.monotonic()
-    built = images.ensure_images(cache=k8sbuild.cache_root(dict(os.environ)), out=lambda _: None)
+    built = images.ensure_images(cache=k8sbuild.cache_root(dict(os.environ)), out=print)
     for image in built:
         print(
             f"image {image.pinned_ref}: {'cache hit' if image.cached else f'built in {image.seconds:.0f}s'}, "
@@ -171,7 +179,15 @@ def installed_cluster(gpu_cluster: GpuCluster, spec: str) -> Iterator[Install]:
             realinstall.prepare_node(node)
             realinstall.route_api(node.bridge, port)
         install.import_images(built)
-        install.install("N", REPO, built)
+        install.built["N"] = list(built)
+        if first is None:
+            install.install("N", REPO, built)
+        else:
+            label, tree, first_built = first
+            install.import_images(first_built)
+            install.built[label] = list(first_built)
+            install.trees[label] = tree
+            install.install(label, tree, first_built)
         install.say("$ kubectl get pods -n gpuplane-system -o wide\n" + install.pods_wide())
         yield install
     finally:
