@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client
@@ -27,6 +28,7 @@ from kubernetes import client
 from e2e.plane import identity
 from e2e.plane.realnode.plan import REAL_NODE_LABEL
 from gpuplane.driver.prepare import cdi
+from gpuplane.driver.sharing.mps_procs import MpsProcesses
 from tests.e2e.installkit import Install
 
 NS = "gpuplane-rollout"
@@ -36,6 +38,7 @@ KINDS: dict[str, tuple[str, str | None]] = {
     "mps": ("mps-bronze.gpu.gpuplane.dev", None),
 }
 RUN_TIMEOUT_S = 240.0
+MPS_CONTROL = "nvidia-cuda-mps-control"
 FAILED_REASONS = ("FailedPrepareDynamicResources", "FailedUnprepareDynamicResources")
 
 
@@ -214,6 +217,7 @@ class SteadyPod:
     claim_uid: str
     devices: tuple[tuple[str, tuple[str, ...], str | None], ...]  # (device, CDI ids, MIG uuid)
     mps_daemon: bool
+    mps_pids: tuple[int, ...]  # host pids of the claim's MPS control daemon: the same process must serve on
 
 
 def _record(install: Install, api: Api, name: str, kind: str) -> SteadyPod:
@@ -228,9 +232,15 @@ def _record(install: Install, api: Api, name: str, kind: str) -> SteadyPod:
     assert record.phase == "PrepareCompleted", (name, record.phase)
     devices = tuple((d.device, tuple(d.cdi_ids), d.mig.mig_uuid if d.mig is not None else None) for d in record.devices)
     (status,) = pod["status"]["containerStatuses"]
+    pids = tuple(sorted(pid for pid, pipe in _daemons(node.mps_root) if pipe.parent.name == uid))
     return SteadyPod(
-        name, kind, node.name, pod["metadata"]["uid"], status["containerID"], uid, devices, record.mps_daemon
+        name, kind, node.name, pod["metadata"]["uid"], status["containerID"], uid, devices, record.mps_daemon, pids
     )
+
+
+def _daemons(mps_root: Path) -> list[tuple[int, Path]]:
+    """(host pid, pipe dir) of every MPS control daemon serving a pipe dir under ``mps_root``."""
+    return list(MpsProcesses(MPS_CONTROL, mps_root, Path("/proc")).scan(None))
 
 
 def steady(install: Install, tag: str) -> list[SteadyPod]:

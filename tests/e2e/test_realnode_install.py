@@ -31,7 +31,7 @@ from tests.e2e.realfixtures import REAL_NODES
 from tests.e2e.test_realnode_examples import RUNNING
 from tests.e2e.test_scenarios import assert_prepared, results
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
 
 
 @pytest.fixture(scope="module")

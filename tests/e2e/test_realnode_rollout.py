@@ -24,6 +24,7 @@ On one real ``hgx-h100`` node (a real kubelet v1.36 and containerd):
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -35,7 +36,7 @@ from tests.e2e import rolloutkit
 from tests.e2e.conftest import GpuCluster, eventually
 from tests.e2e.installkit import REPO, Install, installed_cluster
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
 
 PREVIOUS = "aacd0c679ae3fa4a2a283aa6f0515cfd8f1e11d6"
 """N-1: the commit that brought real nodes (issue 11) to main, before the seamless rolling update."""
@@ -59,19 +60,30 @@ def _roll(
 ) -> rolloutkit.Figures:
     """Churn during ``apply()`` and ``SOAK_S`` after it; print and return the figures."""
     node = install.nodes[0]
-    overlap = 0
+    overlap: list[int] = [0]
+    sampling = threading.Event()
+
+    def sample() -> None:  # how many plugin instances kubelet can see at once during the rollout
+        while not sampling.is_set():
+            overlap[0] = max(overlap[0], len(realinstall.registration_sockets(node)))
+            time.sleep(0.2)
+
+    before = {p["metadata"]["uid"] for p in install.driver_pods()}
+    sampler = threading.Thread(target=sample, daemon=True)
     with rolloutkit.Churn(install, tag=what.replace(" ", "").replace(">", "").lower()) as churn:
         time.sleep(5)
+        sampler.start()
         began = time.monotonic()
         apply()
         while True:
-            overlap = max(overlap, len(realinstall.registration_sockets(node)))
+            pods = install.driver_pods()
             status = install.daemonset()["status"]
             desired = status.get("desiredNumberScheduled", 0)
             if (
-                status.get("updatedNumberScheduled") == desired
+                not {p["metadata"]["uid"] for p in pods} & before
+                and status.get("updatedNumberScheduled") == desired
                 and status.get("numberAvailable") == desired
-                and len(install.driver_pods()) == desired
+                and len(pods) == desired
                 and len(realinstall.registration_sockets(node)) == 1
             ):
                 break
@@ -81,10 +93,11 @@ def _roll(
         seconds = time.monotonic() - began
         time.sleep(SOAK_S)
         figures = churn.stop()
+        sampling.set()
         assert churn.errors == [], churn.errors
     disrupted = rolloutkit.disruptions(install, steady)
     install.say(
-        f"{what}: rollout {seconds:.1f}s, at most {overlap} plugin registration sockets at once; "
+        f"{what}: rollout {seconds:.1f}s, at most {overlap[0]} plugin registration sockets at once; "
         f"{figures.line()}; disrupted steady pods {len(disrupted)}"
     )
     for line in figures.failed_events + disrupted:
