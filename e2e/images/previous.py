@@ -27,6 +27,10 @@ from e2e.images import build
 
 Printer = Callable[[str], None]
 
+PREVIOUS = "6aa6d0316f2d5e4140523349e33a879bc005c519"
+"""N-1 of the upgrade tests: the oldest commit of main whose images run on real nodes (the driver's
+startupProbe, the controller's kopf identity; both found on the first real-node run). Every earlier
+commit's controller crash-loops in its image (kopf's getpass.getuser() has no passwd entry for uid 65532)."""
 COMMIT_PATTERN = re.compile(r"^[0-9a-f]{40}$")
 DONE_MARKER = ".gpuplane-exported"
 

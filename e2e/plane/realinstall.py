@@ -144,13 +144,17 @@ def kustomization(layout: Layout, images: Mapping[str, str]) -> dict[str, Any]:
     }
 
 
+def rendered(kubectl: Kubectl, tree: Path) -> str:
+    """``kubectl kustomize`` of ``tree``'s local overlay, as written there."""
+    return kubectl("kustomize", str(tree / OVERLAY), timeout=120)
+
+
 def write_install(
     kubectl: Kubectl, tree: Path, layout: Layout, *, images: Mapping[str, str], dest: Path, out: Printer = print
 ) -> Path:
     """Render ``tree``'s local overlay and write the install kustomization to ``dest``; return ``dest``."""
-    rendered = kubectl("kustomize", str(tree / OVERLAY), timeout=120)
     dest.mkdir(parents=True, exist_ok=True)
-    (dest / "rendered.yaml").write_text(substitute_root(rendered, layout))
+    (dest / "rendered.yaml").write_text(substitute_root(rendered(kubectl, tree), layout))
     (dest / "kustomization.yaml").write_text(yaml.safe_dump(kustomization(layout, images), sort_keys=False))
     out(f"install of {tree}: {dest}/kustomization.yaml (images {', '.join(sorted(images.values()))})")
     return dest

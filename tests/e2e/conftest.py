@@ -317,6 +317,8 @@ OWN_PLANE_MODULES = (
     "test_probes.py",
     "test_rbac.py",
     "test_rbac_writes.py",
+    "test_realnode_install.py",
+    "test_realnode_rollout.py",
     "test_upgrade.py",
 )
 

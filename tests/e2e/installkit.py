@@ -1,16 +1,16 @@
 """gpuplane installed on real nodes by ``kubectl apply -k`` (DaemonSet and Deployment as pods), for the install tests.
 
-``installed_cluster(gpu_cluster, spec)`` adds real nodes (a real kubelet and
-containerd each, ``e2e.plane.realnode``) to the session's cluster *without* a host
-driver, builds N's images from this tree's Dockerfiles and imports them into every
-node's containerd, and installs this tree's ``manifests/overlays/local`` through
-``e2e.plane.realinstall`` (the generated kustomization; ``kubectl apply -k``). It
-returns when the driver DaemonSet has a Running, Ready pod on every real node, each
-registered by kubelet and publishing, and the controller Deployment's two pods are
-available. :meth:`Install.install` puts another version (an earlier commit's tree
-and images, ``e2e.images.previous``) in place the same way. On exit the session's own
-install (overlays/e2e, whose workloads keep off every node) is applied again and the
-real nodes are taken off the machine.
+``installed_cluster(plane, spec)`` adds real nodes (a real kubelet and containerd
+each, ``e2e.plane.realnode``) to a control plane of the module's own (nothing of
+gpuplane on it yet: no host driver, no host controller), builds N's images from this
+tree's Dockerfiles and imports them into every node's containerd, and installs this
+tree's ``manifests/overlays/local`` through ``e2e.plane.realinstall`` (the generated
+kustomization; ``kubectl apply -k``). It returns when the driver DaemonSet has a
+Running, Ready pod on every real node, each registered by kubelet and publishing, and
+the controller Deployment's two pods are available (they alone hold the leader Lease:
+the cluster runs no other controller). :meth:`Install.install` puts another version
+(an earlier commit's tree and images, ``e2e.images.previous``) in place the same way.
+On exit the real nodes are taken off the machine; anything of them left fails.
 """
 
 from __future__ import annotations
@@ -22,21 +22,20 @@ import os
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlparse
 
 import yaml
 
 from e2e.cluster import build as k8sbuild
+from e2e.cluster import handle as cluster
 from e2e.images import build as images
-from e2e.plane import components, identity, nodes, realinstall
+from e2e.plane import identity, nodes, realinstall, simnodes
 from e2e.plane.realnode import nodes as realnodes
 from e2e.plane.realnode import readiness, teardown
 from e2e.plane.realnode.plan import RealNode
+from tests.e2e.conftest import GpuCluster
 from tests.e2e.realfixtures import DRIVER_ENV, RealCluster, skip_or_fail_without_real_nodes
-
-if TYPE_CHECKING:
-    from tests.e2e.conftest import GpuCluster
 
 REPO = Path(__file__).resolve().parents[2]
 NS = realinstall.NAMESPACE
@@ -142,7 +141,7 @@ def _apiserver_port(kubeconfig: Path) -> int:
 
 @contextlib.contextmanager
 def installed_cluster(
-    gpu_cluster: GpuCluster, spec: str, first: tuple[str, Path, Sequence[images.BuiltImage]] | None = None
+    handle: cluster.Cluster, spec: str, first: tuple[str, Path, Sequence[images.BuiltImage]] | None = None
 ) -> Iterator[Install]:
     """Real nodes of ``spec`` with gpuplane installed by ``kubectl apply -k`` (see the module docstring).
 
@@ -150,9 +149,10 @@ def installed_cluster(
     imported beside N's.
     """
     skip_or_fail_without_real_nodes()
-    handle = gpu_cluster.cluster
     assert handle.state_dir is not None
     state_dir = handle.state_dir.resolve()
+    # No simulated node is started: the GpuCluster gives the example helpers; its node list stays empty.
+    gpu_cluster = GpuCluster(cluster=handle, sim=simnodes.SimNodes(state_dir, handle.kubeconfig, out=lambda _: None))
     began = time.monotonic()
     built = images.ensure_images(cache=k8sbuild.cache_root(dict(os.environ)), out=print)
     for image in built:
@@ -191,8 +191,6 @@ def installed_cluster(
         install.say("$ kubectl get pods -n gpuplane-system -o wide\n" + install.pods_wide())
         yield install
     finally:
-        with contextlib.suppress(Exception):
-            components.install(handle, out=lambda _: None)  # the session's overlays/e2e again
         for node in started:
             realinstall.unroute_api(node.bridge, port)
         left = real.stop()

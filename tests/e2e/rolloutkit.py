@@ -254,10 +254,14 @@ def steady(install: Install, tag: str) -> list[SteadyPod]:
         api.close()
 
 
-def disruptions(install: Install, pods: list[SteadyPod]) -> list[str]:
-    """How each steady pod differs from its record (empty: undisturbed, same devices)."""
+def disruptions(install: Install, pods: list[SteadyPod]) -> tuple[list[str], list[str]]:
+    """How each steady pod differs from its record: (pod, container or devices changed; MPS daemon replaced).
+
+    Both empty: undisturbed, same devices, the same MPS control daemon process serving on.
+    """
     api = Api(install)
     found: list[str] = []
+    daemons: list[str] = []
     try:
         for want in pods:
             pod = api.wait_running(want.name, timeout=5)
@@ -268,11 +272,13 @@ def disruptions(install: Install, pods: list[SteadyPod]) -> list[str]:
             (status,) = pod["status"]["containerStatuses"]
             if status.get("restartCount", 0):
                 found.append(f"{want.name}: restarted {status['restartCount']}x")
-            if now != want:
+            if dataclasses.replace(now, mps_pids=()) != dataclasses.replace(want, mps_pids=()):
                 found.append(f"{want.name}: was {want}, now {now}")
+            if now.mps_pids != want.mps_pids:
+                daemons.append(f"{want.name}: MPS control daemon pids {list(want.mps_pids)} -> {list(now.mps_pids)}")
     finally:
         api.close()
-    return found
+    return found, daemons
 
 
 def leaks(install: Install, keep: list[SteadyPod]) -> list[str]:
