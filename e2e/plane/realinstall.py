@@ -122,8 +122,10 @@ def _repository(ref: str) -> tuple[str, str]:
     return name, tag
 
 
-def kustomization(layout: Layout, images: Mapping[str, str]) -> dict[str, Any]:
-    """``kustomization.yaml`` over ``rendered.yaml``: the pinned images and the runtime root's volume."""
+def kustomization(
+    layout: Layout, images: Mapping[str, str], patches: Sequence[Mapping[str, Any]] = ()
+) -> dict[str, Any]:
+    """``kustomization.yaml`` over ``rendered.yaml``: the pinned images, the runtime root's volume, ``patches``."""
     runtime = str(layout.runtime_root)
     volume = {"name": "real-node-runtime", "hostPath": {"path": runtime, "type": "Directory"}}
     mount = {"name": "real-node-runtime", "mountPath": runtime}
@@ -140,7 +142,10 @@ def kustomization(layout: Layout, images: Mapping[str, str]) -> dict[str, Any]:
         "kind": "Kustomization",
         "resources": ["rendered.yaml"],
         "images": entries,
-        "patches": [{"target": {"kind": "DaemonSet", "name": DAEMONSET}, "patch": yaml.safe_dump(patch)}],
+        "patches": [
+            {"target": {"kind": "DaemonSet", "name": DAEMONSET}, "patch": yaml.safe_dump(patch)},
+            *(dict(p) for p in patches),
+        ],
     }
 
 
@@ -150,12 +155,24 @@ def rendered(kubectl: Kubectl, tree: Path) -> str:
 
 
 def write_install(
-    kubectl: Kubectl, tree: Path, layout: Layout, *, images: Mapping[str, str], dest: Path, out: Printer = print
+    kubectl: Kubectl,
+    tree: Path,
+    layout: Layout,
+    *,
+    images: Mapping[str, str],
+    dest: Path,
+    patches: Callable[[str], Sequence[Mapping[str, Any]]] = lambda _: (),
+    out: Printer = print,
 ) -> Path:
-    """Render ``tree``'s local overlay and write the install kustomization to ``dest``; return ``dest``."""
+    """Render ``tree``'s local overlay and write the install kustomization to ``dest``; return ``dest``.
+
+    ``patches``: more kustomize patches, made from the rendered overlay (``e2e.plane.realinstall_compat``).
+    """
     dest.mkdir(parents=True, exist_ok=True)
-    (dest / "rendered.yaml").write_text(substitute_root(rendered(kubectl, tree), layout))
-    (dest / "kustomization.yaml").write_text(yaml.safe_dump(kustomization(layout, images), sort_keys=False))
+    text = substitute_root(rendered(kubectl, tree), layout)
+    (dest / "rendered.yaml").write_text(text)
+    written = kustomization(layout, images, patches(text))
+    (dest / "kustomization.yaml").write_text(yaml.safe_dump(written, sort_keys=False))
     out(f"install of {tree}: {dest}/kustomization.yaml (images {', '.join(sorted(images.values()))})")
     return dest
 

@@ -20,7 +20,7 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -30,7 +30,7 @@ import yaml
 from e2e.cluster import build as k8sbuild
 from e2e.cluster import handle as cluster
 from e2e.images import build as images
-from e2e.plane import identity, nodes, realinstall, simnodes
+from e2e.plane import identity, nodes, realinstall, realinstall_compat, simnodes
 from e2e.plane.realnode import nodes as realnodes
 from e2e.plane.realnode import readiness, teardown
 from e2e.plane.realnode.plan import RealNode
@@ -57,6 +57,8 @@ class Install:
     built: dict[str, list[images.BuiltImage]] = dataclasses.field(default_factory=dict)
     trees: dict[str, Path] = dataclasses.field(default_factory=dict)
     log: list[str] = dataclasses.field(default_factory=list)
+    patches: dict[str, Callable[[str], Sequence[Mapping[str, Any]]]] = dataclasses.field(default_factory=dict)
+    """label -> more patches for that version's install (``e2e.plane.realinstall_compat``)."""
 
     @property
     def nodes(self) -> list[RealNode]:
@@ -86,7 +88,10 @@ class Install:
     def install(self, label: str, tree: Path, built: Sequence[images.BuiltImage]) -> float:
         """``kubectl apply -k`` of ``tree``'s local overlay with ``built``'s images; the seconds until rolled out."""
         dest = self.real.real.state_dir / "install" / label
-        realinstall.write_install(self.kubectl, tree, self.layout, images=image_map(built), dest=dest, out=self.say)
+        extra = self.patches.get(label, lambda _: ())
+        realinstall.write_install(
+            self.kubectl, tree, self.layout, images=image_map(built), dest=dest, patches=extra, out=self.say
+        )
         began = time.monotonic()
         self.say(f"$ kubectl apply -k {dest}")
         self.say(self.kubectl("apply", "-k", str(dest), timeout=180).strip())
@@ -141,12 +146,17 @@ def _apiserver_port(kubeconfig: Path) -> int:
 
 @contextlib.contextmanager
 def installed_cluster(
-    handle: cluster.Cluster, spec: str, first: tuple[str, Path, Sequence[images.BuiltImage]] | None = None
+    handle: cluster.Cluster,
+    spec: str,
+    first: tuple[str, Path, Sequence[images.BuiltImage]] | None = None,
+    *,
+    compat: bool = False,
 ) -> Iterator[Install]:
     """Real nodes of ``spec`` with gpuplane installed by ``kubectl apply -k`` (see the module docstring).
 
     ``first``: (label, tree, images) of the version to install instead of N (this tree); its images are
-    imported beside N's.
+    imported beside N's. ``compat``: that version predates the real-node fixes; its installs get
+    ``e2e.plane.realinstall_compat``'s patches.
     """
     skip_or_fail_without_real_nodes()
     assert handle.state_dir is not None
@@ -184,7 +194,10 @@ def installed_cluster(
             install.install("N", REPO, built)
         else:
             label, tree, first_built = first
-            install.import_images(first_built)
+            if compat:
+                install.patches[label] = lambda text: realinstall_compat.patches(text, install.layout, started)
+                install.say(f"{label} predates {realinstall_compat.FIXED_IN[:12]}: its install gets the compat patches")
+            install.import_images([b for b in first_built if b.pinned_ref not in {n.pinned_ref for n in built}])
             install.built[label] = list(first_built)
             install.trees[label] = tree
             install.install(label, tree, first_built)

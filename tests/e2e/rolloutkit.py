@@ -3,13 +3,15 @@
 * :class:`Churn`: one thread per claim kind (whole GPU, MIG 1g.10gb, MPS bronze) that
   keeps creating a ResourceClaim and a pod using it on the real nodes, waits until the
   pod runs (kubelet prepared the claim through whichever plugin instance it picked),
-  deletes both and starts over. It counts the pods that ran (claims prepared), the
+  deletes both (gracefully, as a user does), waits until the node's driver has
+  unprepared the claim and starts over. It counts the pods that ran (claims prepared), the
   pods that did not within the limit, and at the end kubelet's
   ``FailedPrepareDynamicResources`` / ``FailedUnprepareDynamicResources`` Events;
-* :func:`steady` / :meth:`Steady.disruptions`: one long-lived pod per kind created
-  before a rollout; after it, each must be the same pod, the same container
-  (containerd id), never restarted, its claim prepared with the same devices (the
-  checkpoint record: devices, CDI ids, MIG instance, MPS daemon);
+* :func:`steady` / :func:`disruptions`: one long-lived pod per kind created before a
+  rollout; after it, each must be the same pod, the same container (containerd id),
+  never restarted, its claim prepared with the same devices (the checkpoint record:
+  devices, CDI ids, MIG instance, MPS daemon), and, reported apart, the same MPS
+  control daemon process (host pid);
 * :func:`leaks`: on every node, nothing but the steady claims' state: checkpoint
   records, CDI spec files, simulated MIG instances, MPS daemon dirs.
 """
@@ -65,7 +67,9 @@ def pod_body(name: str, claim: str) -> dict[str, Any]:
         "spec": {
             "nodeSelector": {REAL_NODE_LABEL: "true"},
             "automountServiceAccountToken": False,
-            "terminationGracePeriodSeconds": 0,
+            # Not 0: a delete with grace 0 removes the pod from the API before kubelet has stopped it and
+            # unprepared its claim, and the next claim is allocated the device the driver still holds.
+            "terminationGracePeriodSeconds": 1,
             "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
             "containers": [
                 {"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": [{"name": "gpu"}]}}
@@ -106,9 +110,13 @@ class Api:
 
     def delete(self, name: str) -> None:
         with contextlib.suppress(client.ApiException):
-            self.core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+            self.core.delete_namespaced_pod(name, NS)
         with contextlib.suppress(client.ApiException):
             self.custom.delete_namespaced_custom_object("resource.k8s.io", "v1", NS, "resourceclaims", name)
+
+    def claim_uid(self, name: str) -> str:
+        claim = self.custom.get_namespaced_custom_object("resource.k8s.io", "v1", NS, "resourceclaims", name)
+        return str(self._client.sanitize_for_serialization(claim)["metadata"]["uid"])
 
     def wait_deleted(self, name: str, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
@@ -176,9 +184,12 @@ class Churn:
                 name = f"{self.tag}-{kind}-{number}"
                 number += 1
                 began = time.monotonic()
+                held: tuple[str, str] | None = None  # (node, claim uid) once the pod ran
                 try:
                     api.create(name, kind)
                     pod = api.wait_running(name)
+                    if pod is not None:
+                        held = (pod["spec"]["nodeName"], api.claim_uid(name))
                     with self._lock:
                         if pod is None:
                             self.figures.not_running.append(name)
@@ -189,10 +200,21 @@ class Churn:
                 finally:
                     api.delete(name)
                     api.wait_deleted(name)
+                    if held is not None:  # as a user who deletes and recreates: the old claim is released first
+                        self._wait_unprepared(*held)
         except Exception as err:  # reported by the test: a churn thread must not die silently
             self.errors.append(f"{kind}: {err!r}")
         finally:
             api.close()
+
+    def _wait_unprepared(self, node_name: str, claim_uid: str, timeout: float = 120.0) -> None:
+        node = self.install.real.node(node_name)
+        deadline = time.monotonic() + timeout
+        while claim_uid in self.install.real.checkpoint(node).claims:
+            if time.monotonic() > deadline:
+                self.errors.append(f"claim {claim_uid} still prepared on {node_name} {timeout:.0f}s after its pod went")
+                return
+            time.sleep(0.5)
 
 
 def failed_events(install: Install, prefix: str = "") -> list[str]:
