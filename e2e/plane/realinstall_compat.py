@@ -41,16 +41,16 @@ STARTUP_PROBE = {
 CONTROLLER_LOGNAME = "gpuplane-controller"
 
 
-def needs_compat(repo: Path, commit: str) -> bool:
-    """True when ``commit`` is not ``FIXED_IN`` or a descendant of it."""
+def needs_compat(repo: Path, commit: str, fixed_in: str = FIXED_IN) -> bool:
+    """True when ``commit`` is not ``fixed_in`` or a descendant of it."""
     done = subprocess.run(
-        ["git", "-C", str(repo), "merge-base", "--is-ancestor", FIXED_IN, commit],
+        ["git", "-C", str(repo), "merge-base", "--is-ancestor", fixed_in, commit],
         capture_output=True,
         timeout=60,
         check=False,
     )
     if done.returncode not in (0, 1):
-        raise RuntimeError(f"git merge-base {FIXED_IN[:12]} {commit[:12]}: {done.stderr.decode().strip()}")
+        raise RuntimeError(f"git merge-base {fixed_in[:12]} {commit[:12]}: {done.stderr.decode().strip()}")
     return done.returncode == 1
 
 
