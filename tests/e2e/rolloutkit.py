@@ -136,7 +136,8 @@ class Figures:
     prepared: int = 0  # pods that ran: their claim prepared
     not_running: list[str] = dataclasses.field(default_factory=list)
     by_kind: dict[str, int] = dataclasses.field(default_factory=dict)
-    failed_events: list[str] = dataclasses.field(default_factory=list)
+    failed_events: list[str] = dataclasses.field(default_factory=list)  # a plugin call failed
+    fetch_refused: list[str] = dataclasses.field(default_factory=list)  # kubelet's read of the claim refused
     seconds_to_run: list[float] = dataclasses.field(default_factory=list)
 
     def line(self) -> str:
@@ -144,8 +145,9 @@ class Figures:
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(self.by_kind.items()))
         return (
             f"claims prepared {self.prepared} ({kinds}), pods not running in {RUN_TIMEOUT_S:.0f}s "
-            f"{len(self.not_running)}, failed prepare/unprepare events {len(self.failed_events)}, "
-            f"slowest pod to run {worst:.1f}s"
+            f"{len(self.not_running)}, failed prepares/unprepares {len(self.failed_events)}, "
+            f"kubelet claim reads refused by the node authorizer (no plugin called, retried) "
+            f"{len(self.fetch_refused)}, slowest pod to run {worst:.1f}s"
         )
 
 
@@ -173,7 +175,9 @@ class Churn:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=RUN_TIMEOUT_S + 180)
-        self.figures.failed_events = failed_events(self.install, prefix=f"{self.tag}-")
+        events = failed_events(self.install, prefix=f"{self.tag}-")
+        self.figures.fetch_refused = [e for e in events if refused_fetch(e)]
+        self.figures.failed_events = [e for e in events if not refused_fetch(e)]
         return self.figures
 
     def _run(self, kind: str) -> None:
@@ -215,6 +219,11 @@ class Churn:
                 self.errors.append(f"claim {claim_uid} still prepared on {node_name} {timeout:.0f}s after its pod went")
                 return
             time.sleep(0.5)
+
+
+def refused_fetch(event: str) -> bool:
+    """kubelet's GET of the claim was refused (node authorizer) before it called any plugin."""
+    return "fetch ResourceClaim" in event and "is forbidden" in event and "no relationship found" in event
 
 
 def failed_events(install: Install, prefix: str = "") -> list[str]:

@@ -145,8 +145,11 @@ def _roll(
         f"disrupted steady pods {len(step.disrupted)}; MPS daemons replaced {len(step.daemons)}; "
         f"leaks {len(step.leaks)}"
     )
-    for line in step.figures.failed_events + step.figures.not_running + step.disrupted + step.daemons + step.leaks:
+    figures = step.figures
+    for line in figures.failed_events + figures.fetch_refused + figures.not_running + step.disrupted + step.daemons:
         install.say(f"  {line}")
+    for line in step.leaks:
+        install.say(f"  leak: {line}")
     return step
 
 
