@@ -33,6 +33,12 @@ from tests.e2e.test_scenarios import assert_prepared, results
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
 
+# The examples run here with the containerized driver and controller: one of each thing the driver and the
+# controller do in a pod (whole GPUs, MIG created and destroyed, an MPS daemon started, a gang placed across
+# the two GB200 trays). test_realnode_examples runs every example (RUNNING) with the host driver; all of
+# RUNNING passed here too (issue 12's report), at about 6.5 min, too long for CI on every run.
+CONTAINERIZED = ("gang-tp8", "mig-two-profiles", "mps-tiers", "whole-gpu")
+
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Install]:
@@ -77,7 +83,7 @@ def applied(installed: Install, request: pytest.FixtureRequest) -> Iterator[str]
         installed.real.wait_clean(120)
 
 
-@pytest.mark.parametrize("applied", sorted(RUNNING), indirect=True)
+@pytest.mark.parametrize("applied", CONTAINERIZED, indirect=True)
 def test_example_with_the_containerized_driver(installed: Install, applied: str) -> None:
     real = installed.real
     namespace = f"gpuplane-ex-{applied}"
