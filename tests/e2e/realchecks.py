@@ -83,6 +83,18 @@ def pod_claim(pod: dict[str, Any], entry: str) -> str:
     raise AssertionError(f"pod {pod['metadata']['name']} has no claim entry {entry!r}")
 
 
+def container_claims(pod: dict[str, Any]) -> dict[str, list[str]]:
+    """Container name -> the ResourceClaim names it uses: its ``resources.claims`` entries and, for an extended
+    resource served through DRA (``nvidia.com/gpu``), the scheduler's claim where ``requestMappings`` name it."""
+    out = {c: [pod_claim(pod, entry) for entry in entries] for c, entries in claim_containers(pod).items()}
+    extended = (pod.get("status") or {}).get("extendedResourceClaimStatus") or {}
+    for mapping in extended.get("requestMappings") or []:
+        names = out.setdefault(mapping["containerName"], [])
+        if extended["resourceClaimName"] not in names:
+            names.append(str(extended["resourceClaimName"]))
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class Call:
     """One call the driver received, from its ``kubelet call`` log line."""

@@ -20,7 +20,7 @@ import pytest
 
 from e2e.plane import report
 from e2e.plane.realnode import inspect
-from tests.e2e import realchecks
+from tests.e2e import realchecks, realexample_checks
 from tests.e2e.conftest import EXAMPLES, eventually
 from tests.e2e.realfixtures import RealCluster
 from tests.e2e.test_scenarios import assert_prepared, results
@@ -28,10 +28,14 @@ from tests.e2e.test_scenarios import assert_prepared, results
 pytestmark = pytest.mark.e2e
 
 RUNNING = {
+    "gang-indexed-job": 2,
+    "gang-jobset": 2,
     "gang-tp8": 2,
     "mig-two-profiles": 1,
     "mps-tiers": 2,
+    "nvidia-gpu-limits": 2,
     "nvlink-4gpu": 1,
+    "right-sized": 2,
     "shared-claim": 2,
     "unprepare-cleanup": 1,
     "unsatisfiable": 0,
@@ -42,14 +46,18 @@ RUNNING = {
 # Examples that landed on main after the real-node tests were written and have not run on real nodes yet
 # (they are proven on stand-in nodes by the tests named). Each is a gap, listed so that it is seen; an example
 # in neither table fails the test below.
+CAPACITY = (
+    "its pods request cpu: 4 and memory: 64Gi each (as written); a real kubelet reports this machine's own"
+    " capacity (2 CPUs, about 23 GiB here), so the real scheduler can never place them on a real node of this"
+    " machine (stand-in nodes report 64 CPUs / 512Gi); runs on real nodes of a machine with >= 4 CPUs and"
+    " >= 64 GiB free per node"
+)
 NOT_YET_ON_REAL_NODES = {
-    "gang-indexed-job": "Job-template gang; test_gang_templates on stand-in nodes",
-    "gang-jobset": "needs the JobSet add-on; test_gang_templates on stand-in nodes",
-    "gang-workload-api": "Workload API gang; test_workload_api on stand-in nodes",
-    "gang-workload-steered": "Workload API + GpuGang; test_workload_api on stand-in nodes",
-    "nvidia-gpu-limits": "extended-resource claim; test_extended_resources on stand-in nodes",
-    "right-sized": "GpuRequest -> ResourceClaimTemplate; test_rightsize on stand-in nodes",
+    "gang-workload-api": f"Workload API gang; test_workload_api on stand-in nodes; {CAPACITY}",
+    "gang-workload-steered": f"Workload API + GpuGang; test_steer on stand-in nodes; {CAPACITY}",
 }
+NEEDS_ADDONS = {"gang-jobset"}
+"""Examples whose objects only an add-on controller turns into pods (JobSet): the session's managers are started."""
 
 
 def test_every_example_is_covered() -> None:
@@ -60,6 +68,8 @@ def test_every_example_is_covered() -> None:
 @pytest.fixture
 def applied(only_real_nodes: RealCluster, request: pytest.FixtureRequest) -> Iterator[str]:
     name = str(request.param)
+    if name in NEEDS_ADDONS:
+        request.getfixturevalue("workload_controllers")  # JobSet and LWS managers on the session's control plane
     only_real_nodes.gpu.apply_example(name)
     try:
         yield name
@@ -92,17 +102,20 @@ def test_example_runs_in_real_containers(only_real_nodes: RealCluster, applied: 
     for pod in pods:
         node = real.node(pod["spec"]["nodeName"])  # fails for a pod on a simulated node
         checkpoint = real.checkpoint(node)
-        for container, entries in realchecks.claim_containers(pod).items():
+        for container, claims in realchecks.container_claims(pod).items():
             view = inspect.view(node, pod, container)  # a live containerd task, or NotRunning
             assert view.pid > 1
-            for entry in entries:
-                claim = real.gpu.claim(namespace, realchecks.pod_claim(pod, entry))
+            assert claims, f"{pod['metadata']['name']}/{container} uses no claim"
+            for name in claims:
+                claim = real.gpu.claim(namespace, name)
                 assert {r["pool"] for r in results(claim)} == {node.name}
                 assert_prepared(real.gpu, node, claim)  # checkpoint record, CDI spec, ids resolve
                 record = checkpoint.claims[claim["metadata"]["uid"]]
                 realchecks.assert_sees_claim(view, record, node)
                 print(f"{namespace}/{pod['metadata']['name']}/{container} on {node.name}: {view.line()}")
         assert report.pod_claim_names(pod), "every running example pod uses a claim"
+    if applied in realexample_checks.CHECKS:
+        print("\n".join(realexample_checks.CHECKS[applied](real, namespace, pods)))
     if applied == "gang-tp8":
         nodes = {p["spec"]["nodeName"] for p in pods}
         assert nodes == {n.name for n in real.of_profile("gb200-nvl72")}, "the gang did not span the real trays"
