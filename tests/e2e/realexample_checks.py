@@ -1,6 +1,6 @@
 """What each newer example must show on real nodes beyond the common checks of test_realnode_examples.
 
-The same facts their stand-in tests assert (test_gang_templates, test_extended_resources,
+The same facts their stand-in tests assert (test_gang_templates, test_workload_api, test_extended_resources,
 test_rightsize), read from the real nodes: the gang's members on the two real GB200 trays of one
 NVLink domain through their own template claims, an unchanged ``nvidia.com/gpu`` pod on the
 scheduler's claim for its extended resource, a GpuRequest's claim as the MPS share or MIG profile
@@ -18,6 +18,7 @@ from gpuplane.controller.claim.checks import EXTENDED_RESOURCE_CLAIM_ANNOTATION
 from tests.e2e.conftest import eventually
 from tests.e2e.realfixtures import RealCluster
 from tests.e2e.test_scenarios import attr, results
+from tests.e2e.test_workload_api import podgroup_condition
 
 GIB = 2**30
 Check = Callable[[RealCluster, str, list[dict[str, Any]]], list[str]]
@@ -145,9 +146,42 @@ def right_sized(real: RealCluster, ns: str, pods: list[dict[str, Any]]) -> list[
     return [*lines, f"too-big: Invalid ({refused['status']['message'][:80]})"]
 
 
+def _podgroup_on_real_trays(real: RealCluster, ns: str, pods: list[dict[str, Any]]) -> list[str]:
+    """The PodGroup scheduled as one: both pods on the two real GB200 trays, every GPU in one NVLink domain."""
+    devices = real.gpu.slice_devices()
+    domains, nodes, lines = set(), set(), []
+    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+        node = pod["spec"]["nodeName"]
+        nodes.add(node)
+        got = [r for name in report.pod_claim_names(pod) for r in results(real.gpu.claim(ns, name))]
+        assert len(got) == 4 and {r["pool"] for r in got} == {node}, got
+        domains |= {attr(devices[(r["pool"], r["device"])], "nvlinkDomain") for r in got}
+        lines.append(f"{pod['metadata']['name']} on {node}: {','.join(r['device'] for r in got)}")
+    assert nodes == {n.name for n in real.of_profile("gb200-nvl72")}, "the gang did not span the real trays"
+    assert len(domains) == 1, domains
+    cond = eventually(lambda: podgroup_condition(real.gpu, ns, "tp8-ranks"), 30, "PodGroupScheduled")
+    assert cond["status"] == "True", cond
+    return [*lines, f"PodGroup tp8-ranks: {cond['reason']}, NVLink domain {domains.pop()}"]
+
+
+def gang_workload_api(real: RealCluster, ns: str, pods: list[dict[str, Any]]) -> list[str]:
+    return _podgroup_on_real_trays(real, ns, pods)
+
+
+def gang_workload_steered(real: RealCluster, ns: str, pods: list[dict[str, Any]]) -> list[str]:
+    """As gang-workload-api, and gpuplane's GpuGang chose the nodes: each member where its placement says."""
+    status = eventually(lambda: _gang_running(real, ns, "tp8"), 60, f"gang {ns}/tp8 Running")
+    for pod in pods:
+        index = pod["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"]
+        assert pod["spec"]["nodeName"] == status["placement"]["members"][index], (index, status["placement"])
+    return [*_podgroup_on_real_trays(real, ns, pods), f"GpuGang tp8: {status['phase']} in {status['domain']}"]
+
+
 CHECKS: dict[str, Check] = {
     "gang-indexed-job": gang_indexed_job,
     "gang-jobset": gang_jobset,
+    "gang-workload-api": gang_workload_api,
+    "gang-workload-steered": gang_workload_steered,
     "nvidia-gpu-limits": nvidia_gpu_limits,
     "right-sized": right_sized,
 }

@@ -31,6 +31,8 @@ RUNNING = {
     "gang-indexed-job": 2,
     "gang-jobset": 2,
     "gang-tp8": 2,
+    "gang-workload-api": 2,
+    "gang-workload-steered": 2,
     "mig-two-profiles": 1,
     "mps-tiers": 2,
     "nvidia-gpu-limits": 2,
@@ -46,16 +48,7 @@ RUNNING = {
 # Examples that landed on main after the real-node tests were written and have not run on real nodes yet
 # (they are proven on stand-in nodes by the tests named). Each is a gap, listed so that it is seen; an example
 # in neither table fails the test below.
-CAPACITY = (
-    "its pods request cpu: 4 and memory: 64Gi each (as written); a real kubelet reports this machine's own"
-    " capacity (2 CPUs, about 23 GiB here), so the real scheduler can never place them on a real node of this"
-    " machine (stand-in nodes report 64 CPUs / 512Gi); runs on real nodes of a machine with >= 4 CPUs and"
-    " >= 64 GiB free per node"
-)
-NOT_YET_ON_REAL_NODES = {
-    "gang-workload-api": f"Workload API gang; test_workload_api on stand-in nodes; {CAPACITY}",
-    "gang-workload-steered": f"Workload API + GpuGang; test_steer on stand-in nodes; {CAPACITY}",
-}
+NOT_YET_ON_REAL_NODES: dict[str, str] = {}
 NEEDS_ADDONS = {"gang-jobset"}
 """Examples whose objects only an add-on controller turns into pods (JobSet): the session's managers are started."""
 
