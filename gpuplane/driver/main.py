@@ -212,8 +212,9 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
                     wake.clear()
                     try:
                         # A wake-up comes from a fresh discovery (inventory changed) or from new taints:
-                        # only the periodic tick needs to re-read the hardware.
-                        inventory = state.rediscover() if due else state.inventory()
+                        # only the periodic tick needs to re-read the hardware, and any publish while MIG
+                        # instances are owed (a GPU back on the bus is offered only once they are destroyed).
+                        inventory = state.rediscover() if due or state.owing else state.inventory()
                     except Exception:
                         log.exception("re-reading the GPUs failed; publishing the last known inventory")
                         inventory = state.inventory()

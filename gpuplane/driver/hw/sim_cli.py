@@ -83,6 +83,8 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--enabled", required=True, choices=["true", "false"])
     r = sub.add_parser("reset-gpu")
     r.add_argument("--uuid", required=True)
+    b = sub.add_parser("back-on-bus", help="a lost GPU answers again without a reset (its MIG instances kept)")
+    b.add_argument("--uuid", required=True)
     sub.add_parser("reboot")
     return p
 
@@ -141,6 +143,9 @@ def run(argv: Sequence[str], sim: Simulator | None = None) -> Any:
             return asdict(sim.set_mig_mode(args.uuid, args.enabled == "true"))
         if cmd == "reset-gpu":
             return asdict(sim.reset_gpu(args.uuid))
+        if cmd == "back-on-bus":
+            sim.back_on_bus(args.uuid)
+            return {"ok": True}
         if cmd == "reboot":
             return {"boot_id": sim.reboot()}
         raise SystemExit(f"unknown command {cmd}")

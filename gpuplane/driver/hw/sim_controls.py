@@ -1,4 +1,4 @@
-"""What only a simulator can do: reset a GPU, reboot the node, inject health events, processes, telemetry.
+"""What only a simulator can do: reset a GPU, bring a lost one back, reboot, inject health events, processes, telemetry.
 
 Tests, the e2e harness and :mod:`gpuplane.driver.hw.sim_cli` drive these; the production interface
 (:class:`~gpuplane.driver.hw.interface.GpuBackend`) does not have them. Each changes the state file
@@ -67,6 +67,12 @@ class SimControls(SimStore):
             rec["throttle"] = 0
             rec["timeslice"] = "Default"
             return MigMode(current=rec["mig_current"], pending=rec["mig_pending"])
+
+    def back_on_bus(self, uuid: str) -> None:
+        """A GPU that fell off the bus answers again without a reset (the link recovered): its MIG instances
+        are still there, as is everything else it held."""
+        with self._op(write=True) as st:
+            self._gpu(st, uuid, allow_lost=True)["lost"] = False
 
     def reboot(self) -> str:
         """Simulated node reboot: new boot id; MIG instances, processes and events are gone.

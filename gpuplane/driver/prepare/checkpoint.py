@@ -89,10 +89,28 @@ class ClaimRecord(_Tolerant):
     updated_at: float = Field(default_factory=time.time)
 
 
+class OwedMig(_Tolerant):
+    """A MIG instance an unprepare could not destroy because its GPU did not answer (fell off the bus).
+
+    Kept until the GPU answers again and the instance is destroyed (or found gone: a reset or a
+    reboot wipes it); the GPU offers nothing new before that (:mod:`gpuplane.driver.prepare.owed`).
+    """
+
+    parent_uuid: str
+    profile_id: int
+    profile_name: str
+    start: int
+    size: int
+    gi_id: int | None = None  # None: the prepare had recorded its intent, not yet the instance's id
+    claim: str = ""  # namespace/name (uid) of the claim that made it
+    since: float = Field(default_factory=time.time)
+
+
 class Checkpoint(_Tolerant):
     version: int = CHECKPOINT_VERSION
     boot_id: str = ""
     claims: dict[str, ClaimRecord] = Field(default_factory=dict)
+    owed_mig: list[OwedMig] = Field(default_factory=list)
 
 
 class CheckpointCorrupt(Exception):

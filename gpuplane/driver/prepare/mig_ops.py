@@ -10,7 +10,9 @@ Side effects (all through :class:`~gpuplane.driver.hw.interface.GpuBackend`):
 - :meth:`MigOps.leave_mig_mode` turns MIG mode off on a GPU a whole-GPU claim gets, when no
   instance is left there; otherwise it refuses the claim and changes nothing.
 - :meth:`MigOps.destroy` destroys the compute instances and the GPU instance a claim made,
-  never one another claim owns; instances already gone are not an error.
+  never one another claim owns; instances already gone are not an error. A GPU that does not
+  answer (fell off the bus) is not "gone": destroy says so, and the caller records the instance
+  as owed (:mod:`.owed`).
 
 The driver never resets a GPU. ``step`` is called with a step name after each durable step
 (crash tests kill the process there).
@@ -27,6 +29,7 @@ from gpuplane.driver.prepare.claims import ClaimError
 from gpuplane.driver.publish.inventory import GpuEntry, MigSlot
 
 Owned = set[tuple[str, int]]  # (parent GPU uuid, GI id)
+GPU_AWAY = (hw.ErrorCode.GPU_IS_LOST, hw.ErrorCode.NOT_FOUND)  # the GPU itself does not answer
 
 
 class MigOps:
@@ -139,10 +142,21 @@ class MigOps:
         d.mig.gi_caps_minor, d.mig.ci_caps_minor = gi.gi_caps_minor, gi.ci_caps_minor
         return gi.gi_caps_minor, gi.ci_caps_minor
 
-    def destroy(self, mig: MigRecord, owned_elsewhere: Owned) -> None:
-        """Destroy the instance ``mig`` records (found by id, or by its intended placement before it had one)."""
-        instances = {gi.gi_id: gi for gi in self.instances_or_empty(mig.parent_uuid)}
+    def destroy(self, mig: MigRecord, owned_elsewhere: Owned) -> bool:
+        """Destroy the instance ``mig`` records (found by id, or by its intended placement before it had one).
+
+        True when it is destroyed or was not there; False when its GPU does not answer (GPU_IS_LOST, or
+        the GPU is not found): nothing more could be done, and the instance may still exist.
+        """
+        try:
+            instances = {gi.gi_id: gi for gi in self._instances(mig.parent_uuid)}
+        except hw.HardwareError as exc:
+            if exc.code in GPU_AWAY:
+                return False
+            raise
         gi = instances.get(mig.gi_id) if mig.gi_id is not None else None
+        if gi is not None and (gi.placement_start, gi.profile_id) != (mig.start, mig.profile_id):
+            gi = None  # the id was reused after a reset: not the instance this record made
         if gi is None and mig.gi_id is None:
             # Intent recorded, id not yet: an instance at the intended placement that no
             # other claim owns can only be the one this claim was creating.
@@ -157,36 +171,47 @@ class MigOps:
                 None,
             )
         if gi is None or (mig.parent_uuid, gi.gi_id) in owned_elsewhere:
-            return
-        for ci in gi.compute_instances:
+            return True
+        try:
+            for ci in gi.compute_instances:
+                with _ignore_gone():
+                    self.backend.destroy_compute_instance(mig.parent_uuid, gi.gi_id, ci.ci_id)
+                self._step("undo:ci-destroyed")
             with _ignore_gone():
-                self.backend.destroy_compute_instance(mig.parent_uuid, gi.gi_id, ci.ci_id)
-            self._step("undo:ci-destroyed")
-        with _ignore_gone():
-            self.backend.destroy_gpu_instance(mig.parent_uuid, gi.gi_id)
+                self.backend.destroy_gpu_instance(mig.parent_uuid, gi.gi_id)
+        except hw.HardwareError as exc:
+            if exc.code is hw.ErrorCode.GPU_IS_LOST:
+                return False  # fell off the bus half way: the GPU instance is still owed
+            raise
         self._step("undo:gi-destroyed")
+        return True
+
+    def _instances(self, uuid: str) -> Sequence[hw.GpuInstance]:
+        """The GPU's instances (none when MIG is off); raises when the GPU does not answer."""
+        if not self.backend.mig_mode(uuid).current:
+            return ()
+        return self.backend.gpu_instances(uuid)
 
     def instances_or_empty(self, uuid: str) -> Sequence[hw.GpuInstance]:
         """The GPU's instances; none when MIG is off or the GPU is gone."""
         try:
-            if not self.backend.mig_mode(uuid).current:
-                return ()
-            return self.backend.gpu_instances(uuid)
+            return self._instances(uuid)
         except hw.HardwareError as exc:
-            if exc.code in (hw.ErrorCode.NOT_FOUND, hw.ErrorCode.GPU_IS_LOST):
+            if exc.code in GPU_AWAY:
                 return ()
             raise
 
 
 def owned_instances(cp: Checkpoint, exclude: str) -> Owned:
-    """The MIG instances (by GI id) the checkpoint's claims other than ``exclude`` hold."""
-    return {
+    """The MIG instances (by GI id) the checkpoint's claims other than ``exclude`` hold, and those owed."""
+    held = {
         (d.mig.parent_uuid, d.mig.gi_id)
         for r in cp.claims.values()
         if r.uid != exclude
         for d in r.devices
         if d.mig is not None and d.mig.gi_id is not None
     }
+    return held | {(o.parent_uuid, o.gi_id) for o in cp.owed_mig if o.gi_id is not None}
 
 
 @contextlib.contextmanager
@@ -194,5 +219,5 @@ def _ignore_gone() -> Iterator[None]:
     try:
         yield
     except hw.HardwareError as exc:
-        if exc.code not in (hw.ErrorCode.NOT_FOUND, hw.ErrorCode.INVALID_ARGUMENT, hw.ErrorCode.GPU_IS_LOST):
-            raise
+        if exc.code not in (hw.ErrorCode.NOT_FOUND, hw.ErrorCode.INVALID_ARGUMENT):
+            raise  # GPU_IS_LOST among them: the instance is not gone, its GPU stopped answering

@@ -31,7 +31,7 @@ from gpuplane.driver.api import configs
 from gpuplane.driver.host import file_lock
 from gpuplane.driver.hw import interface as hw
 from gpuplane.driver.kube import NotFound
-from gpuplane.driver.prepare import cdi, cdi_assembly, planning, recovery
+from gpuplane.driver.prepare import cdi, cdi_assembly, owed, planning, recovery
 from gpuplane.driver.prepare.checkpoint import (
     Checkpoint,
     CheckpointStore,
@@ -122,6 +122,7 @@ class DeviceState:
         self.sharing = ClaimSharing(backend, mps, self._step)
         self._lock = threading.Lock()
         self._inventory: Inventory | None = None
+        self.owing = False  # MIG instances are owed (gpuplane.driver.prepare.owed): publish only after a refresh
         self.on_inventory_change: Callable[[Inventory], None] | None = None
         # Called after every prepare/unprepare batch (the steered layout re-ranks what is prepared).
         self.on_claims_change: Callable[[], None] | None = None
@@ -142,13 +143,16 @@ class DeviceState:
         return self._inventory
 
     def refresh(self, cp: Checkpoint, also_owned: Iterable[tuple[str, int]] = ()) -> Inventory:
+        # Owed MIG instances first (destroyed where their GPU answers again): a GPU is offered only after.
+        withheld = owed.settle(self.mig, cp, lambda: self.store.save(cp))
+        self.owing = bool(cp.owed_mig)
         owned = [
             (d.mig.parent_uuid, d.mig.gi_id)
             for rec in cp.claims.values()
             for d in rec.devices
             if d.mig is not None and d.mig.gi_id is not None and d.mig.created_by_driver
-        ]
-        inv = discover(self.settings.node_name, self.backend, [*owned, *also_owned])
+        ] + [(o.parent_uuid, o.gi_id) for o in cp.owed_mig if o.gi_id is not None]
+        inv = discover(self.settings.node_name, self.backend, [*owned, *also_owned], withheld)
         changed = self._inventory is None or _published_view(inv) != _published_view(self._inventory)
         self._inventory = inv
         if changed and self.on_inventory_change is not None:
@@ -305,7 +309,10 @@ class DeviceState:
         for d in reversed(rec.devices):
             if d.mig is None or not d.mig.created_by_driver:
                 continue
-            self.mig.destroy(d.mig, owned_elsewhere)
+            if not self.mig.destroy(d.mig, owned_elsewhere):  # its GPU fell off the bus: owed, not gone
+                owed.owe(cp, rec, d.mig, self.claims)
+                self.owing = True
+                self.observer.failed("unprepare", "mig-instance-owed")
         cp.claims.pop(rec.uid, None)
         self.store.save(cp)
         self._step("undo:record-removed")
@@ -322,6 +329,7 @@ class DeviceState:
     def report_hardware(self, cp: Checkpoint) -> None:
         """Tell the observer how many MIG instances, MPS daemons and prepared devices the checkpoint holds."""
         mig = sum(1 for r in cp.claims.values() for d in r.devices if d.mig is not None and d.mig.gi_id is not None)
+        mig += len(cp.owed_mig)  # they still exist on the hardware
         mps = sum(1 for r in cp.claims.values() if r.mps_daemon)
         prepared = sum(len(r.devices) for r in cp.claims.values() if r.phase == "PrepareCompleted")
         self.observer.hardware_changed(mig, mps, prepared)

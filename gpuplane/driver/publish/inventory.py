@@ -13,7 +13,7 @@ Naming and topology policy live here, above the hardware boundary:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from gpuplane.driver.hw import interface as hw
@@ -173,8 +173,12 @@ def discover(
     node_name: str,
     backend: hw.GpuBackend,
     driver_instances: Iterable[tuple[str, int]] = (),
+    withheld: Collection[str] = (),
 ) -> Inventory:
-    """Build the inventory. ``driver_instances`` are (gpu uuid, gi id) pairs the checkpoint owns."""
+    """Build the inventory. ``driver_instances`` are (gpu uuid, gi id) pairs the checkpoint owns.
+
+    ``withheld`` GPUs (uuids) offer no device: the driver still owes a MIG instance there.
+    """
     owned = set(driver_instances)
     infos = sorted(backend.gpus(), key=lambda g: g.minor)
     domains = nvlink_domains(node_name, backend, infos)
@@ -184,9 +188,13 @@ def discover(
         mode, profiles, instances, _lost = _probe(backend, info)
         admin = [gi for gi in instances if (info.uuid, gi.gi_id) not in owned]
         by_id = {p.profile_id: p for p in profiles}
-        dynamic = info.mig_capable and bool(profiles) and (not info.mig_toggle_needs_reset or mode.current)
+        held_back = info.uuid in withheld
+        dynamic = (
+            info.mig_capable and bool(profiles) and (not info.mig_toggle_needs_reset or mode.current) and not held_back
+        )
         # A GPU whose MIG toggle needs a reset is offered whole only while MIG is off.
-        offer_whole = not (info.mig_toggle_needs_reset and mode.current) and not admin
+        offer_whole = not (info.mig_toggle_needs_reset and mode.current) and not admin and not held_back
+        admin = [] if held_back else admin
         slots: list[MigSlot] = []
         if dynamic:
             for profile in profiles:
