@@ -159,9 +159,13 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
         await gang(namespace, name, memo, kw)
 
     @kopf.on.event(names.GROUP, names.VERSION, names.GANG_PLURAL, registry=reg)
-    async def gang_event(namespace: str | None, name: str, type: str, memo: Any, **kw: Any) -> None:
+    async def gang_event(body: kopf.Body, namespace: str | None, name: str, type: str, memo: Any, **kw: Any) -> None:
         if type in ("ADDED", "MODIFIED"):
             await gang(namespace, name, memo, kw)
+        elif type == "DELETED" and memo.leading() and not rejects.rejected(body):
+            async with memo.lock():
+                plain = _plain(body, "spec", "status")
+                await runtime.gang_deleted(memo, f"{namespace}/{name}", plain, world_of(memo, kw))
 
     # --- gate-and-steer (single pods with a claim, gated at admission) ----------------------------------
     def steer_gated(body: kopf.Body, **_: Any) -> bool:

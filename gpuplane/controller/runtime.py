@@ -26,7 +26,7 @@ import structlog
 from gpuplane.controller import config, events, failfast, kube, leader, names
 from gpuplane.controller import metrics as metrics_mod
 from gpuplane.controller.claim import checks, review
-from gpuplane.controller.gang import queue_runner, reconciler, status, world
+from gpuplane.controller.gang import deleted, desired, queue_runner, reconciler, status, world
 from gpuplane.controller.node import labels, snapshot_builder
 from gpuplane.controller.placement.policies import base as policy_base
 from gpuplane.controller.placement.policies import make as make_policy
@@ -289,6 +289,27 @@ async def _reconcile_gang(rt: Runtime, key: str, w: world.World, now: float) -> 
         if vwritten:
             rt.shared.overlay[victim] = (now, {"phase": "Preempted", "placement": None})
             rt.touched()
+
+
+async def gang_deleted(rt: Runtime, key: str, body: Mapping[str, Any], w: world.World) -> None:
+    """A GpuGang was deleted: release what is left of it and tell its pods (:mod:`.gang.deleted`)."""
+    rt.coalescer.forget(key)
+    rt.shared.overlay.pop(key, None)
+    if not rt.leading():
+        return
+    ns, name = key.split("/", 1)
+    ref = desired.GangRef(ns, name, (body.get("metadata") or {}).get("uid", ""))
+    phase = str((body.get("status") or {}).get("phase", ""))
+    owned = [c for c, e in w.gang_claims(key).items() if e.owned]
+    grace = rt.settings.eviction_grace_s
+    d = deleted.deletion(ref, phase, w.pods.get(key, ()), owned, w.jobs.get(key, ()), grace_seconds=grace)
+    if not d.steps and not d.told:
+        return
+    failed = await asyncio.to_thread(deleted.end, rt.writer, rt.writer, ns, d)
+    rt.touched()
+    log.info("gang deleted: released", gang=key, phase=phase, pods_told=d.pods_told, steps=len(d.steps))
+    if failed:
+        log.warning("some writes for a deleted gang failed", gang=key, failed=failed[:10])
 
 
 async def sync_node_label(
