@@ -158,7 +158,8 @@ def test_a_gang_is_placed_while_the_deep_claim_exists(gpu_cluster: GpuCluster, n
 
     eventually(running, 120, "the gang member to run")
     gc.cluster.kubectl("delete", "gpugang", "-n", ns, "g1", "--wait=false")
-    gc.cluster.kubectl("delete", "pod", "-n", ns, "g1-0", "--wait=true", "--timeout=60s")
+    # The controller deletes a deleted gang's member pods itself (GangDeleted): the pod may be gone already.
+    gc.cluster.kubectl("delete", "pod", "-n", ns, "g1-0", "--ignore-not-found", "--wait=true", "--timeout=60s")
 
 
 def test_a_restarted_replica_starts_past_the_deep_claim_and_sigterm_hands_over(
