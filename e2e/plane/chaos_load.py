@@ -11,8 +11,8 @@ each pod's claim from its template and deletes it with the pod, as for any DRA w
   controller must say why.
 
 :class:`Churn` is a thread that, every ``interval`` seconds, deletes the oldest pod when
-``live`` pods exist and creates the next one (kinds in turn), until :meth:`Churn.finish` is called
-and at least ``total`` pods were created. It runs through component crashes: a call that fails
+``live`` pods exist (a graceful and an immediate delete in turn) and creates the next one (kinds
+in turn), until :meth:`Churn.finish` is called and at least ``total`` pods were created. It runs through component crashes: a call that fails
 (the apiserver is down) is counted and tried again on the next tick, and the pods it works on are
 read back from the API each time, so a create whose answer was lost is not lost to the loop.
 """
@@ -83,7 +83,7 @@ class ChurnCounts:
     """What the loop did."""
 
     created: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(KINDS, 0))
-    deleted: int = 0
+    deleted: dict[str, int] = dataclasses.field(default_factory=lambda: {"graceful": 0, "immediate": 0})
     failed_calls: int = 0
     ticks: int = 0
 
@@ -167,5 +167,10 @@ class Churn(threading.Thread):
             (m for m in metas if m.deletion_timestamp is None), key=lambda m: (m.creation_timestamp, str(m.name))
         )
         if len(alive) >= self.live:
-            self.core.delete_namespaced_pod(str(alive[0].name), self.namespace)
-            self.counts.deleted += 1
+            # In turn: a graceful delete (the kubelet stand-in unprepares, then removes the pod) and an
+            # immediate one (grace 0: the pod is gone from the API at once, its claim soon after, and the
+            # node unprepares from what it remembers, racing kube-controller-manager's claim deletion).
+            how = "graceful" if sum(self.counts.deleted.values()) % 2 == 0 else "immediate"
+            grace = 1 if how == "graceful" else 0
+            self.core.delete_namespaced_pod(str(alive[0].name), self.namespace, grace_period_seconds=grace)
+            self.counts.deleted[how] += 1
