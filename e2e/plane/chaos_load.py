@@ -12,9 +12,10 @@ each pod's claim from its template and deletes it with the pod, as for any DRA w
 
 :class:`Churn` is a thread that, every ``interval`` seconds, deletes the oldest pod when
 ``live`` pods exist (a graceful and an immediate delete in turn) and creates the next one (kinds
-in turn), until :meth:`Churn.finish` is called and at least ``total`` pods were created. It runs through component crashes: a call that fails
-(the apiserver is down) is counted and tried again on the next tick, and the pods it works on are
-read back from the API each time, so a create whose answer was lost is not lost to the loop.
+in turn), until :meth:`Churn.finish` is called and at least ``total`` pods were created. It runs
+through component crashes: a call that fails (the apiserver is down) is counted and tried again on
+the next tick, and the pods it works on are read back from the API each time, so a create whose
+answer was lost is not lost to the loop.
 """
 
 from __future__ import annotations

@@ -105,6 +105,8 @@ def _crash(gpu: GpuCluster, restarter: chaos.Restarter, component: str, round_: 
     api = gpu.cluster.api
     if component in ("driver", "kubelet"):
         node = gpu.nodes[round_ % len(gpu.nodes)]
+        starting = _starting_pod(gpu, node.name)
+        print(f"[chaos] {component} of {node.name} killed while {starting or 'no pod'} was being started there")
         return restarter.crash(component, node.driver_process if component == "driver" else node.kubelet_process)
     if component == "controller":
         name = _leader_process(api)
@@ -114,6 +116,18 @@ def _crash(gpu: GpuCluster, restarter: chaos.Restarter, component: str, round_: 
         print(f"[chaos] leader Lease renewed by {holder} {kill.ready_s:.1f}s+ after {name} was killed")
         return kill
     return restarter.crash(component, component)
+
+
+def _starting_pod(gpu: GpuCluster, node: str, wait_s: float = 20.0) -> str | None:
+    """Wait (a while) for a pod bound to ``node`` that does not run yet: its claims are being prepared."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        for pod in gpu.pods(NAMESPACE):
+            meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
+            if spec.get("nodeName") == node and status.get("phase") == "Pending" and not meta.get("deletionTimestamp"):
+                return str(meta["name"])
+        time.sleep(0.2)
+    return None
 
 
 def _churn_client(handle: cluster.Cluster) -> client.CoreV1Api:
