@@ -2,9 +2,9 @@
 
 :func:`read_node` reads what a node's driver left on the node, through the production code's own
 readers: its checkpoint (``checkpoint.decode``, integrity-checked), its CDI specs
-(``cdi.list_claim_specs``), the simulator's MIG instances (``sim_cli show``), the per-claim MPS
-directories and the live MPS control daemons (``MpsProcesses.scan``: ``/proc`` and the daemons'
-environment). :func:`read_api` reads the pods, claims and Events. :func:`check` is pure and
+(``cdi.list_claim_specs``), the simulator's MIG instances (``sim_cli show``, run in this process),
+the per-claim MPS directories and the live MPS control daemons (``MpsProcesses.scan``: ``/proc``
+and the daemons' environment). :func:`read_api` reads the pods, claims and Events. :func:`check` is pure and
 returns a :class:`Verdict`: how many checks it made and every violation, each a sentence naming
 the object. The invariants:
 
@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
-import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -36,6 +34,7 @@ from kubernetes import client
 
 from e2e.plane.simnode_plan import SimNode
 from gpuplane.driver.api import names
+from gpuplane.driver.hw import sim_cli
 from gpuplane.driver.prepare import cdi, checkpoint
 from gpuplane.driver.sharing.mps_procs import MpsProcesses
 from gpuplane.driver.sharing.mps_spec import CLAIM_UID
@@ -85,8 +84,8 @@ class Verdict:
 def read_node(node: SimNode, mps_binary: str) -> NodeView:
     """The node's checkpoint, CDI specs, MIG instances, MPS directories and MPS daemons."""
     cp = checkpoint.decode(node.checkpoint.read_bytes()) if node.checkpoint.exists() else checkpoint.Checkpoint()
-    shown = subprocess.run(node.sim_cli("show"), capture_output=True, text=True, check=True, timeout=60)
-    gpus = cast(dict[str, Any], json.loads(shown.stdout)).get("gpus", {})
+    shown = sim_cli.run(["--state-dir", str(node.sim_state_dir), "show"])  # ``sim_cli show``, in this process
+    gpus = cast(dict[str, Any], shown).get("gpus", {})
     instances = tuple((uuid, int(gi["gi_id"])) for uuid, gpu in sorted(gpus.items()) for gi in gpu.get("gis") or [])
     root = node.mps_root.absolute()
     dirs = frozenset(p.name for p in root.iterdir() if p.is_dir() and CLAIM_UID.match(p.name)) if root.is_dir() else ()

@@ -17,7 +17,7 @@ held twice, every pending claim explained. The counts are printed (``pytest -s``
 Sizes come from the environment, for a longer nightly-style run:
 ``GPUPLANE_CHAOS_PODS`` (pods to create, 24), ``GPUPLANE_CHAOS_LIVE`` (pods alive at once, 6),
 ``GPUPLANE_CHAOS_ROUNDS`` (kills of each component, 1), ``GPUPLANE_CHAOS_INTERVAL`` (seconds
-between churn steps, 1.5), ``GPUPLANE_CHAOS_GAP`` (seconds between kills, 4),
+between churn steps, 1.5), ``GPUPLANE_CHAOS_GAP`` (seconds between kills, 3),
 ``GPUPLANE_CHAOS_COMPONENTS`` (comma list; ``kubelet``, the node's kubelet stand-in, may be added),
 ``GPUPLANE_CHAOS_QUIET_TIMEOUT`` (seconds, 150).
 The drivers sweep orphans every 10 s (``GPUPLANE_CLEANUP_INTERVAL``) instead of 60 s, so the
@@ -56,7 +56,7 @@ PODS = int(_num("PODS", 24))
 LIVE = int(_num("LIVE", 6))
 ROUNDS = int(_num("ROUNDS", 1))
 INTERVAL_S = _num("INTERVAL", 1.5)
-GAP_S = _num("GAP", 4)
+GAP_S = _num("GAP", 3)
 QUIET_TIMEOUT_S = _num("QUIET_TIMEOUT", 150)
 COMPONENTS = [c for c in os.environ.get("GPUPLANE_CHAOS_COMPONENTS", DEFAULT_COMPONENTS).split(",") if c]
 
@@ -122,10 +122,10 @@ def _starting_pod(gpu: GpuCluster, node: str, wait_s: float = 20.0) -> str | Non
     """Wait (a while) for a pod bound to ``node`` that does not run yet: its claims are being prepared."""
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        for pod in gpu.pods(NAMESPACE):
-            meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
-            if spec.get("nodeName") == node and status.get("phase") == "Pending" and not meta.get("deletionTimestamp"):
-                return str(meta["name"])
+        listed = gpu.cluster.core.list_namespaced_pod(NAMESPACE, field_selector=f"spec.nodeName={node}")
+        for pod in listed.items:
+            if pod.status and pod.status.phase == "Pending" and pod.metadata and not pod.metadata.deletion_timestamp:
+                return str(pod.metadata.name)
         time.sleep(0.2)
     return None
 
