@@ -157,6 +157,17 @@ def check(
     return v
 
 
+def terminating(api: ApiView) -> list[str]:
+    """The workload's pods and claims that are being deleted (a quiet cluster has none left)."""
+    mine = [c for c in api.claims if _meta(c).get("namespace") == api.namespace]
+    return [
+        f"{kind} {api.namespace}/{_meta(o).get('name')} (deleted at {_meta(o).get('deletionTimestamp')})"
+        for kind, objs in (("pod", api.pods), ("claim", mine))
+        for o in objs
+        if _meta(o).get("deletionTimestamp")
+    ]
+
+
 def _claims_have_pods(v: Verdict, api: ApiView) -> None:
     """A claim made for a pod goes with it (kube-controller-manager deletes it once the pod is gone)."""
     pods = {str(_meta(p).get("uid")) for p in api.pods}

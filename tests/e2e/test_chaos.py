@@ -135,11 +135,6 @@ def _churn_client(handle: cluster.Cluster) -> client.CoreV1Api:
     return client.CoreV1Api(load(config_file=str(handle.kubeconfig), persist_config=False))
 
 
-def _quiet(api: chaos_invariants.ApiView) -> bool:
-    mine = [c for c in api.claims if (c.get("metadata") or {}).get("namespace") == api.namespace]
-    return not any((o.get("metadata") or {}).get("deletionTimestamp") for o in [*api.pods, *mine])
-
-
 def _converge(gpu: GpuCluster) -> tuple[chaos_invariants.Verdict, int, int, list[str]]:
     """Check until a quiet reading has no violation, or the time is up.
 
@@ -157,9 +152,14 @@ def _converge(gpu: GpuCluster) -> tuple[chaos_invariants.Verdict, int, int, list
         api = chaos_invariants.read_api(gpu.cluster.api, NAMESPACE)
         nodes = [chaos_invariants.read_node(n, str(simnodes.MPS_STANDIN)) for n in gpu.nodes]
         verdict = chaos_invariants.check(api, nodes, must_run)
+        stuck = chaos_invariants.terminating(api)
         passes, checks = passes + 1, checks + verdict.checks
-        if (_quiet(api) and not verdict.violations) or time.monotonic() > deadline:
+        if not stuck and not verdict.violations:
             return verdict, passes, checks, transient
+        if time.monotonic() > deadline:  # a pod or claim that never finishes terminating is a violation too
+            for what in stuck:
+                verdict.expect(False, f"{what} is still terminating {QUIET_TIMEOUT_S:.0f}s after the faults")
+            return verdict, passes, checks + len(stuck), transient
         transient += [v for v in verdict.violations if v not in transient]
         time.sleep(3)
 
@@ -216,4 +216,5 @@ def test_chaos_kills_each_component_and_nothing_leaks_or_doubles(
         print(f"[chaos] VIOLATION {violation}")
     assert counts.total_created >= PODS and len(restarter.kills) == ROUNDS * len(COMPONENTS)
     assert verdict.checks > 0
-    assert verdict.violations == [], "\n".join(verdict.violations)
+    logs = handle.state_dir / "logs" if handle.state_dir else "?"
+    assert verdict.violations == [], "\n".join([*verdict.violations, f"component logs: {logs}"])

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from e2e.plane.chaos_invariants import ApiView, NodeView, check
+from e2e.plane.chaos_invariants import ApiView, NodeView, check, terminating
 from gpuplane.driver.prepare.checkpoint import Checkpoint, ClaimRecord, DeviceRecord, MigRecord, SharingRecord
 
 NS = "chaos"
@@ -203,3 +203,16 @@ def test_a_pod_that_must_run_but_is_pending_is_reported() -> None:
     api, nodes = consistent()
     verdict = check(api, nodes, must_run=lambda pod: True)
     assert verdict.violations == ["pod chaos/unfit is Pending, not Running"]
+
+
+def test_pods_and_claims_being_deleted_are_named() -> None:
+    api, _ = consistent()
+    pods = copy.deepcopy(list(api.pods))
+    pods[0]["metadata"]["deletionTimestamp"] = "2026-12-01T16:42:40Z"
+    claims = copy.deepcopy(list(api.claims))
+    claims[1]["metadata"]["deletionTimestamp"] = "2026-12-01T16:42:41Z"
+    assert terminating(dataclasses.replace(api, pods=pods, claims=claims)) == [
+        "pod chaos/whole (deleted at 2026-12-01T16:42:40Z)",
+        "claim chaos/mig-c (deleted at 2026-12-01T16:42:41Z)",
+    ]
+    assert terminating(api) == []
