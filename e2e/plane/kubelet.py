@@ -54,7 +54,7 @@ from kubernetes.client.exceptions import ApiException
 from e2e.plane import nodes
 from e2e.plane.kubelet_dra import BACKOFF_INITIAL_S, Claim, PodDra, PodNotReady, PrepareFailed
 from e2e.plane.kubelet_plugins import PluginRegistry
-from e2e.plane.kubelet_pods import PodEvents, PodView, now, running_status, stamp, watch_pods
+from e2e.plane.kubelet_pods import PodEvents, PodView, delete_terminated, now, running_status, stamp, watch_pods
 
 _log = logging.getLogger("e2e.plane.kubelet")
 
@@ -318,16 +318,7 @@ class KubeletStandIn:
                 pod, last_users, stop=self._stop, warn=self.events.warn, backoff_max_s=self.settings.workers_backoff_max
             )
         if delete:
-            try:
-                self.core.delete_namespaced_pod(
-                    pod.name,
-                    pod.namespace,
-                    grace_period_seconds=0,
-                    body=client.V1DeleteOptions(grace_period_seconds=0, preconditions=client.V1Preconditions(uid=uid)),
-                )
-            except ApiException as err:
-                if err.status not in (404, 409):  # gone already, or a different pod by now
-                    raise
+            delete_terminated(self.core, pod)  # raises PodStillThere or an API error: retried by _drive
             _log.info("pod %s deleted", pod.key)
 
 

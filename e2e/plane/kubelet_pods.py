@@ -153,6 +153,9 @@ class PodEvents:
             if err.status != 404:
                 _log.warning("could not update event %s: %s", name, err.reason)
                 return
+        except Exception as err:  # the apiserver is down: an Event is best effort, as for kubelet's recorder
+            _log.warning("could not update event %s: %s", name, err)
+            return
         body = client.CoreV1Event(
             metadata=client.V1ObjectMeta(name=name, namespace=namespace),
             involved_object=client.V1ObjectReference(
@@ -172,6 +175,38 @@ class PodEvents:
             self.core.create_namespaced_event(namespace, body)
         except ApiException as err:
             _log.warning("could not record event %s: %s", reason, err.reason)
+        except Exception as err:  # the apiserver is down (a urllib3 error): never fail the pod's worker for it
+            _log.warning("could not record event %s: %s", reason, err)
+
+
+class PodStillThere(RuntimeError):
+    """The final delete of a pod answered 404, but the pod is still there: try again later."""
+
+
+def delete_terminated(core: client.CoreV1Api, pod: PodView) -> None:
+    """The final delete kubelet makes for a terminated pod (grace 0, UID precondition); raises unless it is gone.
+
+    A 404 is trusted only when a read agrees: right after kube-apiserver starts, NodeRestriction answers a
+    node's pod delete from its pod informer, and says 404 until that informer has synced although the pod
+    exists. Kubelet retries any failed delete on its next status sync; so does the stand-in (``PodStillThere``).
+    """
+    options = client.V1DeleteOptions(grace_period_seconds=0, preconditions=client.V1Preconditions(uid=pod.uid))
+    try:
+        core.delete_namespaced_pod(pod.name, pod.namespace, grace_period_seconds=0, body=options)
+        return
+    except ApiException as err:
+        if err.status == 409:  # a different pod by now
+            return
+        if err.status != 404:
+            raise
+    try:
+        current = core.read_namespaced_pod(pod.name, pod.namespace)
+    except ApiException as err:
+        if err.status == 404:
+            return
+        raise
+    if current.metadata is not None and current.metadata.uid == pod.uid:
+        raise PodStillThere(f"pod {pod.key}: its delete answered 404 but it is still there")
 
 
 def watch_pods(
