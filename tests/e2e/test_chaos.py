@@ -19,7 +19,9 @@ Sizes come from the environment, for a longer nightly-style run:
 ``GPUPLANE_CHAOS_ROUNDS`` (kills of each component, 1), ``GPUPLANE_CHAOS_INTERVAL`` (seconds
 between churn steps, 1.5), ``GPUPLANE_CHAOS_GAP`` (seconds between kills, 3),
 ``GPUPLANE_CHAOS_COMPONENTS`` (comma list; ``kubelet``, the node's kubelet stand-in, may be added),
-``GPUPLANE_CHAOS_QUIET_TIMEOUT`` (seconds, 150).
+``GPUPLANE_CHAOS_QUIET_TIMEOUT`` (seconds, 150), ``GPUPLANE_CHAOS_LEADER_DOWN`` (seconds the killed
+leader stays down in even rounds, 22: past its 15 s Lease, so the standby takes over; in odd rounds it
+is back after 1 s and finds its own Lease).
 The drivers sweep orphans every 10 s (``GPUPLANE_CLEANUP_INTERVAL``) instead of 60 s, so the
 quiet state comes within the test's time.
 """
@@ -58,6 +60,7 @@ ROUNDS = int(_num("ROUNDS", 1))
 INTERVAL_S = _num("INTERVAL", 1.5)
 GAP_S = _num("GAP", 3)
 QUIET_TIMEOUT_S = _num("QUIET_TIMEOUT", 150)
+LEADER_DOWN_S = _num("LEADER_DOWN", 22)
 COMPONENTS = [c for c in os.environ.get("GPUPLANE_CHAOS_COMPONENTS", DEFAULT_COMPONENTS).split(",") if c]
 
 
@@ -109,9 +112,11 @@ def _crash(gpu: GpuCluster, restarter: chaos.Restarter, component: str, round_: 
         print(f"[chaos] {component} of {node.name} killed while {starting or 'no pod'} was being started there")
         return restarter.crash(component, node.driver_process if component == "driver" else node.kubelet_process)
     if component == "controller":
+        # Even rounds: the leader stays down past the Lease (15 s), so the standby takes over; odd rounds: it
+        # comes back at once under the same identity and finds its own Lease.
         name = _leader_process(api)
         killed_at = datetime.datetime.now(datetime.UTC)
-        kill = restarter.crash(component, name)
+        kill = restarter.crash(component, name, downtime_s=LEADER_DOWN_S if round_ % 2 == 0 else 1.0)
         holder = eventually(lambda: _lease_renewed_since(api, killed_at), 90, "a live leader to renew the Lease")
         print(f"[chaos] leader Lease renewed by {holder} {kill.ready_s:.1f}s+ after {name} was killed")
         return kill
