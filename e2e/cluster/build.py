@@ -301,6 +301,63 @@ def ensure_binaries(
     return bins
 
 
+@dataclasses.dataclass(frozen=True)
+class GoBinary:
+    """One binary to build from a Go module: file name, package, linker flags, extra environment."""
+
+    name: str
+    package: str
+    linker_flags: str = "-s -w"
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+def ensure_built(
+    directory: Path,
+    binaries: Sequence[GoBinary],
+    *,
+    module_dir: Path,
+    environ: Mapping[str, str] | None = None,
+    out: Printer = print,
+) -> dict[str, Path]:
+    """Build whichever of ``binaries`` is missing from the cache ``directory``; return name -> path.
+
+    The generic form of :func:`ensure_binaries` for any Go module pinned in ``module_dir``: each
+    binary is built once (:func:`build_one`: temporary file, rename), under an exclusive lock on
+    the directory so that two processes never build the same binary at once.
+    """
+    env = dict(os.environ if environ is None else environ)
+    paths = {b.name: directory / b.name for b in binaries}
+
+    def missing() -> list[GoBinary]:
+        return [b for b in binaries if not (paths[b.name].is_file() and os.access(paths[b.name], os.X_OK))]
+
+    if not missing():
+        return paths
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / ".build.lock").open("w") as lock:
+        if not _try_lock(lock.fileno()):
+            out(f"another process is building into {directory}; waiting for it ...")
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        todo = missing()
+        if not todo:
+            return paths
+        go = check_go(env)
+        out(f"building {len(todo)} binaries into {directory} (a cold build takes minutes)")
+        for index, binary in enumerate(todo, start=1):
+            out(f"[{index}/{len(todo)}] {binary.name}")
+            build_one(
+                go,
+                binary.name,
+                binary.package,
+                paths[binary.name],
+                module_dir=module_dir,
+                environ={**env, **binary.env},
+                out=out,
+                linker_flags=binary.linker_flags,
+            )
+    return paths
+
+
 def _try_lock(fd: int) -> bool:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -43,6 +43,7 @@ class DriverConfig(BaseModel):
     health_poll_interval_s: float = 1.0
     taint_clear_after_s: float = 60.0
     benign_xids: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
+    mig_placements: bool = True  # False: publish whole GPUs only, no MIG devices or counters
     telemetry_interval_s: float = 10.0
     noisy_bandwidth_threshold: float = 0.5  # a claim's share of the GPU's memory bandwidth
     noisy_release_threshold: float = 0.4  # the alert clears below this (hysteresis)
@@ -147,6 +148,13 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
         default=_env("STEER_MIX", ""),
         help="size mix the order ranks for, e.g. '1g=0.5,2g=4,3g=5.5,4g=13.7,1gpu=75' (default: a flat prior)",
     )
+    p.add_argument(
+        "--mig-placements",
+        choices=["dynamic", "off"],
+        default=_env("MIG_PLACEMENTS", "dynamic"),
+        help="dynamic: publish every MIG profile x placement as a device (created at prepare); "
+        "off: publish whole GPUs only (208 -> 8 devices on an 8-GPU H100 node)",
+    )
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
     p.add_argument("--log-format", choices=["auto", "json", "console"], default=_env("LOG_FORMAT", "auto"))
     args = p.parse_args(argv)
@@ -187,6 +195,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
         steer_order=args.steer_order,
         withhold_stranding=args.withhold_stranding,
         steer_mix=args.steer_mix,
+        mig_placements=args.mig_placements == "dynamic",
         log_level=args.log_level,
         log_format=args.log_format,
     )

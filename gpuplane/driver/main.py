@@ -84,6 +84,7 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
                 boot_id=boot_id,
                 dev_root=cfg.dev_root,
                 check_host_device_nodes=True,
+                mig_placements=cfg.mig_placements,
             ),
             backend,
             api,

@@ -89,6 +89,7 @@ class StateSettings:
     boot_id: str
     dev_root: Path = Path("/dev")
     check_host_device_nodes: bool = False
+    mig_placements: bool = True  # False: publish whole GPUs only (see inventory.discover)
 
 
 def _reason(exc: BaseException) -> str:
@@ -152,7 +153,13 @@ class DeviceState:
             for d in rec.devices
             if d.mig is not None and d.mig.gi_id is not None and d.mig.created_by_driver
         ] + [(o.parent_uuid, o.gi_id) for o in cp.owed_mig if o.gi_id is not None]
-        inv = discover(self.settings.node_name, self.backend, [*owned, *also_owned], withheld)
+        inv = discover(
+            self.settings.node_name,
+            self.backend,
+            [*owned, *also_owned],
+            withheld,
+            mig_placements=self.settings.mig_placements,
+        )
         changed = self._inventory is None or _published_view(inv) != _published_view(self._inventory)
         self._inventory = inv
         if changed and self.on_inventory_change is not None:

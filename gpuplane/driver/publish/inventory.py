@@ -174,10 +174,17 @@ def discover(
     backend: hw.GpuBackend,
     driver_instances: Iterable[tuple[str, int]] = (),
     withheld: Collection[str] = (),
+    *,
+    mig_placements: bool = True,
 ) -> Inventory:
     """Build the inventory. ``driver_instances`` are (gpu uuid, gi id) pairs the checkpoint owns.
 
     ``withheld`` GPUs (uuids) offer no device: the driver still owes a MIG instance there.
+
+    ``mig_placements=False`` offers whole GPUs only: no dynamic MIG placements and no counter
+    sets (an administrator's existing instances are still published as fixed devices). A GPU
+    that still holds MIG instances is then not offered whole either, because without counters
+    nothing would keep the scheduler from handing it out beside them.
     """
     owned = set(driver_instances)
     infos = sorted(backend.gpus(), key=lambda g: g.minor)
@@ -192,8 +199,10 @@ def discover(
         dynamic = (
             info.mig_capable and bool(profiles) and (not info.mig_toggle_needs_reset or mode.current) and not held_back
         )
+        dynamic = dynamic and mig_placements
         # A GPU whose MIG toggle needs a reset is offered whole only while MIG is off.
         offer_whole = not (info.mig_toggle_needs_reset and mode.current) and not admin and not held_back
+        offer_whole = offer_whole and (mig_placements or not instances)
         admin = [] if held_back else admin
         slots: list[MigSlot] = []
         if dynamic:
