@@ -86,7 +86,9 @@ def test_every_profile_is_within_api_limits(case: Case) -> None:
     mig = [n for n, d in devices.items() if attr(d, names.ATTR_TYPE) == "mig"]
     assert whole == (sorted(f"gpu-{i}" for i in range(case.gpus)) if case.whole else [])
     assert len(mig) == (case.gpus * case.mig_per_gpu if case.mig else 0)
-    assert len(counter_slices) == (case.gpus if case.mig else 0)
+    # Counter sets packed 8 to a slice (the API's limit): one counter slice per 8 GPUs.
+    assert len(counter_slices) == (-(-case.gpus // 8) if case.mig else 0)
+    assert sum(len(s["spec"]["sharedCounters"]) for s in counter_slices) == (case.gpus if case.mig else 0)
     # A GPU's devices never straddle two slices (a slice is the unit the scheduler sees updated together).
     for i in range(case.gpus):
         holders = {
@@ -313,7 +315,7 @@ def test_docs_table_is_what_the_script_prints() -> None:
     table = script.summary_table()
     assert table in (repo / "docs" / "slices.md").read_text(), "regenerate: python scripts/print_slices.py --summary"
     rows = {line.split("|")[1].strip(): line for line in table.splitlines()[2:]}
-    assert rows["hgx-h100"].startswith("| hgx-h100 | 8 | 8 | 200 | 208 | 8 | 4 | 12 |")
+    assert rows["hgx-h100"].startswith("| hgx-h100 | 8 | 8 | 200 | 208 | 1 | 4 | 5 |")
     assert rows["pcie-l4"].startswith("| pcie-l4 | 4 | 4 | 0 | 4 | 0 | 1 | 1 |")
     example = script.example(script.pool("hgx-h100"), ["gpu-0", "gpu-0-mig-3g-40gb-4"])
     assert [list(s["spec"].get("sharedCounters") or s["spec"]["devices"]) != [] for s in example] == [True, True]

@@ -1,0 +1,275 @@
+"""Fleet benchmark, measurement 3: gpuplane's controller at fleet scale.
+
+The controller runs as ``gpuplane-controller`` (one replica, its own ServiceAccount token, leader
+Lease; ``e2e.plane.components.Controllers``) against the fleet, and is measured at three moments:
+
+1. started on the published fleet: until every fleet node carries the NVLink-domain label it
+   derives from the node's slices (proof that it indexed every slice);
+2. with the background claims in place: ``claims`` ResourceClaims, each used by a Running pod
+   and allocated by kube-scheduler (MIG 1g.10gb, whole-GPU and 4-GPU NVLink claims on the HGX
+   nodes, so the GB200 racks stay free for the gangs);
+3. placing ``gangs`` TP=8 gangs (2 GB200 trays x 4 GPUs, all-or-nothing in one NVL72 domain):
+   from the first GpuGang created until every gang is ``Placed`` by the controller, and until
+   every member pod is bound and Running. Each gang is then checked: one NVLink domain in its
+   placement, both members bound to the nodes the placement named, every node of that domain.
+
+Resident memory is sampled every 0.25 s (the peak is reported beside the value at each moment);
+CPU seconds come from ``/proc/<pid>/stat``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from bench import dra_overhead, fleet_probe, fleet_sched
+from e2e.cluster import procs
+from e2e.cluster.handle import Cluster
+from e2e.plane import components, fleet
+from gpuplane.controller import names as cnames
+
+Printer = Callable[[str], None]
+GANG_NAMESPACE = "fleet-gangs"
+GB200 = "NVIDIA GB200"
+PLACED = ("Placed", "Scheduled", "Running")
+
+
+class RssSampler:
+    """Samples one process's resident memory in a thread; ``peak`` since the last ``reset``."""
+
+    def __init__(self, pid: int, every_s: float = 0.25) -> None:
+        self.pid = pid
+        self.every_s = every_s
+        self.peak = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        """Start sampling."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop sampling."""
+        self._stop.set()
+
+    def reset(self) -> None:
+        """Start a new peak."""
+        self.peak = fleet_probe.rss_mb(self.pid)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.peak = max(self.peak, fleet_probe.rss_mb(self.pid))
+
+
+@dataclasses.dataclass(frozen=True)
+class Moment:
+    """The controller at one point of the run."""
+
+    what: str
+    seconds: float
+    rss_mb: float
+    peak_rss_mb: float
+    cpu_s: float  # CPU seconds spent during this step
+    detail: str
+
+
+def start_controller(cluster: Cluster, state_dir: Path, out: Printer) -> tuple[components.Controllers, int]:
+    """One controller replica; returns it and its pid."""
+    ctl = components.Controllers(state_dir, cluster, replicas=1, token_seconds=6 * 3600, die_with_parent=True, out=out)
+    ctl.start()
+    record = procs.read_records(state_dir / "pids")[f"{components.CONTROLLER_PREFIX}0"]
+    return ctl, record.pid
+
+
+def unlabelled(api: client.ApiClient, nodes: Sequence[fleet.FleetNode]) -> int:
+    """Fleet nodes that do not carry the NVLink-domain label yet."""
+    wanted = {n.name for n in nodes}
+    listed = client.CoreV1Api(api).list_node(label_selector=f"{fleet.FLEET_LABEL}=true")
+    labelled = {
+        i.metadata.name
+        for i in listed.items
+        if i.metadata and cnames.NODE_LABEL_NVLINK_DOMAIN in (i.metadata.labels or {})
+    }
+    return len(wanted - labelled)
+
+
+def background_mix(claims: int) -> list[tuple[str, int]]:
+    """How the background claims split: 75 % MIG 1g, 20 % one GPU, 5 % four GPUs (on HGX nodes)."""
+    gpu4 = claims // 20
+    gpu1 = claims // 5
+    return [("mig-1g", claims - gpu1 - gpu4), ("gpu-1", gpu1), ("gpu-4", gpu4)]
+
+
+def background(
+    api: client.ApiClient, probe: fleet_probe.Probe, claims: int, timeout: float, out: Printer
+) -> list[fleet_sched.Round]:
+    """Create the background claims and their pods (kept), through the scheduler; return the rounds."""
+    rounds = []
+    for kind, count in background_mix(claims):
+        if count:
+            out(f"background: {count} pods with {fleet_sched.KIND_TEXT[kind]} (kept) ...")
+            rounds.append(
+                fleet_sched.run_round(
+                    api,
+                    probe,
+                    fleet_variant="a",
+                    kind=kind,
+                    pods=count,
+                    label=f"bg-{kind}",
+                    timeout=timeout,
+                    h100_only=True,
+                    keep=True,
+                    out=out,
+                )
+            )
+    return rounds
+
+
+def gang_objects(index: int) -> list[dict[str, Any]]:
+    """GpuGang ``tp8-<index>`` (2 x 4 GB200 GPUs, TP=8) and its two gated member pods."""
+    name = f"tp8-{index:03d}"
+    gang = {
+        "apiVersion": cnames.GANG_API_VERSION,
+        "kind": cnames.GANG_KIND,
+        "metadata": {"name": name, "namespace": GANG_NAMESPACE},
+        "spec": {
+            "members": 2,
+            "gpusPerMember": 4,
+            "tensorParallelSize": 8,
+            "selectors": [f'device.attributes["gpu.gpuplane.dev"].productName == "{GB200}"'],
+        },
+    }
+    pods = []
+    for member in range(2):
+        pods.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"{name}-{member}",
+                    "namespace": GANG_NAMESPACE,
+                    "labels": {cnames.LABEL_GANG: name},
+                },
+                "spec": {
+                    "schedulingGates": [{"name": cnames.SCHEDULING_GATE}],
+                    "resourceClaims": [{"name": "gpus", "resourceClaimName": cnames.claim_name(name, member)}],
+                    "containers": [
+                        {"name": "rank", "image": dra_overhead.PAUSE, "resources": {"claims": [{"name": "gpus"}]}}
+                    ],
+                    "terminationGracePeriodSeconds": 0,
+                },
+            }
+        )
+    return [gang, *pods]
+
+
+@dataclasses.dataclass(frozen=True)
+class GangResult:
+    """What placing the gangs took."""
+
+    gangs: int
+    placed: int
+    placed_s: float  # first gang created -> last gang Placed (controller)
+    running_s: float  # first gang created -> last member pod Running
+    members_running: int
+    one_domain: int  # gangs whose placement is one NVLink domain with both members bound where it said
+    create_s: float
+
+
+def place_gangs(api: client.ApiClient, count: int, timeout: float, out: Printer) -> GangResult:
+    """Create ``count`` gangs with their pods and wait until they are placed and running."""
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    try:
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=GANG_NAMESPACE)))
+    except client.ApiException as err:
+        if err.status != 409:
+            raise
+    dra_overhead.wait(
+        lambda: bool(
+            core.list_namespaced_service_account(GANG_NAMESPACE, field_selector="metadata.name=default").items
+        ),
+        60,
+        "the default ServiceAccount",
+    )
+    started = time.monotonic()
+
+    def create(index: int) -> None:
+        gang, *pods = gang_objects(index)
+        custom.create_namespaced_custom_object(cnames.GROUP, cnames.VERSION, GANG_NAMESPACE, cnames.GANG_PLURAL, gang)
+        for pod in pods:
+            core.create_namespaced_pod(GANG_NAMESPACE, pod)  # type: ignore[arg-type]
+
+    fleet.parallel(list(range(count)), create, what="gangs created (GpuGang + 2 gated pods)", workers=8, out=out)
+    create_s = time.monotonic() - started
+    placed_at: float | None = None
+    running_at: float | None = None
+    deadline = started + timeout
+    last_note = started
+    gangs: list[dict[str, Any]] = []
+    pods: list[Any] = []
+    while time.monotonic() < deadline:
+        listed: dict[str, Any] = custom.list_namespaced_custom_object(  # type: ignore[assignment]
+            cnames.GROUP, cnames.VERSION, GANG_NAMESPACE, cnames.GANG_PLURAL
+        )
+        gangs = listed["items"]
+        placed = sum(1 for g in gangs if (g.get("status") or {}).get("phase") in PLACED)
+        pods = core.list_namespaced_pod(GANG_NAMESPACE).items
+        running = sum(1 for p in pods if p.status and p.status.phase == "Running")
+        now = time.monotonic()
+        if placed_at is None and placed == count:
+            placed_at = now
+        if running == 2 * count:
+            running_at = now
+            break
+        if now - last_note > 15:
+            last_note = now
+            out(f"  gangs: {placed}/{count} placed, {running}/{2 * count} member pods Running ({now - started:.0f}s)")
+        time.sleep(0.5)
+    else:
+        out(f"  gangs: not all placed and running after {timeout:.0f}s")
+    node_domain = {
+        i.metadata.name: (i.metadata.labels or {}).get(cnames.NODE_LABEL_NVLINK_DOMAIN)
+        for i in core.list_node(label_selector=f"{fleet.FLEET_LABEL}=true").items
+        if i.metadata
+    }
+    bound = {p.metadata.name: p.spec.node_name for p in pods if p.metadata and p.spec}
+    one_domain = 0
+    for g in gangs:
+        placement = (g.get("status") or {}).get("placement") or {}
+        domains = placement.get("domains") or []
+        members: Mapping[str, str] = placement.get("members") or {}
+        name = g["metadata"]["name"]
+        ok = len(domains) == 1 and len(members) == 2
+        for member, node in members.items():
+            ok = ok and bound.get(f"{name}-{member}") == node and node_domain.get(node) == domains[0]
+        one_domain += int(ok)
+    return GangResult(
+        gangs=count,
+        placed=sum(1 for g in gangs if (g.get("status") or {}).get("phase") in PLACED),
+        placed_s=(placed_at - started) if placed_at else float("nan"),
+        running_s=(running_at - started) if running_at else float("nan"),
+        members_running=sum(1 for p in pods if p.status and p.status.phase == "Running"),
+        one_domain=one_domain,
+        create_s=create_s,
+    )
+
+
+def moments_table(moments: Sequence[Moment], target_mb: float) -> str:
+    """Markdown table of the controller's moments."""
+    rows = [
+        "| moment | took s | RSS MB | peak RSS MB | CPU s in step | detail |",
+        "|---|---|---|---|---|---|",
+    ]
+    rows += [
+        f"| {m.what} | {m.seconds:.1f} | {m.rss_mb:.0f} | {m.peak_rss_mb:.0f} | {m.cpu_s:.1f} | {m.detail} |"
+        for m in moments
+    ]
+    peak = max((m.peak_rss_mb for m in moments), default=0.0)
+    verdict = "PASS" if peak <= target_mb else "FAIL"
+    return "\n".join(rows) + f"\n\ncontroller peak RSS {peak:.0f} MB, target <= {target_mb:.0f} MB: {verdict}\n"
