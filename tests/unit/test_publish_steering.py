@@ -184,13 +184,16 @@ def test_a_reorder_rewrites_only_the_changed_slices_at_the_same_generation(hgx: 
     assert api.calls == []
 
 
-def test_a_changed_device_set_still_bumps_the_generation(hgx: inventory.Inventory) -> None:
+def test_a_change_in_two_slices_still_bumps_the_generation(hgx: inventory.Inventory) -> None:
     api = FakeSliceApi()
     taints: dict[str, list[slices.DeviceTaint]] = {}
     pub = SlicePublisher(api, "node-a", "gpu.gpuplane.dev", taints=lambda: taints)
     pub.publish(hgx)
     gen = {o["spec"]["pool"]["generation"] for o in api.objs.values()}
-    taints["gpu-1"] = [slices.DeviceTaint("gpu.gpuplane.dev/unhealthy", "xid-79", "NoExecute")]
+    # GPUs 0 and 7 sit in different slices (a change confined to one slice is updated in place:
+    # tests/unit/test_publisher.py)
+    taints["gpu-0"] = [slices.DeviceTaint("gpu.gpuplane.dev/unhealthy", "xid-79", "NoExecute")]
+    taints["gpu-7"] = [slices.DeviceTaint("gpu.gpuplane.dev/unhealthy", "xid-79", "NoExecute")]
     api.calls.clear()
     assert pub.publish(hgx)
     new = {o["spec"]["pool"]["generation"] for o in api.objs.values()}

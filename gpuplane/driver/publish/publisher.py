@@ -1,14 +1,16 @@
 """Keep this node's ResourceSlices equal to the desired pool.
 
 Only slices with ``spec.nodeName == <node>`` and ``spec.driver == <driver>`` are
-ever read, written or deleted. The pool generation rises whenever the content
-changes; new-generation slices are written before stale ones are deleted, so the
-scheduler never sees a pool with fewer devices than it has. One exception: when
-the only change is the order of devices inside slices (the steered layout
-re-ranking after a prepare), each such slice is rewritten in place at the same
-generation. Every device stays in its slice with the same spec, so at every
-moment the pool is complete, valid and holds the same devices; no other slice
-is touched.
+ever read, written or deleted. One rule decides how a change is written. When the
+pool keeps its slices (same names, one generation, complete) and at most one
+slice's devices change (a health taint on one GPU: a GPU's devices share a slice),
+while any other slice changes only in the order of its devices (the steered
+layout re-ranking after a prepare), those slices are updated in place at the same
+generation, as the upstream ResourceSlice controller does. One update is atomic
+and a reorder moves no device out of its slice and changes no spec, so every
+state a reader can see is the old pool or the new one. Any other change raises
+the generation: new-generation slices are written before stale ones are deleted,
+so the scheduler never sees a pool with fewer devices than it has.
 """
 
 from __future__ import annotations
@@ -56,26 +58,22 @@ def _without_time_added(spec: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _same_specs(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> bool:
-    """Equal slice specs regardless of order (the API lists slices by name: "-10" sorts before "-2") and of
-    the taints' ``timeAdded`` (defaulted by the API server)."""
-
-    def keys(specs: Sequence[Mapping[str, Any]]) -> list[str]:
-        return sorted(json.dumps(_without_time_added(s), sort_keys=True) for s in specs)
-
-    return keys(a) == keys(b)
-
-
 def _spec_without_pool(obj: Mapping[str, Any]) -> dict[str, Any]:
     spec = dict(obj.get("spec", {}))
     spec.pop("pool", None)
     return spec
 
 
+def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Equal slice specs regardless of the taints' ``timeAdded`` (defaulted by the API server)."""
+    return json.dumps(_without_time_added(a), sort_keys=True) == json.dumps(_without_time_added(b), sort_keys=True)
+
+
 def _unordered(spec: Mapping[str, Any]) -> str:
-    """A slice spec with its devices sorted by name: equal for two specs that differ only in device order."""
-    out = dict(spec)
-    out["devices"] = sorted(spec.get("devices") or [], key=lambda d: str(d.get("name", "")))
+    """A slice spec with its devices sorted by name and without taint times: equal for two specs that differ
+    only in device order."""
+    out = _without_time_added(spec)
+    out["devices"] = sorted(out.get("devices") or [], key=lambda d: str(d.get("name", "")))
     return json.dumps(out, sort_keys=True)
 
 
@@ -130,7 +128,7 @@ class SlicePublisher:
         self._published: str | None = None
         self._generation = 0
         self.devices_published = 0
-        self.writes = {"create": 0, "replace": 0, "reorder": 0, "delete": 0}
+        self.writes = {"create": 0, "replace": 0, "update": 0, "reorder": 0, "delete": 0}
 
     def _wrote(self, verb: str) -> None:
         self.writes[verb] += 1
@@ -143,43 +141,37 @@ class SlicePublisher:
         with self._lock:
             if desired == self._published and not force:
                 return False
-            existing = sorted(
-                self.api.list_slices(self.node_name, self.driver_name), key=lambda o: o["metadata"]["name"]
-            )
-            current_gen = max((int(o["spec"]["pool"].get("generation", 0)) for o in existing), default=0)
+            existing = {o["metadata"]["name"]: o for o in self.api.list_slices(self.node_name, self.driver_name)}
+            current_gen = max((int(o["spec"]["pool"].get("generation", 0)) for o in existing.values()), default=0)
             self._generation = max(self._generation, current_gen)
-            if (
-                existing
-                and _same_specs([_spec_without_pool(o) for o in existing], content.slice_specs)
-                and all(o["spec"]["pool"].get("resourceSliceCount") == len(existing) for o in existing)
-                and len({o["spec"]["pool"].get("generation") for o in existing}) == 1
-            ):
+            in_place = self._in_place(existing, content)
+            if in_place is not None:
+                for obj, verb in in_place:
+                    self._replace(obj, existing[obj["metadata"]["name"]], verb)
                 self._published = desired
                 self._count(content)
-                return False
-            if self._reorder_in_place(existing, content):
-                self._published = desired
-                self._count(content)
-                return True
+                if in_place:
+                    updated = any(verb == "update" for _, verb in in_place)
+                    (log.info if updated else log.debug)(
+                        "updated ResourceSlices in place",
+                        node=self.node_name,
+                        slices=len(in_place),
+                        updated=sum(1 for _, verb in in_place if verb == "update"),
+                        generation=self._generation,
+                    )
+                return bool(in_place)
             self._generation += 1
             objs = slices.render_slices(content, self._generation, self.driver_name)
             slices.validate_pool(objs)
-            by_name = {o["metadata"]["name"]: o for o in existing}
             for obj in objs:
                 name = obj["metadata"]["name"]
-                if name in by_name:
-                    body = dict(obj)
-                    body["metadata"] = {
-                        **obj["metadata"],
-                        "resourceVersion": by_name[name]["metadata"]["resourceVersion"],
-                    }
-                    self.api.replace_slice(name, body)
-                    self._wrote("replace")
+                if name in existing:
+                    self._replace(obj, existing[name], "replace")
                 else:
                     self.api.create_slice(obj)
                     self._wrote("create")
             wanted = {o["metadata"]["name"] for o in objs}
-            for name in by_name:
+            for name in existing:
                 if name not in wanted:
                     self.api.delete_slice(name)
                     self._wrote("delete")
@@ -194,38 +186,47 @@ class SlicePublisher:
             )
             return True
 
-    def _reorder_in_place(self, existing: list[dict[str, Any]], content: slices.PoolContent) -> bool:
-        """Rewrite the slices whose device order changed, at the same generation, if that is all that changed."""
+    def _replace(self, obj: Mapping[str, Any], have: Mapping[str, Any], verb: str) -> None:
+        body = {**obj, "metadata": {**obj["metadata"], "resourceVersion": have["metadata"]["resourceVersion"]}}
+        self.api.replace_slice(obj["metadata"]["name"], body)
+        self._wrote(verb)
+
+    def _in_place(
+        self, existing: Mapping[str, Mapping[str, Any]], content: slices.PoolContent
+    ) -> list[tuple[dict[str, Any], str]] | None:
+        """The slices to update at the pool's generation (with the verb each write counts as), or None
+        when the change needs a new generation. Empty: the API already holds the pool.
+
+        In place when the existing pool is complete at one generation with the slices' names the
+        content wants, at most one slice's devices change ("update") and every other changed slice
+        differs only in device order ("reorder"). Taints' ``timeAdded`` is taken from the API's copy
+        where the driver leaves it out (the API server fills it in), so it is neither a change nor
+        restamped by a rewrite.
+        """
         if not existing or len(existing) != len(content.slice_specs):
-            return False
-        gens = {int(o["spec"]["pool"].get("generation", 0)) for o in existing}
-        if len(gens) != 1 or any(o["spec"]["pool"].get("resourceSliceCount") != len(existing) for o in existing):
-            return False
+            return None
+        gens = {int(o["spec"]["pool"].get("generation", 0)) for o in existing.values()}
+        if len(gens) != 1 or any(
+            o["spec"]["pool"].get("resourceSliceCount") != len(existing) for o in existing.values()
+        ):
+            return None
         generation = gens.pop()
         objs = slices.render_slices(content, generation, self.driver_name)
-        by_name = {o["metadata"]["name"]: o for o in existing}
-        changed: list[dict[str, Any]] = []
+        writes: list[tuple[dict[str, Any], str]] = []
         for obj in objs:
-            have = by_name.get(obj["metadata"]["name"])
+            have = existing.get(obj["metadata"]["name"])
             if have is None:
-                return False
+                return None
             got = _spec_without_pool(have)
             want = _keep_taint_times(_spec_without_pool(obj), got)
-            if _unordered(want) != _unordered(got):
-                return False
-            if json.dumps(want, sort_keys=True) != json.dumps(got, sort_keys=True):
-                changed.append({**obj, "spec": {**want, "pool": obj["spec"]["pool"]}})
+            if _same(want, got):
+                continue
+            verb = "reorder" if _unordered(want) == _unordered(got) else "update"
+            writes.append(({**obj, "spec": {**want, "pool": obj["spec"]["pool"]}}, verb))
+        if sum(1 for _, verb in writes if verb == "update") > 1:
+            return None
         slices.validate_pool(objs)
-        for obj in changed:
-            name = obj["metadata"]["name"]
-            body = dict(obj)
-            body["metadata"] = {**obj["metadata"], "resourceVersion": by_name[name]["metadata"]["resourceVersion"]}
-            self.api.replace_slice(name, body)
-            self._wrote("reorder")
-        self._generation = max(self._generation, generation)
-        if changed:
-            log.debug("reordered ResourceSlices in place", node=self.node_name, slices=len(changed))
-        return True
+        return writes
 
     def _count(self, content: slices.PoolContent) -> None:
         self.devices_published = sum(len(s.get("devices") or []) for s in content.slice_specs)

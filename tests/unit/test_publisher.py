@@ -1,0 +1,230 @@
+"""SlicePublisher: which API calls a change costs, and that every state a reader can see is a valid pool.
+
+The fake API keeps slices by name, checks resourceVersion on update like the API server, and records
+every call; after every call the pool a reader would see (the newest generation, if complete) is
+checked with ``validate_pool``, so a publisher that exposed a half-written pool would fail here.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuplane.driver.api import names
+from gpuplane.driver.hw.sim import SimConfig, Simulator
+from gpuplane.driver.publish.inventory import Inventory, discover
+from gpuplane.driver.publish.publisher import Layout, SlicePublisher
+from gpuplane.driver.publish.slices import DeviceTaint, PoolContent, build_pool, slice_name, validate_pool
+
+NODE = "node-a"
+
+
+class FakeSliceApi:
+    """In-memory ResourceSlices of one node, with the API server's optimistic concurrency."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.calls: list[tuple[str, str]] = []
+        self._version = 0
+        self.seen_pools: list[list[dict[str, Any]]] = []
+
+    def _stamp(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        self._version += 1
+        obj = copy.deepcopy(dict(body))
+        obj["metadata"] = {**obj["metadata"], "resourceVersion": str(self._version)}
+        return obj
+
+    def _observe(self) -> None:
+        objs = list(self.objects.values())
+        if not objs:
+            return
+        newest = max(o["spec"]["pool"]["generation"] for o in objs)
+        current = [o for o in objs if o["spec"]["pool"]["generation"] == newest]
+        if len(current) == current[0]["spec"]["pool"]["resourceSliceCount"]:
+            validate_pool(current)  # what the scheduler would use now
+            self.seen_pools.append(current)
+
+    def list_slices(self, node_name: str, driver_name: str) -> list[dict[str, Any]]:
+        self.calls.append(("list", ""))
+        return [copy.deepcopy(o) for o in self.objects.values()]
+
+    def create_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        name = body["metadata"]["name"]
+        assert name not in self.objects, f"create of existing slice {name}"
+        self.calls.append(("create", name))
+        self.objects[name] = self._stamp(body)
+        self._observe()
+        return copy.deepcopy(self.objects[name])
+
+    def replace_slice(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        current = self.objects[name]
+        assert body["metadata"]["resourceVersion"] == current["metadata"]["resourceVersion"], "409 Conflict"
+        self.calls.append(("update", name))
+        self.objects[name] = self._stamp(body)
+        self._observe()
+        return copy.deepcopy(self.objects[name])
+
+    def delete_slice(self, name: str) -> None:
+        self.calls.append(("delete", name))
+        del self.objects[name]
+        self._observe()
+
+    def writes(self) -> list[tuple[str, str]]:
+        return [c for c in self.calls if c[0] != "list"]
+
+    def generations(self) -> set[int]:
+        return {o["spec"]["pool"]["generation"] for o in self.objects.values()}
+
+
+@pytest.fixture
+def inventories(tmp_path: Path) -> Iterator[tuple[Inventory, Inventory]]:
+    sim = Simulator(SimConfig(profile="hgx-h100", state_dir=tmp_path / "sim", node_name=NODE, durable=False))
+    sim.init()
+    try:
+        yield discover(NODE, sim), discover(NODE, sim, mig_placements=False)
+    finally:
+        sim.shutdown()
+
+
+def _xid(gpu: str) -> dict[str, list[DeviceTaint]]:
+    return {gpu: [DeviceTaint(key="gpu.gpuplane.dev/xid", value="xid-94", effect="NoSchedule")]}
+
+
+class TestSlicePublisher:
+    def test_first_publish_creates_every_slice_at_generation_one(
+        self, inventories: tuple[Inventory, Inventory]
+    ) -> None:
+        api = FakeSliceApi()
+        assert SlicePublisher(api, NODE, names.DRIVER_NAME).publish(inventories[0])
+        assert [c[0] for c in api.writes()] == ["create"] * 5
+        assert api.generations() == {1}
+
+    def test_unchanged_inventory_writes_nothing(self, inventories: tuple[Inventory, Inventory]) -> None:
+        api = FakeSliceApi()
+        pub = SlicePublisher(api, NODE, names.DRIVER_NAME)
+        pub.publish(inventories[0])
+        before = len(api.calls)
+        assert not pub.publish(inventories[0])
+        assert len(api.calls) == before  # not even a list: the fingerprint matches
+        fresh = SlicePublisher(api, NODE, names.DRIVER_NAME)  # a restarted driver lists, compares, writes nothing
+        assert not fresh.publish(inventories[0])
+        assert api.writes() == [("create", f"{NODE}-gpuplane-{i}") for i in range(5)]
+
+    def test_taint_on_one_gpu_updates_its_slice_alone_at_the_same_generation(
+        self, inventories: tuple[Inventory, Inventory]
+    ) -> None:
+        api = FakeSliceApi()
+        taints: dict[str, list[DeviceTaint]] = {}
+        pub = SlicePublisher(api, NODE, names.DRIVER_NAME, taints=lambda: taints)
+        pub.publish(inventories[0])
+        holder = next(
+            n for n, o in api.objects.items() if any(d["name"] == "gpu-3" for d in o["spec"].get("devices") or [])
+        )
+        api.calls.clear()
+        taints.update(_xid("gpu-3"))
+        assert pub.publish(inventories[0])
+        assert api.writes() == [("update", holder)]
+        assert api.generations() == {1}
+        tainted = [d for d in api.objects[holder]["spec"]["devices"] if d["name"].startswith("gpu-3")]
+        assert tainted and all(d["taints"][0]["value"] == "xid-94" for d in tainted)
+        api.calls.clear()
+        taints.clear()  # recovery: again one update
+        assert pub.publish(inventories[0])
+        assert api.writes() == [("update", holder)]
+
+    def test_changes_in_two_slices_raise_the_generation_and_rewrite_all(
+        self, inventories: tuple[Inventory, Inventory]
+    ) -> None:
+        api = FakeSliceApi()
+        taints: dict[str, list[DeviceTaint]] = {}
+        pub = SlicePublisher(api, NODE, names.DRIVER_NAME, taints=lambda: taints)
+        pub.publish(inventories[0])
+        api.calls.clear()
+        taints.update({**_xid("gpu-0"), **_xid("gpu-7")})  # GPU 0 and 7 sit in different device slices
+        assert pub.publish(inventories[0])
+        assert sorted(c[0] for c in api.writes()) == ["update"] * 5
+        assert api.generations() == {2}
+
+    def test_fewer_slices_raise_the_generation_and_delete_the_stale_ones_last(
+        self, inventories: tuple[Inventory, Inventory]
+    ) -> None:
+        api = FakeSliceApi()
+        pub = SlicePublisher(api, NODE, names.DRIVER_NAME)
+        pub.publish(inventories[0])
+        api.calls.clear()
+        assert pub.publish(inventories[1])  # whole GPUs only: one slice
+        kinds = [c[0] for c in api.writes()]
+        assert kinds == ["update"] + ["delete"] * 4
+        assert api.generations() == {2}
+        (only,) = api.objects.values()
+        assert len(only["spec"]["devices"]) == 8 and not any(d.get("consumesCounters") for d in only["spec"]["devices"])
+        assert all(len(p) in (5, 1) for p in api.seen_pools)  # never a mixed or partial pool
+
+
+def _holder(api: FakeSliceApi, gpu: str) -> str:
+    return next(n for n, o in api.objects.items() if any(d["name"] == gpu for d in o["spec"].get("devices") or []))
+
+
+def _reversing(reverse: set[str]) -> Layout:
+    """The driver's layout with the devices of the slices named in ``reverse`` in reverse order: a change
+    of device order alone, as the steered layout makes when it re-ranks placements."""
+
+    def layout(inv: Inventory, taints: Mapping[str, Sequence[DeviceTaint]]) -> PoolContent:
+        content = build_pool(inv, names.DRIVER_NAME, taints)
+        specs = tuple(
+            {**s, "devices": list(reversed(s["devices"]))} if slice_name(content.pool, i) in reverse else s
+            for i, s in enumerate(content.slice_specs)
+        )
+        return PoolContent(pool=content.pool, slice_specs=specs)
+
+    return layout
+
+
+class TestOneRuleInPlace:
+    """One slice's devices changed plus any number of reorders: in place, same generation."""
+
+    def test_a_taint_on_one_gpu_and_a_reorder_elsewhere_are_written_in_place(
+        self, inventories: tuple[Inventory, Inventory]
+    ) -> None:
+        api = FakeSliceApi()
+        taints: dict[str, list[DeviceTaint]] = {}
+        reverse: set[str] = set()
+        pub = SlicePublisher(api, NODE, names.DRIVER_NAME, taints=lambda: taints, layout=_reversing(reverse))
+        pub.publish(inventories[0])
+        holder, other = _holder(api, "gpu-3"), _holder(api, "gpu-7")
+        assert holder != other
+        order = [d["name"] for d in api.objects[other]["spec"]["devices"]]
+        api.calls.clear()
+        taints.update(_xid("gpu-3"))
+        reverse.add(other)
+        assert pub.publish(inventories[0])
+        assert sorted(api.writes()) == sorted([("update", holder), ("update", other)])
+        assert api.generations() == {1}
+        assert (pub.writes["update"], pub.writes["reorder"]) == (1, 1)
+        assert [d["name"] for d in api.objects[other]["spec"]["devices"]] == order[::-1]
+        held = [sorted(d["name"] for o in pool for d in o["spec"].get("devices") or []) for pool in api.seen_pools]
+        assert len(held) >= 3 and all(h == held[0] for h in held)  # every pool a reader saw: each device once
+        api.calls.clear()
+        assert not pub.publish(inventories[0], force=True)  # the API holds it now: nothing to write
+        assert api.writes() == []
+
+    def test_a_reorder_with_changes_in_two_slices_raises_the_generation(
+        self, inventories: tuple[Inventory, Inventory]
+    ) -> None:
+        api = FakeSliceApi()
+        taints: dict[str, list[DeviceTaint]] = {}
+        reverse: set[str] = set()
+        pub = SlicePublisher(api, NODE, names.DRIVER_NAME, taints=lambda: taints, layout=_reversing(reverse))
+        pub.publish(inventories[0])
+        count = len(api.objects)
+        reverse.add(_holder(api, "gpu-5"))
+        api.calls.clear()
+        taints.update({**_xid("gpu-0"), **_xid("gpu-7")})
+        assert pub.publish(inventories[0])
+        assert [c[0] for c in api.writes()] == ["update"] * count
+        assert api.generations() == {2}
+        assert pub.writes["replace"] == count and pub.writes["update"] == pub.writes["reorder"] == 0
