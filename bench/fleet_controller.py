@@ -6,21 +6,21 @@ Lease; ``e2e.plane.components.Controllers``) against the fleet, and is measured 
 1. started on the published fleet: until every fleet node carries the NVLink-domain label it
    derives from the node's slices (proof that it indexed every slice);
 2. with the background claims in place: ``claims`` ResourceClaims, each used by a Running pod
-   and allocated by kube-scheduler (MIG 1g.10gb, whole-GPU and 4-GPU NVLink claims on the HGX
-   nodes, so the GB200 racks stay free for the gangs);
+   and allocated by kube-scheduler (4-GPU NVLink, whole-GPU and time-sliced share claims on the
+   HGX nodes, so the GB200 racks stay free for the gangs; see ``background_mix``);
 3. placing ``gangs`` TP=8 gangs (2 GB200 trays x 4 GPUs, all-or-nothing in one NVL72 domain):
    from the first GpuGang created until every gang is ``Placed`` by the controller, and until
    every member pod is bound and Running. Each gang is then checked: one NVLink domain in its
    placement, both members bound to the nodes the placement named, every node of that domain.
 
-Resident memory is sampled every 0.25 s (the peak is reported beside the value at each moment);
+Resident memory is sampled every 0.5 s (``fleet_probe.PeakSampler``; the peak of each step is reported
+beside the value at its end);
 CPU seconds come from ``/proc/<pid>/stat``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -38,33 +38,6 @@ Printer = Callable[[str], None]
 GANG_NAMESPACE = "fleet-gangs"
 GB200 = "NVIDIA GB200"
 PLACED = ("Placed", "Scheduled", "Running")
-
-
-class RssSampler:
-    """Samples one process's resident memory in a thread; ``peak`` since the last ``reset``."""
-
-    def __init__(self, pid: int, every_s: float = 0.25) -> None:
-        self.pid = pid
-        self.every_s = every_s
-        self.peak = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> None:
-        """Start sampling."""
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop sampling."""
-        self._stop.set()
-
-    def reset(self) -> None:
-        """Start a new peak."""
-        self.peak = fleet_probe.rss_mb(self.pid)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
-            self.peak = max(self.peak, fleet_probe.rss_mb(self.pid))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,14 +73,21 @@ def unlabelled(api: client.ApiClient, nodes: Sequence[fleet.FleetNode]) -> int:
 
 
 def background_mix(claims: int) -> list[tuple[str, int]]:
-    """How the background claims split: 75 % MIG 1g, 20 % one GPU, 5 % four GPUs (on HGX nodes)."""
+    """How the background claims split, in creation order: 5 % four GPUs, 15 % one whole GPU,
+    80 % a 25 % time-sliced share of a GPU (10,000 claims hold 5,500 of 800 HGX nodes' 6,400 GPUs).
+
+    They are allocated while the fleet publishes whole GPUs only (kube-scheduler 1.36 needs
+    seconds per pod on a partitionable fleet of this size, see the scheduler table), then the
+    fleet republishes its MIG placements: the allocated whole-GPU devices keep their names,
+    so the claims stay valid and the controller sees them beside every published device.
+    """
     gpu4 = claims // 20
-    gpu1 = claims // 5
-    return [("mig-1g", claims - gpu1 - gpu4), ("gpu-1", gpu1), ("gpu-4", gpu4)]
+    gpu1 = claims * 3 // 20
+    return [("gpu-4", gpu4), ("gpu-1", gpu1), ("gpu-share", claims - gpu1 - gpu4)]
 
 
 def background(
-    api: client.ApiClient, probe: fleet_probe.Probe, claims: int, timeout: float, out: Printer
+    api: client.ApiClient, probe: fleet_probe.Probe, claims: int, *, timeout: float, workers: int, out: Printer
 ) -> list[fleet_sched.Round]:
     """Create the background claims and their pods (kept), through the scheduler; return the rounds."""
     rounds = []
@@ -118,11 +98,12 @@ def background(
                 fleet_sched.run_round(
                     api,
                     probe,
-                    fleet_variant="a",
+                    fleet_variant="b",
                     kind=kind,
                     pods=count,
                     label=f"bg-{kind}",
                     timeout=timeout,
+                    workers=workers,
                     h100_only=True,
                     keep=True,
                     out=out,

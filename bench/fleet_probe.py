@@ -20,6 +20,7 @@ import json
 import math
 import os
 import ssl
+import threading
 import time
 import urllib.request
 from collections.abc import Iterable, Mapping
@@ -240,3 +241,36 @@ def busiest(window_s: float = 3.0, top: int = 6, exclude: Iterable[int] = ()) ->
             continue
         by_name[name] = by_name.get(name, 0.0) + (used - before[pid][1]) / window_s
     return sorted(((n, c) for n, c in by_name.items() if c >= 0.02), key=lambda x: -x[1])[:top]
+
+
+class PeakSampler:
+    """Resident memory of every component of a probe, sampled in a thread: the peak per component."""
+
+    def __init__(self, probe: Probe, every_s: float = 0.5) -> None:
+        self.probe = probe
+        self.every_s = every_s
+        self.peaks: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        """Start sampling."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop sampling."""
+        self._stop.set()
+
+    def peak(self, name: str) -> float:
+        """The highest RSS (MB) seen for ``name`` so far."""
+        return self.peaks.get(name, 0.0)
+
+    def reset(self, name: str) -> None:
+        """Start a new peak for ``name``."""
+        self.peaks.pop(name, None)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            with contextlib.suppress(Exception):  # a component going away mid-sample
+                for name, pid in self.probe.pids().items():
+                    self.peaks[name] = max(self.peaks.get(name, 0.0), rss_mb(pid))

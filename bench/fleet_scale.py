@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import json
 import os
@@ -46,6 +47,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
@@ -83,14 +85,134 @@ def others(probe: fleet_probe.Probe | None) -> str:
     return ", ".join(f"{name} {cpus:.2f}" for name, cpus in top) or "none above 0.02 CPUs"
 
 
+@dataclasses.dataclass
+class Run:
+    """Everything one benchmark run holds and collects."""
+
+    args: argparse.Namespace
+    skip: set[str]
+    api: Any
+    handle: cluster.Cluster
+    probe: fleet_probe.Probe
+    peaks: fleet_probe.PeakSampler
+    slices: fleetslices.FleetSlices
+    nodes: tuple[fleet.FleetNode, ...]
+    say: Callable[[str], None]
+    report: list[str] = dataclasses.field(default_factory=list)
+    rounds: list[fleet_sched.Round] = dataclasses.field(default_factory=list)
+    passes: list[fleet_api.Republish] = dataclasses.field(default_factory=list)
+    footprints: list[tuple[str, fleet_api.Footprint]] = dataclasses.field(default_factory=list)
+    memory: list[tuple[str, dict[str, float]]] = dataclasses.field(default_factory=list)
+    moments: list[fleet_controller.Moment] = dataclasses.field(default_factory=list)
+    ctl_pid: int = 0
+
+    def section(self, title: str, body: str) -> None:
+        """Print a report section and keep it for ``--write``."""
+        self.say(f"\n### {title}\n\n{body}")
+        self.report.append(f"\n### {title}\n\n{body}")
+
+    def remember_memory(self, moment: str) -> None:
+        """RSS of every component now."""
+        self.memory.append((moment, fleet_api.memory(self.probe)))
+
+    def round(self, variant: str, kind: str, pods: int, label: str) -> None:
+        """One scheduler round."""
+        a = self.args
+        self.say(f"round ({variant}): {pods} pods, {fleet_sched.KIND_TEXT[kind]} ...")
+        self.rounds.append(
+            fleet_sched.run_round(
+                self.api,
+                self.probe,
+                fleet_variant=variant,
+                kind=kind,
+                pods=pods,
+                label=label,
+                timeout=a.timeout,
+                workers=a.workers,
+                out=self.say,
+            )
+        )
+
+    def moment(self, what: str, t0: float, cpu0: float, detail: str) -> None:
+        """Record the controller at the end of a step."""
+        name = f"{components.CONTROLLER_PREFIX}0"
+        self.moments.append(
+            fleet_controller.Moment(
+                what,
+                time.monotonic() - t0,
+                fleet_probe.rss_mb(self.ctl_pid),
+                self.peaks.peak(name),
+                fleet_probe.cpu_s(self.ctl_pid) - cpu0,
+                detail,
+            )
+        )
+        self.peaks.reset(name)
+
+
+def scheduler_rounds_a(run: Run) -> None:
+    """Measurement 1 on the slices as published: (c) pods without claims, then each claim kind on (a)."""
+    a = run.args
+    for r in range(a.rounds):
+        run.round("c", "none", a.pods, f"c-none-{r}")
+        for kind in fleet_sched.KINDS[1:]:
+            run.round("a", kind, a.pods_a, f"a-{kind}-{r}")
+    run.remember_memory("after rounds (a)")
+
+
+def to_whole_gpus(run: Run) -> None:
+    """Republish every node as whole GPUs only (b); footprint; (b) rounds unless skipped."""
+    run.say("republishing whole GPUs only (b) ...")
+    run.slices.discover(mig_placements=False)
+    run.passes.append(
+        fleet_api.republish(run.slices, run.api, run.probe, what="(a) -> (b): whole GPUs only", taints=lambda _: {})
+    )
+    run.footprints.append(("(b) whole GPUs only", fleet_api.slice_footprint(run.api, run.probe)))
+    if "sched" not in run.skip:
+        for r in range(run.args.rounds):
+            for kind in ("gpu-1", "gpu-4"):
+                run.round("b", kind, run.args.pods, f"b-{kind}-{r}")
+        run.remember_memory("after rounds (b)")
+
+
+def background_claims(run: Run) -> str:
+    """The controller's background claims, allocated while the fleet publishes (b); returns a detail line."""
+    bg = fleet_controller.background(
+        run.api, run.probe, run.args.claims, timeout=run.args.timeout, workers=run.args.workers, out=run.say
+    )
+    bound = sum(r.bound for r in bg)
+    span = sum(r.span_s for r in bg)
+    rate = bound / max(span, 1e-9)
+    return f"{bound}/{run.args.claims} claims allocated, their pods Running; scheduler {rate:.1f} pods/s on (b)"
+
+
+def back_to_partitionable(run: Run) -> None:
+    """Republish every node with its MIG placements (a) again."""
+    run.slices.discover()
+    run.passes.append(
+        fleet_api.republish(run.slices, run.api, run.probe, what="(b) -> (a): MIG placements back", taints=lambda _: {})
+    )
+
+
+def health_passes(run: Run) -> None:
+    """Measurement 2: one fleet-wide health change, its recovery, and a resync that changes nothing."""
+    run.say("health change on every node (fatal Xid on gpu-3), then cleared ...")
+    for what, taints in (
+        ("health: Xid taint on gpu-3", fleet_api.xid_taints),
+        ("health: taint cleared", lambda _: {}),
+        ("unchanged (periodic resync)", lambda _: {}),
+    ):
+        run.passes.append(fleet_api.republish(run.slices, run.api, run.probe, what=what, taints=taints))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point."""
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     p.add_argument("--hgx", type=int, default=800, help="HGX H100 nodes (8 GPUs, MIG partitionable)")
     p.add_argument("--gb200", type=int, default=200, help="GB200 trays (4 GPUs; 18 per NVL72 rack)")
     p.add_argument("--pods", type=int, default=300, help="pods per scheduler round")
+    p.add_argument("--pods-a", type=int, default=None, help="pods per round on the partitionable fleet (a)")
     p.add_argument("--rounds", type=int, default=1, help="scheduler rounds per kind")
-    p.add_argument("--claims", type=int, default=10_000, help="background claims for the controller measurement")
+    p.add_argument("--claims", type=int, default=None, help="background claims (default: 12.5 per HGX node)")
     p.add_argument("--gangs", type=int, default=None, help="TP=8 gangs (default: one per two GB200 trays, <= 100)")
     p.add_argument("--workers", type=int, default=8, help="client threads creating objects")
     p.add_argument("--api-qps", type=int, default=500, help="client QPS of kube-scheduler and -controller-manager")
@@ -99,15 +221,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--state-dir", type=Path, help="keep the cluster's state here (default: a temporary directory)")
     p.add_argument("--write", type=Path, help="append the report as a Markdown section to this file")
     args = p.parse_args(argv)
+    args.pods_a = args.pods if args.pods_a is None else args.pods_a
+    args.claims = round(12.5 * args.hgx) if args.claims is None else args.claims
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     gangs = args.gangs if args.gangs is not None else min(100, args.gb200 // 2)
     say: Callable[[str], None] = lambda text: print(text, flush=True)  # noqa: E731
     logs.configure("WARNING", "console")
-    report: list[str] = []
-
-    def section(title: str, body: str) -> None:
-        say(f"\n### {title}\n\n{body}")
-        report.append(f"\n### {title}\n\n{body}")
 
     load_before = fleet_probe.load_average()
     say(f"machine: {machine()}; load average before: {load_before}")
@@ -125,153 +244,95 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(f"starting the control plane in {state_dir} ...")
     kubeconfig = plane.start()
     handle = cluster.Cluster.connect(kubeconfig, bins, state_dir=state_dir)
-    api = handle.api
     kw = kwok.Kwok(state_dir, kwok_bin, kubeconfig, die_with_parent=True, out=say)
     probe = fleet_probe.Probe(state_dir, kubeconfig)
-    slices = fleetslices.FleetSlices(handle, nodes, state_dir / "sim", workers=args.workers, out=say)
+    probe.extra_pids["fleet bench (this process: the nodes' publishers)"] = os.getpid()
+    peaks = fleet_probe.PeakSampler(probe)
+    peaks.start()
+    run = Run(
+        args=args,
+        skip=skip,
+        api=handle.api,
+        handle=handle,
+        probe=probe,
+        peaks=peaks,
+        slices=fleetslices.FleetSlices(handle, nodes, state_dir / "sim", workers=args.workers, out=say),
+        nodes=nodes,
+        say=say,
+    )
     ctl: components.Controllers | None = None
-    memory_columns: list[tuple[str, dict[str, float]]] = []
     try:
         components.install(handle, out=say)
         kw.start()
         say(f"fleet: {args.hgx} x hgx-h100 + {args.gb200} x gb200-nvl72 ({len(nodes)} nodes) ...")
-        fleet.create_nodes(api, nodes, workers=args.workers, out=say)
-        fleet.wait_ready(api, nodes, timeout=args.timeout, out=say)
-        slices.mint_identities()
-        who = slices.whoami(nodes[0].name)
-        slices.discover()
-        first = slices.publish(what="publish (a): gpuplane's slices")
+        fleet.create_nodes(run.api, nodes, workers=args.workers, out=say)
+        fleet.wait_ready(run.api, nodes, timeout=args.timeout, out=say)
+        run.slices.mint_identities()
+        who = run.slices.whoami(nodes[0].name)
+        run.slices.discover()
+        first = run.slices.publish(what="publish (a): gpuplane's slices")
         fleet_built = time.monotonic() - started
         say(f"fleet built in {fleet_built:.0f}s")
-        probe.extra_pids["fleet bench (this process: 1,000 publishers)"] = os.getpid()
-        memory_columns.append(("fleet published", fleet_api.memory(probe)))
-        footprints = [("(a) gpuplane's slices", fleet_api.slice_footprint(api, probe))]
-        moments: list[fleet_controller.Moment] = []
-        sampler: fleet_controller.RssSampler | None = None
-        ctl_pid = 0
-        if "controller" not in skip:
+        run.remember_memory("fleet published")
+        run.footprints.append(("(a) gpuplane's slices", fleet_api.slice_footprint(run.api, probe)))
+        measure_controller = "controller" not in skip
+        if measure_controller:
             t0 = time.monotonic()
-            ctl, ctl_pid = fleet_controller.start_controller(handle, state_dir, say)
-            sampler = fleet_controller.RssSampler(ctl_pid)
-            sampler.start()
-            cpu0 = fleet_probe.cpu_s(ctl_pid)
-            dra_overhead.wait(lambda: fleet_controller.unlabelled(api, nodes) == 0, args.timeout, "node labels")
-            moments.append(
-                fleet_controller.Moment(
-                    "started on the fleet: every node labelled",
-                    time.monotonic() - t0,
-                    fleet_probe.rss_mb(ctl_pid),
-                    sampler.peak,
-                    fleet_probe.cpu_s(ctl_pid) - cpu0,
-                    f"{len(nodes)} nodes, {footprints[0][1].objects} slices, {footprints[0][1].devices} devices",
-                )
+            ctl, run.ctl_pid = fleet_controller.start_controller(handle, state_dir, say)
+            cpu0 = fleet_probe.cpu_s(run.ctl_pid)
+            dra_overhead.wait(lambda: fleet_controller.unlabelled(run.api, nodes) == 0, args.timeout, "node labels")
+            fp = run.footprints[0][1]
+            run.moment(
+                "started on the fleet (a): every node labelled",
+                t0,
+                cpu0,
+                f"{len(nodes)} nodes, {fp.objects} slices, {fp.devices} devices",
             )
-            memory_columns.append(("controller synced", fleet_api.memory(probe)))
-        rounds: list[fleet_sched.Round] = []
-        passes: list[fleet_api.Republish] = []
-        fleet_sched.ensure_namespace(api)
+            run.remember_memory("controller synced")
+        fleet_sched.ensure_namespace(run.api)
         if "sched" not in skip:
-            for r in range(args.rounds):
-                for kind in fleet_sched.KINDS:
-                    variant = "c" if kind == "none" else "a"
-                    say(f"round {r + 1}/{args.rounds} ({variant}): {args.pods} pods, {fleet_sched.KIND_TEXT[kind]} ...")
-                    rounds.append(
-                        fleet_sched.run_round(
-                            api,
-                            probe,
-                            fleet_variant=variant,
-                            kind=kind,
-                            pods=args.pods,
-                            label=f"{variant}-{kind}-{r}",
-                            timeout=args.timeout,
-                            workers=args.workers,
-                            out=say,
-                        )
-                    )
-            memory_columns.append(("after rounds (a)", fleet_api.memory(probe)))
-            say("republishing whole GPUs only (b) ...")
-            slices.discover(mig_placements=False)
-            passes.append(
-                fleet_api.republish(slices, api, probe, what="(a) -> (b): whole GPUs only", taints=lambda _: {})
-            )
-            footprints.append(("(b) whole GPUs only", fleet_api.slice_footprint(api, probe)))
-            for r in range(args.rounds):
-                for kind in ("gpu-1", "gpu-4"):
-                    say(f"round {r + 1}/{args.rounds} (b): {args.pods} pods, {fleet_sched.KIND_TEXT[kind]} ...")
-                    rounds.append(
-                        fleet_sched.run_round(
-                            api,
-                            probe,
-                            fleet_variant="b",
-                            kind=kind,
-                            pods=args.pods,
-                            label=f"b-{kind}-{r}",
-                            timeout=args.timeout,
-                            workers=args.workers,
-                            out=say,
-                        )
-                    )
-            memory_columns.append(("after rounds (b)", fleet_api.memory(probe)))
-            slices.discover()
-            passes.append(
-                fleet_api.republish(slices, api, probe, what="(b) -> (a): MIG placements back", taints=lambda _: {})
-            )
-            section("1. kube-scheduler: pods per round, creation to bound", fleet_sched.table(rounds))
-            section("1. ratios", fleet_sched.ratios(rounds))
-        if "api" not in skip:
-            say("health change on every node (fatal Xid on gpu-3), then cleared ...")
-            passes.append(
-                fleet_api.republish(slices, api, probe, what="health: Xid taint on gpu-3", taints=fleet_api.xid_taints)
-            )
-            passes.append(fleet_api.republish(slices, api, probe, what="health: taint cleared", taints=lambda _: {}))
-            passes.append(
-                fleet_api.republish(slices, api, probe, what="unchanged (periodic resync)", taints=lambda _: {})
-            )
-        section("2. ResourceSlices as served (API) and stored (etcd)", fleet_api.footprint_table(footprints))
-        if passes:
-            section("2. fleet-wide publish passes: API calls and watch traffic", fleet_api.republish_table(passes))
-        if "controller" not in skip and sampler is not None:
-            t0 = time.monotonic()
-            cpu0 = fleet_probe.cpu_s(ctl_pid)
-            sampler.reset()
-            bg = fleet_controller.background(api, probe, args.claims, args.timeout, say)
-            say("  waiting 30 s for the controller to settle on the claims ...")
+            scheduler_rounds_a(run)
+        if "sched" not in skip or measure_controller:
+            to_whole_gpus(run)
+        detail = ""
+        if measure_controller:
+            t0, cpu0 = time.monotonic(), fleet_probe.cpu_s(run.ctl_pid)
+            detail = background_claims(run)
+        if "sched" not in skip or measure_controller:
+            back_to_partitionable(run)
+        if measure_controller:
+            say("  waiting 30 s for the controller to settle on the claims and the republished slices ...")
             time.sleep(30)
-            bound = sum(r.bound for r in bg)
-            moments.append(
-                fleet_controller.Moment(
-                    f"{args.claims} background claims allocated, pods Running",
-                    time.monotonic() - t0,
-                    fleet_probe.rss_mb(ctl_pid),
-                    sampler.peak,
-                    fleet_probe.cpu_s(ctl_pid) - cpu0,
-                    f"{bound}/{args.claims} bound; scheduler {bound / max(1e-9, sum(r.span_s for r in bg)):.1f} pods/s",
-                )
+            run.moment(f"{args.claims} background claims, fleet back to (a)", t0, cpu0, detail)
+            run.remember_memory(f"{args.claims} claims")
+        if "sched" not in skip:
+            run.section("1. kube-scheduler: pods per round, creation to bound", fleet_sched.table(run.rounds))
+            run.section("1. ratios", fleet_sched.ratios(run.rounds))
+        if "api" not in skip:
+            health_passes(run)
+        run.section("2. ResourceSlices as served (API) and stored (etcd)", fleet_api.footprint_table(run.footprints))
+        if run.passes:
+            run.section(
+                "2. fleet-wide publish passes: API calls and watch traffic", fleet_api.republish_table(run.passes)
             )
-            memory_columns.append((f"{args.claims} claims", fleet_api.memory(probe)))
-            if gangs:
-                t0 = time.monotonic()
-                cpu0 = fleet_probe.cpu_s(ctl_pid)
-                sampler.reset()
-                say(f"placing {gangs} TP=8 gangs ...")
-                result = fleet_controller.place_gangs(api, gangs, args.timeout, say)
-                moments.append(
-                    fleet_controller.Moment(
-                        f"{gangs} TP=8 gangs (2 x 4 GB200)",
-                        time.monotonic() - t0,
-                        fleet_probe.rss_mb(ctl_pid),
-                        sampler.peak,
-                        fleet_probe.cpu_s(ctl_pid) - cpu0,
-                        f"{result.placed}/{result.gangs} Placed in {result.placed_s:.1f}s "
-                        f"(creates {result.create_s:.1f}s); "
-                        f"{result.members_running}/{2 * result.gangs} members Running in {result.running_s:.1f}s; "
-                        f"{result.one_domain}/{result.gangs} in one NVLink domain on the placed nodes",
-                    )
-                )
-                memory_columns.append((f"{gangs} gangs", fleet_api.memory(probe)))
-            sampler.stop()
-            section("3. gpuplane-controller", fleet_controller.moments_table(moments, RSS_TARGET_MB))
-        section("2. resident memory (MB) of each component", fleet_api.memory_table(memory_columns))
+        if measure_controller and gangs:
+            t0, cpu0 = time.monotonic(), fleet_probe.cpu_s(run.ctl_pid)
+            say(f"placing {gangs} TP=8 gangs ...")
+            result = fleet_controller.place_gangs(run.api, gangs, args.timeout, say)
+            run.moment(
+                f"{gangs} TP=8 gangs (2 x 4 GB200)",
+                t0,
+                cpu0,
+                f"{result.placed}/{result.gangs} Placed by the controller in {result.placed_s:.1f}s "
+                f"(creates {result.create_s:.1f}s); {result.members_running}/{2 * result.gangs} members Running "
+                f"in {result.running_s:.1f}s; {result.one_domain}/{result.gangs} in one NVLink domain on the "
+                "nodes the placement named",
+            )
+            run.remember_memory(f"{gangs} gangs")
+        if measure_controller:
+            run.section("3. gpuplane-controller", fleet_controller.moments_table(run.moments, RSS_TARGET_MB))
+        run.memory.append(("peak over the run", dict(peaks.peaks)))
+        run.section("2. resident memory (MB) of each component", fleet_api.memory_table(run.memory))
         identity_line = (
             f"slices written as `{who['username']}` with node-name extra "
             f"{who['extra'].get('authentication.kubernetes.io/node-name')} (for node {nodes[0].name}), "
@@ -284,6 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"in {first.seconds:.1f}s ({json.dumps(first.calls)})"
         )
     finally:
+        peaks.stop()
         load_after = fleet_probe.load_average()
         busy_after = others(probe)
         say(f"load average after: {load_after}; busiest other processes (CPUs): {busy_after}")
@@ -299,8 +361,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         header = f"""
 ## Fleet scale: {len(nodes)} KWOK nodes of gpuplane's ResourceSlices ({datetime.date.today()})
 
-`python -m bench.fleet_scale --hgx {args.hgx} --gb200 {args.gb200} --pods {args.pods} --rounds {args.rounds} \
---claims {args.claims} --gangs {gangs}{f" --skip {args.skip}" if args.skip else ""}`
+`python -m bench.fleet_scale --hgx {args.hgx} --gb200 {args.gb200} --pods {args.pods} --pods-a {args.pods_a} \
+--rounds {args.rounds} --claims {args.claims} --gangs {gangs}{f" --skip {args.skip}" if args.skip else ""}`
 
 Machine: {machine()}. Load average before: {load_before}; after: {load_after}.
 Busiest other processes before (CPUs busy): {busy_before}; after: {busy_after}.
@@ -309,7 +371,7 @@ Fleet built in {fleet_built:.0f} s (control plane, KWOK, {len(nodes)} nodes, ide
 kube-scheduler and kube-controller-manager run with `--kube-api-qps={args.api_qps}`.
 """
         with args.write.open("a") as f:
-            f.write(header + "".join(report))
+            f.write(header + "".join(run.report))
         say(f"appended the report to {args.write}")
     return 0
 

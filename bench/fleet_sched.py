@@ -43,6 +43,18 @@ KIND_TEXT = {
     "mig-1g": "one MIG 1g.10gb",
     "gpu-1": "one whole GPU",
     "gpu-4": "4 GPUs, matchAttribute nvlinkDomain",
+    "gpu-share": "25 % of a GPU, time-sliced",
+}
+SHARE_PERCENT = 25
+TIME_SLICING = {
+    "opaque": {
+        "driver": names.DRIVER_NAME,
+        "parameters": {
+            "apiVersion": "gpu.gpuplane.dev/v1alpha1",
+            "kind": "GpuConfig",
+            "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Default"}},
+        },
+    }
 }
 SCHED_POINTS = ("PreFilter", "Filter", "Reserve", "PreBind")
 
@@ -63,9 +75,13 @@ def claim_body(kind: str, name: str, *, h100_only: bool = False, label: str = ""
             selectors.append(
                 {"cel": {"expression": f'device.attributes["{names.DRIVER_NAME}"].productName == "{H100}"'}}
             )
+    if kind == "gpu-share":
+        exactly["capacity"] = {"requests": {"sharePercent": str(SHARE_PERCENT)}}
     if selectors:
         exactly["selectors"] = selectors
     devices: dict[str, Any] = {"requests": [{"name": "gpus", "exactly": exactly}]}
+    if kind == "gpu-share":
+        devices["config"] = [TIME_SLICING]
     if kind == "gpu-4":
         devices["constraints"] = [{"requests": ["gpus"], "matchAttribute": f"{names.DRIVER_NAME}/nvlinkDomain"}]
     return {

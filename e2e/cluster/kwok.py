@@ -245,7 +245,7 @@ class Kwok:
         ]
 
     def start(self, settle_s: float = 2.0) -> None:
-        """Write the stages and start KWOK; raise if it exits within ``settle_s`` (``fleet.wait_ready`` checks the rest).
+        """Write the stages, start KWOK; raise if it exits within ``settle_s`` (``fleet.wait_ready`` checks the rest).
 
         KWOK logs every node and pod it patches at INFO; it runs at WARN so that a fleet of
         thousands of pods does not spend its CPU on its log.

@@ -19,9 +19,10 @@ from typing import Any
 
 import kopf
 
-from gpuplane.controller import config, names, rejects, runtime, steering
+from gpuplane.controller import config, indexed, names, rejects, runtime, steering
 from gpuplane.controller.claim import checks
 from gpuplane.controller.gang import owners
+from gpuplane.controller.node import slice_index
 from gpuplane.controller.rebalance import act, decide, loop
 from gpuplane.controller.rightsize import apply as rightsize
 from gpuplane.controller.rightsize import template as rs_template
@@ -30,6 +31,7 @@ from gpuplane.controller.steer import gate as steer_gate
 from gpuplane.driver.api import names as dn
 
 RESOURCE = ("resource.k8s.io", "v1")
+LIST_CHUNK = 100
 
 
 def _plain(body: Mapping[str, Any], *keys: str) -> dict[str, Any]:
@@ -47,6 +49,10 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=names.GROUP)
         settings.watching.server_timeout = 300
+        # The first listing of every resource in pages, never one response holding a fleet's slices.
+        settings.watching.chunk_size = LIST_CHUNK
+        # Other drivers' slices never reach this process (the API server filters them).
+        settings.watching.field_selectors[RESOURCE[0], "resourceslices"] = f"spec.driver={dn.DRIVER_NAME}"
 
     # --- indexes (the read side: caches of API state) ----------------------------------------------
     @kopf.index(names.GROUP, names.VERSION, names.GANG_PLURAL, id="gang_idx", registry=reg)
@@ -75,28 +81,26 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
         if rejects.rejected(body):
             return None
         memo.touched()
-        return {f"{namespace}/{name}": _plain(body, "spec", "status")}
+        return {f"{namespace}/{name}": indexed.claim(body)}
+
+    interner = slice_index.Interner()  # one copy of each distinct MIG device for the whole fleet
 
     @kopf.index(*RESOURCE, "resourceslices", id="slice_idx", registry=reg)
     def slice_idx(body: kopf.Body, name: str, memo: runtime.Runtime, **_: Any) -> dict[str, Any] | None:
-        if (body.get("spec") or {}).get("driver") != dn.DRIVER_NAME or rejects.rejected(body):
+        if rejects.rejected(body):  # nested too deeply to read: no decision may see it
+            return None
+        digest = slice_index.digest(name, body.get("spec") or {}, interner)
+        if digest is None:
             return None
         memo.touched()
-        # Not deep-copied like the other indexes: slices are the largest objects and the most frequent
-        # events (the steered layout rewrites a few per prepare), and nothing here mutates them.
-        return {name: {"metadata": dict(body.get("metadata") or {}), "spec": body.get("spec") or {}}}
+        return {digest.node: digest}  # keyed by node: a node's label needs only its own slices
 
     @kopf.index("nodes", id="node_idx", registry=reg)
     def node_idx(body: kopf.Body, name: str, memo: runtime.Runtime, **_: Any) -> dict[str, Any] | None:
         if rejects.rejected(body):
             return None
         memo.touched()
-        spec = body.get("spec") or {}
-        ready = any(
-            c.get("type") == "Ready" and c.get("status") == "True"
-            for c in (body.get("status") or {}).get("conditions") or []
-        )
-        return {name: {"schedulable": ready and not spec.get("unschedulable"), "metadata": _plain(body)["metadata"]}}
+        return {name: indexed.node(body)}
 
     @kopf.index(*RESOURCE, "deviceclasses", id="class_idx", registry=reg)
     def class_idx(body: kopf.Body, name: str, memo: runtime.Runtime, **_: Any) -> dict[str, Any] | None:
@@ -211,10 +215,8 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
 
     # --- NVLink domain labels --------------------------------------------------------------------
     async def label(node: str, memo: runtime.Runtime, kw: Mapping[str, Any]) -> None:
-        nodes = runtime.single(kw["node_idx"])
-        entry = nodes.get(node)
-        slices = runtime.single(kw["slice_idx"]).values()
-        await runtime.sync_node_label(memo, node, entry, slices)
+        entry = next(iter(kw["node_idx"].get(node, ())), None)
+        await runtime.sync_node_label(memo, node, entry, list(kw["slice_idx"].get(node, ())))
 
     @kopf.on.event(*RESOURCE, "resourceslices", registry=reg)
     async def slice_event(body: kopf.Body, memo: runtime.Runtime, **kw: Any) -> None:

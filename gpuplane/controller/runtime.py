@@ -49,7 +49,6 @@ class Shared:
     plan_at: float = 0.0  # monotonic time the plan was computed
     overlay: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
     steer: steer_reconciler.SteerState = field(default_factory=steer_reconciler.SteerState)
-    slice_cache: snapshot_builder.SliceCache = field(default_factory=snapshot_builder.SliceCache)
     # The steering loop: woken by any gated pod's event; kopf's (live) indexes from the latest event.
     steer_wake: asyncio.Event = field(default_factory=asyncio.Event)
     steer_kw: Mapping[str, Any] | None = None
@@ -167,7 +166,7 @@ def make_world(
         gangs=world.overlay(gangs_, fresh),
         pods=world.member_lists(pods),
         claims=single(claim_idx),
-        slices=tuple(single(slice_idx).values()),
+        slices=tuple(d for store in slice_idx.values() for d in store),
         nodes={k: bool(v.get("schedulable")) for k, v in single(node_idx).items()},
         classes=single(class_idx),
         jobs={key: tuple(store) for key, store in (job_idx or {}).items()},
@@ -210,7 +209,7 @@ def plan_for(
     ):
         return cached[1], cached[2]
     started = time.monotonic()
-    view = world.cluster_view(w, rt.shared.slice_cache)
+    view = world.cluster_view(w)
     entries = world.entries(w, view)
     compiled = {e.key: world.admit_for(w, e.spec) for e in entries}
     plan = queue_runner.plan(

@@ -1,6 +1,6 @@
 """Gate-and-steer in the operator: one steering pass under the process lock (the handler's side of steer/).
 
-Builds the placement view (slices parsed once per resourceVersion, allocated claims, gang
+Builds the placement view (the slice index's digests, parsed once when each slice changed; allocated claims, gang
 reservations, steered pods not bound yet) and hands it to ``steer.reconciler.run_pass`` in a thread.
 """
 
@@ -41,13 +41,12 @@ async def steer_pass(
     if not steer_reconciler.gated_pods(pods, rt.shared.steer, settings, now):
         return  # nothing gated that this replica has not just decided: no view to build
     started = time.monotonic()
-    cache = rt.shared.slice_cache
-    base = snapshot_builder.build_view(w.slices, w.claims.values(), w.nodes, cache=cache)
+    base = snapshot_builder.build_view(w.slices, w.claims.values(), w.nodes)
     extra = [
         *world.reservations(w, base),
         *steer_reconciler.reservations(pods, rt.shared.steer, w.claims.values(), now),
     ]
-    view = snapshot_builder.build_view(w.slices, w.claims.values(), w.nodes, reservations=extra, cache=cache)
+    view = snapshot_builder.build_view(w.slices, w.claims.values(), w.nodes, reservations=extra)
     log.debug("steering view built", ms=round(1000 * (time.monotonic() - started), 1), pods=len(pods))
     try:
         await asyncio.to_thread(

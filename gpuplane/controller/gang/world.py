@@ -151,15 +151,15 @@ def reservations(world: World, base: snapshot_builder.ClusterView) -> list[snaps
     return out
 
 
-def cluster_view(world: World, cache: snapshot_builder.SliceCache | None = None) -> snapshot_builder.ClusterView:
+def cluster_view(world: World) -> snapshot_builder.ClusterView:
     """The placement view: published GPUs, allocated claims, and not-yet-allocated gang reservations."""
     owned = world.claim_gangs()
-    base = snapshot_builder.build_view(world.slices, world.claims.values(), world.nodes, claim_gangs=owned, cache=cache)
+    base = snapshot_builder.build_view(world.slices, world.claims.values(), world.nodes, claim_gangs=owned)
     extra = reservations(world, base)
     if not extra:
         return base
     return snapshot_builder.build_view(
-        world.slices, world.claims.values(), world.nodes, reservations=extra, claim_gangs=owned, cache=cache
+        world.slices, world.claims.values(), world.nodes, reservations=extra, claim_gangs=owned
     )
 
 

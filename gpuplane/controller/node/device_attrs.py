@@ -33,8 +33,8 @@ def quantity_bytes(raw: Any) -> int:
         return 0
 
 
-def geometry_profile(device: Mapping[str, Any], driver_profile: str, geo: MigGeometry) -> tuple[str, int] | None:
-    """(geometry profile, start) of a MIG device from its counter consumption."""
+def mig_counters(device: Mapping[str, Any]) -> tuple[int, int, int] | None:
+    """(first memory slice, memory slices, compute slices) a MIG device consumes, from its counters."""
     consumes = device.get("consumesCounters") or []
     if not consumes:
         return None
@@ -43,8 +43,13 @@ def geometry_profile(device: Mapping[str, Any], driver_profile: str, geo: MigGeo
     compute = quantity_bytes((counters.get("compute-slices") or {}).get("value", "0"))
     if not slices or not compute:
         return None
+    return slices[0], len(slices), compute
+
+
+def geometry_name(driver_profile: str, memory_slices: int, compute: int, geo: MigGeometry) -> str | None:
+    """The geometry profile of a MIG device that consumes ``memory_slices`` and ``compute`` slices."""
     exclusive = "+me" in driver_profile
     for p in geo.profiles:
-        if p.compute == compute and p.memory == len(slices) and p.exclusive == exclusive:
-            return p.name, slices[0]
+        if p.compute == compute and p.memory == memory_slices and p.exclusive == exclusive:
+            return p.name
     return None

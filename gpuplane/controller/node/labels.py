@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuplane.controller import names
+from gpuplane.controller.node import slice_index
 from gpuplane.driver.api import names as dn
 
 
@@ -25,25 +26,21 @@ class NodeDomains:
     annotation: str | None
 
 
-def domains_of_node(node: str, slices: Iterable[Mapping[str, Any]], driver: str = dn.DRIVER_NAME) -> set[str]:
-    """NVLink domains of the GPUs published for ``node`` (newest pool generation only)."""
-    mine = [
-        s
-        for s in slices
-        if (s.get("spec") or {}).get("driver") == driver and (s.get("spec") or {}).get("nodeName") == node
-    ]
-    if not mine:
-        return set()
-    newest = max(int((s["spec"].get("pool") or {}).get("generation", 0)) for s in mine)
+def domains_of_node(
+    node: str,
+    slices: Iterable[slice_index.SliceDigest | Mapping[str, Any]],
+    driver: str = dn.DRIVER_NAME,
+) -> set[str]:
+    """NVLink domains of the GPUs published for ``node`` (newest pool generation only).
+
+    ``slices`` may be every slice of the cluster or just the node's (the controller's index is
+    keyed by node, so it passes the node's own).
+    """
+    mine = [d for d in (slice_index.as_digest(s, driver) for s in slices) if d is not None and d.node == node]
     out: set[str] = set()
-    for s in mine:
-        if int((s["spec"].get("pool") or {}).get("generation", 0)) != newest:
-            continue
-        for device in s["spec"].get("devices") or []:
-            attrs = device.get("attributes") or {}
-            if (attrs.get(dn.ATTR_TYPE) or {}).get("string") != dn.DEVICE_TYPE_GPU:
-                continue
-            domain = (attrs.get(dn.ATTR_NVLINK_DOMAIN) or {}).get("string")
+    for d in slice_index.newest(mine):
+        for gpu in d.gpus:
+            domain = gpu.attributes.get(f"{driver}/{dn.ATTR_NVLINK_DOMAIN}")
             if domain:
                 out.add(str(domain))
     return out

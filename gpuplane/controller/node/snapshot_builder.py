@@ -1,12 +1,13 @@
 """ResourceSlices + allocated ResourceClaims + Nodes -> the placement module's immutable Snapshot.
 
-:func:`build_view` reads the API objects once into a :class:`ClusterView`: every
-whole GPU the driver publishes (id ``<node>/<device>``, its NVLink domain and
-attributes), every MIG device mapped onto the placement geometry (compute and
-memory slices read from the device's counter consumption, so no hardware
-table is duplicated here), what allocated claims and not-yet-allocated gang
-reservations hold, and which gang holds what. :meth:`ClusterView.snapshot`
-then builds a Snapshot restricted to the GPUs a gang's selectors admit.
+:func:`build_view` reads the API objects once into a :class:`ClusterView` (slices as the
+controller indexes them, :class:`~gpuplane.controller.node.slice_index.SliceDigest`, or as the
+API's dicts): every whole GPU the driver publishes (id ``<node>/<device>``, its NVLink domain and
+attributes), every MIG device mapped onto the placement geometry (compute and memory slices read
+from the device's counter consumption, so no hardware table is duplicated here; looked up on
+demand, since a fleet publishes ~10^5 of them), what allocated claims and not-yet-allocated gang
+reservations hold, and which gang holds what. :meth:`ClusterView.snapshot` then builds a Snapshot
+restricted to the GPUs a gang's selectors admit.
 
 Nothing here talks to the API or mutates its inputs.
 """
@@ -14,13 +15,14 @@ Nothing here talks to the API or mutates its inputs.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from gpuplane.controller import names
-from gpuplane.controller.node.device_attrs import geometry_profile, qualified_attributes, quantity_bytes
+from gpuplane.controller.node import slice_index
+from gpuplane.controller.node.device_attrs import geometry_name
 from gpuplane.controller.placement import geometry as slot_geometry
 from gpuplane.controller.placement import model, snapshot
 from gpuplane.driver.api import names as dn
@@ -29,29 +31,50 @@ from gpuplane.mig.geometry import HOPPER, MigGeometry
 GpuFilter = Callable[[str, Mapping[str, Any]], bool]  # (driver, attributes) -> admitted
 
 
-@dataclass(frozen=True)
-class GpuInfo:
-    """One whole GPU as published: id ``<node>/<device>``."""
-
-    id: str
-    node: str
-    device: str
-    domain: str
-    attributes: Mapping[str, Any]
-    memory_bytes: int
-    product: str
+GpuInfo = slice_index.GpuInfo
+MigInfo = slice_index.MigInfo
 
 
-@dataclass(frozen=True)
-class MigInfo:
-    """One published MIG placement, mapped onto the geometry."""
+class MigLookup(Mapping[str, MigInfo]):
+    """``<node>/<device>`` -> MigInfo, read from the slices' digests on demand (a fleet has ~10^5 MIG devices;
+    a view is built for every queue pass, and only allocated claims' devices are ever looked up)."""
 
-    node: str
-    device: str
-    parent: str  # GpuInfo.id
-    profile: str  # geometry name ("3g")
-    start: int
-    driver_profile: str  # the driver's name ("3g.71gb")
+    def __init__(
+        self,
+        by_node: Mapping[str, tuple[slice_index.SliceDigest, ...]],
+        gpus: Mapping[str, GpuInfo],
+        geometry_of: Mapping[tuple[str, int, int], str],
+    ) -> None:
+        self._by_node = by_node
+        self._gpus = gpus
+        self._geometry_of = geometry_of
+
+    def _info(self, node: str, device: slice_index.MigDevice) -> MigInfo | None:
+        parent = f"{node}/gpu-{device.parent_minor}"
+        profile = self._geometry_of.get((device.driver_profile, device.memory_slices, device.compute))
+        if profile is None or parent not in self._gpus:
+            return None
+        return MigInfo(node, device.name, parent, profile, device.first_slice, device.driver_profile)
+
+    def __getitem__(self, key: str) -> MigInfo:
+        node, _, name = key.partition("/")
+        for d in self._by_node.get(node, ()):
+            device = d.mig.get(name)
+            if device is not None:
+                info = self._info(node, device)
+                if info is not None:
+                    return info
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        for node, digests in self._by_node.items():
+            for d in digests:
+                for device in d.mig.values():
+                    if self._info(node, device) is not None:
+                        yield f"{node}/{device.name}"
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 @dataclass(frozen=True)
@@ -128,65 +151,8 @@ class Reservation:
     placement: model.MemberPlacement
 
 
-_Parsed = tuple[tuple["GpuInfo", ...], tuple[tuple[str, str, str, int, str], ...]]
-
-
-class SliceCache:
-    """Parsed slices by (name, resourceVersion), so a view rebuild parses only the slices that changed.
-
-    Pass one instance to every :func:`build_view` call of a loop; entries of slices that were not
-    in the last call are dropped. Objects without a resourceVersion are never cached.
-    """
-
-    def __init__(self) -> None:
-        self._parsed: dict[tuple[str, str], _Parsed] = {}
-
-    def get(self, key: tuple[str, str]) -> _Parsed | None:
-        """A parsed slice, if cached."""
-        return self._parsed.get(key)
-
-    def put(self, key: tuple[str, str], value: _Parsed) -> None:
-        """Remember a parsed slice."""
-        self._parsed[key] = value
-
-    def keep(self, keys: set[tuple[str, str]]) -> None:
-        """Forget every slice not in ``keys``."""
-        for k in [k for k in self._parsed if k not in keys]:
-            del self._parsed[k]
-
-
-def _parse_slice(spec: Mapping[str, Any], node: str, driver: str, geometry: MigGeometry) -> _Parsed:
-    """One slice's whole GPUs and MIG devices (key, parent, geometry profile, start, driver profile)."""
-    gpus: list[GpuInfo] = []
-    mig: list[tuple[str, str, str, int, str]] = []
-    for device in spec.get("devices") or []:
-        attrs = qualified_attributes(device, driver)
-        kind = attrs.get(f"{driver}/{dn.ATTR_TYPE}")
-        if kind == dn.DEVICE_TYPE_GPU:
-            gid = f"{node}/{device['name']}"
-            caps = device.get("capacity") or {}
-            gpus.append(
-                GpuInfo(
-                    id=gid,
-                    node=node,
-                    device=device["name"],
-                    domain=str(attrs.get(f"{driver}/{dn.ATTR_NVLINK_DOMAIN}") or f"{node}.{device['name']}"),
-                    attributes=MappingProxyType(attrs),
-                    memory_bytes=quantity_bytes((caps.get(dn.CAP_MEMORY) or {}).get("value", "0")),
-                    product=str(attrs.get(f"{driver}/{dn.ATTR_PRODUCT_NAME}") or ""),
-                )
-            )
-        elif kind == dn.DEVICE_TYPE_MIG:
-            driver_profile = str(attrs.get(f"{driver}/{dn.ATTR_MIG_PROFILE}") or "")
-            parent = f"{node}/gpu-{attrs.get(f'{driver}/{dn.ATTR_PARENT_MINOR}')}"
-            got = geometry_profile(device, driver_profile, geometry)
-            if got is not None:
-                mig.append((f"{node}/{device['name']}", parent, got[0], got[1], driver_profile))
-    return tuple(gpus), tuple(mig)
-
-
 def build_view(
-    slices: Iterable[Mapping[str, Any]],
+    slices: Iterable[slice_index.SliceDigest | Mapping[str, Any]],
     claims: Iterable[Mapping[str, Any]] = (),
     nodes: Mapping[str, bool] | None = None,
     *,
@@ -194,55 +160,43 @@ def build_view(
     claim_gangs: Mapping[str, tuple[str, int]] | None = None,
     driver: str = dn.DRIVER_NAME,
     geometry: MigGeometry = HOPPER,
-    cache: SliceCache | None = None,
 ) -> ClusterView:
-    """Read slices, claims and nodes into a :class:`ClusterView`.
+    """Read slices (digests, or the API's dicts), claims and nodes into a :class:`ClusterView`.
 
     ``nodes`` maps node name -> schedulable; GPUs of unknown or unschedulable
     nodes are left out (None: every node counts). Only the newest generation of
     each pool is used, as the scheduler does. ``claim_gangs`` maps "ns/claim" -> (gang key, member index)
     for claims a gang member got from a template (owned by its pod, not by the GpuGang).
-    ``cache`` (optional) keeps parsed slices between calls.
     """
-    slices = [s for s in slices if (s.get("spec") or {}).get("driver") == driver]
-    newest: dict[str, int] = {}
-    for s in slices:
-        pool = s["spec"].get("pool") or {}
-        newest[pool.get("name", "")] = max(newest.get(pool.get("name", ""), 0), int(pool.get("generation", 0)))
+    digests = [d for d in (slice_index.as_digest(s, driver) for s in slices) if d is not None]
     gpus: dict[str, GpuInfo] = {}
-    mig: dict[str, MigInfo] = {}
-    profiles: dict[str, str] = {}
-    published: dict[str, set[str]] = {}
-    pending_mig: list[tuple[str, str, str, int, str]] = []
-    seen: set[tuple[str, str]] = set()
-    for s in slices:
-        spec = s["spec"]
-        pool = spec.get("pool") or {}
-        if int(pool.get("generation", 0)) != newest.get(pool.get("name", ""), 0):
+    by_node: dict[str, list[slice_index.SliceDigest]] = {}
+    kinds: set[tuple[str, int, int]] = set()
+    per_parent: dict[tuple[str, int | None], set[tuple[str, int, int]]] = {}  # (node, parent minor) -> kinds
+    for d in slice_index.newest(digests):
+        if not d.node or (nodes is not None and not nodes.get(d.node, False)):
             continue
-        node = spec.get("nodeName")
-        if not node or (nodes is not None and not nodes.get(node, False)):
-            continue
-        meta = s.get("metadata") or {}
-        key = (str(meta.get("name", "")), str(meta.get("resourceVersion", "")))
-        parsed = cache.get(key) if cache is not None and key[1] else None
-        if parsed is None:
-            parsed = _parse_slice(spec, node, driver, geometry)
-            if cache is not None and key[1]:
-                cache.put(key, parsed)
-        seen.add(key)
-        for g in parsed[0]:
+        for g in d.gpus:
             gpus[g.id] = g
-        pending_mig.extend(parsed[1])
-    if cache is not None:
-        cache.keep(seen)
-    for mkey, parent, prof, start, driver_profile in pending_mig:
-        if parent not in gpus:
-            continue
-        profiles.setdefault(driver_profile, prof)
-        published.setdefault(parent, set()).add(driver_profile)
-        mnode, mdevice = mkey.split("/", 1)
-        mig[mkey] = MigInfo(mnode, mdevice, parent, prof, start, driver_profile)
+        if d.mig:
+            by_node.setdefault(d.node, []).append(d)
+            for m in d.mig.values():
+                kind = (m.driver_profile, m.memory_slices, m.compute)
+                kinds.add(kind)
+                per_parent.setdefault((d.node, m.parent_minor), set()).add(kind)
+    geometry_of: dict[tuple[str, int, int], str] = {}
+    profiles: dict[str, str] = {}
+    for kind in sorted(kinds):
+        got = geometry_name(*kind, geometry)
+        if got is not None:
+            geometry_of[kind] = got
+            profiles.setdefault(kind[0], got)
+    published: dict[str, frozenset[str]] = {}
+    for (node, minor), ks in per_parent.items():
+        parent = f"{node}/gpu-{minor}"
+        if parent in gpus:
+            published[parent] = frozenset(k[0] for k in ks if k in geometry_of)
+    mig = MigLookup({n: tuple(ds) for n, ds in by_node.items()}, gpus, geometry_of)
 
     taken_whole: set[str] = set()
     taken_mig: dict[str, set[model.MigInstance]] = {}
@@ -281,7 +235,7 @@ def build_view(
     }
     return ClusterView(
         gpus=tuple(sorted(gpus.values(), key=lambda g: (g.domain, g.node, _device_order(g.device)))),
-        mig=MappingProxyType(mig),
+        mig=mig,
         taken_whole=frozenset(taken_whole),
         taken_mig=MappingProxyType(
             {k: tuple(sorted(v, key=lambda i: (i.start, i.profile))) for k, v in taken_mig.items()}
@@ -289,7 +243,7 @@ def build_view(
         holdings=MappingProxyType(holdings),
         profiles=MappingProxyType(profiles),
         geometry=geometry,
-        mig_published=MappingProxyType({k: frozenset(v) for k, v in published.items()}),
+        mig_published=MappingProxyType(published),
     )
 
 

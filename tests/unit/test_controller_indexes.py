@@ -1,0 +1,192 @@
+"""The controller's compact indexes: slices as digests, claims and nodes as the fields it reads.
+
+Every check compares against what the controller derives from the full API objects, so a digest
+that dropped something placement, labels or gang bookkeeping reads would fail here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuplane.controller import indexed, names
+from gpuplane.controller.node import labels as nodelabels
+from gpuplane.controller.node import slice_index, snapshot_builder
+from gpuplane.driver.api import names as dn
+from gpuplane.driver.hw.sim import SimConfig, Simulator
+from gpuplane.driver.publish import inventory, slices
+from gpuplane.driver.publish.slices import DeviceTaint
+
+CLUSTER = "6f1c2d3e-4b5a-4978-8a9b-0c1d2e3f4a5b"
+
+
+def pool(tmp: Path, node: str, profile: str, clique: int | None = None) -> list[dict[str, Any]]:
+    cfg = SimConfig(
+        profile=profile,
+        state_dir=tmp / node,
+        node_name=node,
+        durable=False,
+        cluster_uuid=CLUSTER if clique is not None else None,
+        clique_id=clique,
+    )
+    (tmp / node).mkdir(parents=True, exist_ok=True)
+    with Simulator(cfg) as sim:
+        inv = inventory.discover(node, sim)
+    taints = {"gpu-1": [DeviceTaint(key="gpu.gpuplane.dev/xid", value="xid-94", effect="NoSchedule")]}
+    return slices.render_slices(slices.build_pool(inv, taints=taints), 3)
+
+
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("sim")
+    return [
+        *pool(tmp, "hgx-0", "hgx-h100"),
+        *pool(tmp, "hgx-1", "hgx-h100"),
+        *pool(tmp, "nvl-0", "gb200-nvl72", clique=1),
+    ]
+
+
+class TestSliceDigest:
+    def test_keeps_every_gpu_and_mig_device_and_shares_mig_devices_between_nodes(
+        self, raw: list[dict[str, Any]]
+    ) -> None:
+        interner = slice_index.Interner()
+        digests = [slice_index.digest(s["metadata"]["name"], s["spec"], interner) for s in raw]
+        assert all(d is not None for d in digests)
+        got = [d for d in digests if d is not None]
+        assert sum(len(d.gpus) for d in got) == 8 + 8 + 4
+        assert sum(len(d.mig) for d in got) == 200 + 200 + 100
+        a = next(d for d in got if d.node == "hgx-0" and "gpu-3-mig-3g-40gb-4" in d.mig)
+        b = next(d for d in got if d.node == "hgx-1" and "gpu-3-mig-3g-40gb-4" in d.mig)
+        assert a.mig["gpu-3-mig-3g-40gb-4"] is b.mig["gpu-3-mig-3g-40gb-4"]
+        assert len(interner) == 200 + 100  # one object per distinct (GPU minor, profile, placement)
+        dev = a.mig["gpu-3-mig-3g-40gb-4"]
+        assert (dev.parent_minor, dev.driver_profile, dev.first_slice, dev.memory_slices, dev.compute) == (
+            3,
+            "3g.40gb",
+            4,
+            4,
+            3,
+        )
+
+    def test_another_drivers_slice_is_not_kept(self, raw: list[dict[str, Any]]) -> None:
+        spec = {**raw[0]["spec"], "driver": "other.example.com"}
+        assert slice_index.digest("x", spec) is None
+
+    def test_view_from_digests_equals_view_from_api_objects(self, raw: list[dict[str, Any]]) -> None:
+        interner = slice_index.Interner()
+        digests = [d for s in raw if (d := slice_index.digest(s["metadata"]["name"], s["spec"], interner))]
+        from_raw = snapshot_builder.build_view(raw)
+        from_digests = snapshot_builder.build_view(digests)
+        assert from_raw.gpus == from_digests.gpus
+        assert dict(from_raw.profiles) == dict(from_digests.profiles)
+        assert dict(from_raw.mig) == dict(from_digests.mig)
+        info = from_digests.mig["hgx-1/gpu-3-mig-3g-40gb-4"]
+        assert (info.parent, info.profile, info.start, info.driver_profile) == ("hgx-1/gpu-3", "3g", 4, "3g.40gb")
+        assert len(from_digests.mig) == 500
+        with pytest.raises(KeyError):
+            from_digests.mig["hgx-1/gpu-9-mig-3g-40gb-4"]
+        gpu = from_digests.by_id["nvl-0/gpu-2"]
+        assert gpu.attributes[f"{dn.DRIVER_NAME}/{dn.ATTR_PRODUCT_NAME}"] == "NVIDIA GB200"
+        assert gpu.domain == f"{CLUSTER}.1"
+
+    def test_allocated_mig_claim_is_placed_from_digests(self, raw: list[dict[str, Any]]) -> None:
+        digests = [d for s in raw if (d := slice_index.digest(s["metadata"]["name"], s["spec"]))]
+        claim = {
+            "metadata": {"name": "c", "namespace": "ns"},
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [{"driver": dn.DRIVER_NAME, "pool": "hgx-0", "device": "gpu-2-mig-1g-10gb-5"}]
+                    }
+                }
+            },
+        }
+        view = snapshot_builder.build_view(digests, [indexed.claim(claim)])
+        assert [(i.profile, i.start) for i in view.taken_mig["hgx-0/gpu-2"]] == [("1g", 5)]
+
+    def test_node_label_from_the_nodes_own_digests(self, raw: list[dict[str, Any]]) -> None:
+        digests = [d for s in raw if (d := slice_index.digest(s["metadata"]["name"], s["spec"]))]
+        own = [d for d in digests if d.node == "nvl-0"]
+        assert nodelabels.domains_of_node("nvl-0", own) == nodelabels.domains_of_node("nvl-0", raw) == {f"{CLUSTER}.1"}
+        assert nodelabels.domains_of_node("hgx-0", digests) == {"hgx-0.nvl0"}
+
+
+class TestIndexedObjects:
+    def test_claim_keeps_what_gangs_and_placement_read(self) -> None:
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {
+                "name": "tp8-0",
+                "namespace": "ns",
+                "uid": "u",
+                "labels": {names.LABEL_MEMBER_INDEX: "0", "team": "a"},
+                "annotations": {names.ANNOTATION_DECISION: "d1", "other": "x" * 1000},
+                "ownerReferences": [
+                    {"apiVersion": names.GANG_API_VERSION, "kind": names.GANG_KIND, "name": "tp8", "uid": "g"},
+                    {"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "p"},
+                ],
+                "managedFields": [{"manager": "kube-scheduler", "fieldsV1": {"f:status": {}}}],
+                "deletionTimestamp": "2026-01-01T00:00:00Z",
+            },
+            "spec": {"devices": {"requests": [{"name": "gpus"}]}},
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {"driver": dn.DRIVER_NAME, "pool": "n", "device": "gpu-0", "request": "gpus"},
+                            {"driver": "other.example.com", "pool": "n", "device": "nic-0", "request": "nic"},
+                        ]
+                    },
+                    "nodeSelector": {"nodeSelectorTerms": []},
+                },
+                "reservedFor": [{"resource": "pods", "name": "p", "uid": "p"}],
+            },
+        }
+        got = indexed.claim(body)
+        assert got == {
+            "metadata": {
+                "name": "tp8-0",
+                "namespace": "ns",
+                "annotations": {names.ANNOTATION_DECISION: "d1"},
+                "labels": {names.LABEL_MEMBER_INDEX: "0"},
+                "ownerReferences": [{"apiVersion": names.GANG_API_VERSION, "kind": names.GANG_KIND, "name": "tp8"}],
+                "deletionTimestamp": "2026-01-01T00:00:00Z",
+            },
+            "status": {
+                "allocation": {"devices": {"results": [{"driver": dn.DRIVER_NAME, "pool": "n", "device": "gpu-0"}]}}
+            },
+        }
+        assert snapshot_builder.owner_gang(got) == "ns/tp8"
+        assert snapshot_builder.member_index(got) == 0
+
+    def test_allocated_elsewhere_still_counts_as_allocated(self) -> None:
+        body = {
+            "metadata": {"name": "c", "namespace": "ns"},
+            "status": {"allocation": {"devices": {"results": [{"driver": "other.example.com", "device": "x"}]}}},
+        }
+        assert indexed.claim(body)["status"]["allocation"]  # truthy: gang reservations treat it as allocated
+
+    def test_node_keeps_readiness_uid_and_the_domain_label(self) -> None:
+        body = {
+            "metadata": {
+                "name": "n1",
+                "uid": "u1",
+                "labels": {names.NODE_LABEL_NVLINK_DOMAIN: "d", "kubernetes.io/hostname": "n1"},
+                "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+                "managedFields": [{"manager": "kwok"}],
+            },
+            "spec": {"unschedulable": False},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}], "capacity": {"cpu": "224"}},
+        }
+        assert indexed.node(body) == {
+            "schedulable": True,
+            "metadata": {"name": "n1", "uid": "u1", "labels": {names.NODE_LABEL_NVLINK_DOMAIN: "d"}},
+        }
+        cordoned = {**body, "spec": {"unschedulable": True}}
+        assert indexed.node(cordoned)["schedulable"] is False
+        want = nodelabels.desired({"d"})
+        assert nodelabels.patch_for(indexed.node(body), want) is None
