@@ -37,7 +37,7 @@ from gpuplane.controller import names as cnames
 Printer = Callable[[str], None]
 GANG_NAMESPACE = "fleet-gangs"
 GB200 = "NVIDIA GB200"
-PLACED = ("Placed", "Scheduled", "Running")
+DECIDED = ("Placing", "Placed", "Scheduled", "Running")  # the decision is in the gang's status
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,20 +152,20 @@ def gang_objects(index: int) -> list[dict[str, Any]]:
 
 @dataclasses.dataclass(frozen=True)
 class GangResult:
-    """What placing the gangs took."""
+    """What placing the gangs took (seconds from the first gang created; nan: not reached)."""
 
     gangs: int
-    placed: int
-    placed_s: float  # first gang created -> last gang Placed (controller)
-    running_s: float  # first gang created -> last member pod Running
+    decided: int  # gangs whose placement decision is in their status
+    decided_s: float
     members_running: int
-    one_domain: int  # gangs whose placement is one NVLink domain with both members bound where it said
+    running_s: float  # every member pod bound and Running
+    phase_running: int  # gangs whose status says Running (the controller saw its members run)
+    phase_running_s: float
+    one_domain: int  # one NVLink domain in the placement, both members bound on the nodes it named
     create_s: float
 
 
-def place_gangs(api: client.ApiClient, count: int, timeout: float, out: Printer) -> GangResult:
-    """Create ``count`` gangs with their pods and wait until they are placed and running."""
-    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+def _ensure_namespace(core: client.CoreV1Api) -> None:
     try:
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=GANG_NAMESPACE)))
     except client.ApiException as err:
@@ -178,6 +178,27 @@ def place_gangs(api: client.ApiClient, count: int, timeout: float, out: Printer)
         60,
         "the default ServiceAccount",
     )
+
+
+def _one_domain(gangs: Sequence[Mapping[str, Any]], pods: Sequence[Any], node_domain: Mapping[str, Any]) -> int:
+    bound = {p.metadata.name: p.spec.node_name for p in pods if p.metadata and p.spec}
+    ok_count = 0
+    for g in gangs:
+        placement = (g.get("status") or {}).get("placement") or {}
+        domains = placement.get("domains") or []
+        members: Mapping[str, str] = placement.get("members") or {}
+        name = g["metadata"]["name"]
+        ok = len(domains) == 1 and len(members) == 2
+        for member, node in members.items():
+            ok = ok and bound.get(f"{name}-{member}") == node and node_domain.get(node) == domains[0]
+        ok_count += int(ok)
+    return ok_count
+
+
+def place_gangs(api: client.ApiClient, count: int, timeout: float, out: Printer) -> GangResult:
+    """Create ``count`` gangs with their pods; wait until all are decided, their pods Running, their status Running."""
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    _ensure_namespace(core)
     started = time.monotonic()
 
     def create(index: int) -> None:
@@ -188,55 +209,54 @@ def place_gangs(api: client.ApiClient, count: int, timeout: float, out: Printer)
 
     fleet.parallel(list(range(count)), create, what="gangs created (GpuGang + 2 gated pods)", workers=8, out=out)
     create_s = time.monotonic() - started
-    placed_at: float | None = None
-    running_at: float | None = None
+    reached: dict[str, float] = {}
     deadline = started + timeout
     last_note = started
     gangs: list[dict[str, Any]] = []
     pods: list[Any] = []
+    counts = {"decided": 0, "running": 0, "phase": 0}
     while time.monotonic() < deadline:
         listed: dict[str, Any] = custom.list_namespaced_custom_object(  # type: ignore[assignment]
             cnames.GROUP, cnames.VERSION, GANG_NAMESPACE, cnames.GANG_PLURAL
         )
         gangs = listed["items"]
-        placed = sum(1 for g in gangs if (g.get("status") or {}).get("phase") in PLACED)
         pods = core.list_namespaced_pod(GANG_NAMESPACE).items
-        running = sum(1 for p in pods if p.status and p.status.phase == "Running")
         now = time.monotonic()
-        if placed_at is None and placed == count:
-            placed_at = now
-        if running == 2 * count:
-            running_at = now
+        phases = [(g.get("status") or {}).get("phase") for g in gangs]
+        counts = {
+            "decided": sum(1 for p in phases if p in DECIDED),
+            "running": sum(1 for p in pods if p.status and p.status.phase == "Running"),
+            "phase": sum(1 for p in phases if p == "Running"),
+        }
+        for key, target in (("decided", count), ("running", 2 * count), ("phase", count)):
+            if counts[key] >= target:
+                reached.setdefault(key, now - started)
+        if len(reached) == 3:
             break
         if now - last_note > 15:
             last_note = now
-            out(f"  gangs: {placed}/{count} placed, {running}/{2 * count} member pods Running ({now - started:.0f}s)")
+            out(
+                f"  gangs: {counts['decided']}/{count} decided, {counts['running']}/{2 * count} member pods Running, "
+                f"{counts['phase']}/{count} gangs Running ({now - started:.0f}s)"
+            )
         time.sleep(0.5)
     else:
-        out(f"  gangs: not all placed and running after {timeout:.0f}s")
-    node_domain = {
-        i.metadata.name: (i.metadata.labels or {}).get(cnames.NODE_LABEL_NVLINK_DOMAIN)
+        out(f"  gangs: not all decided, running and reported Running after {timeout:.0f}s")
+    node_domain: dict[str, Any] = {
+        str(i.metadata.name): (i.metadata.labels or {}).get(cnames.NODE_LABEL_NVLINK_DOMAIN)
         for i in core.list_node(label_selector=f"{fleet.FLEET_LABEL}=true").items
         if i.metadata
     }
-    bound = {p.metadata.name: p.spec.node_name for p in pods if p.metadata and p.spec}
-    one_domain = 0
-    for g in gangs:
-        placement = (g.get("status") or {}).get("placement") or {}
-        domains = placement.get("domains") or []
-        members: Mapping[str, str] = placement.get("members") or {}
-        name = g["metadata"]["name"]
-        ok = len(domains) == 1 and len(members) == 2
-        for member, node in members.items():
-            ok = ok and bound.get(f"{name}-{member}") == node and node_domain.get(node) == domains[0]
-        one_domain += int(ok)
+    nan = float("nan")
     return GangResult(
         gangs=count,
-        placed=sum(1 for g in gangs if (g.get("status") or {}).get("phase") in PLACED),
-        placed_s=(placed_at - started) if placed_at else float("nan"),
-        running_s=(running_at - started) if running_at else float("nan"),
-        members_running=sum(1 for p in pods if p.status and p.status.phase == "Running"),
-        one_domain=one_domain,
+        decided=counts["decided"],
+        decided_s=reached.get("decided", nan),
+        members_running=counts["running"],
+        running_s=reached.get("running", nan),
+        phase_running=counts["phase"],
+        phase_running_s=reached.get("phase", nan),
+        one_domain=_one_domain(gangs, pods, node_domain),
         create_s=create_s,
     )
 

@@ -249,7 +249,8 @@ class PeakSampler:
     def __init__(self, probe: Probe, every_s: float = 0.5) -> None:
         self.probe = probe
         self.every_s = every_s
-        self.peaks: dict[str, float] = {}
+        self.peaks: dict[str, float] = {}  # over the whole run
+        self.step_peaks: dict[str, float] = {}  # since the component's last ``reset``
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -262,15 +263,17 @@ class PeakSampler:
         self._stop.set()
 
     def peak(self, name: str) -> float:
-        """The highest RSS (MB) seen for ``name`` so far."""
-        return self.peaks.get(name, 0.0)
+        """The highest RSS (MB) seen for ``name`` since its last ``reset``."""
+        return self.step_peaks.get(name, 0.0)
 
     def reset(self, name: str) -> None:
-        """Start a new peak for ``name``."""
-        self.peaks.pop(name, None)
+        """Start a new step peak for ``name`` (the run's peak is kept)."""
+        self.step_peaks.pop(name, None)
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
             with contextlib.suppress(Exception):  # a component going away mid-sample
                 for name, pid in self.probe.pids().items():
-                    self.peaks[name] = max(self.peaks.get(name, 0.0), rss_mb(pid))
+                    rss = rss_mb(pid)
+                    self.peaks[name] = max(self.peaks.get(name, 0.0), rss)
+                    self.step_peaks[name] = max(self.step_peaks.get(name, 0.0), rss)

@@ -53,6 +53,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from kubernetes import client, config  # noqa: E402
+
 from bench import dra_overhead, fleet_api, fleet_controller, fleet_probe, fleet_sched  # noqa: E402
 from e2e.cluster import build, controlplane, kwok  # noqa: E402
 from e2e.cluster import handle as cluster  # noqa: E402
@@ -244,6 +246,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(f"starting the control plane in {state_dir} ...")
     kubeconfig = plane.start()
     handle = cluster.Cluster.connect(kubeconfig, bins, state_dir=state_dir)
+    api_cfg = client.Configuration()
+    load: Callable[..., None] = config.load_kube_config
+    load(config_file=str(kubeconfig), client_configuration=api_cfg, persist_config=False)
+    api_cfg.connection_pool_maxsize = 4 * args.workers  # one connection per creating thread, watches besides
+    bench_api = client.ApiClient(api_cfg)
     kw = kwok.Kwok(state_dir, kwok_bin, kubeconfig, die_with_parent=True, out=say)
     probe = fleet_probe.Probe(state_dir, kubeconfig)
     probe.extra_pids["fleet bench (this process: the nodes' publishers)"] = os.getpid()
@@ -252,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = Run(
         args=args,
         skip=skip,
-        api=handle.api,
+        api=bench_api,
         handle=handle,
         probe=probe,
         peaks=peaks,
@@ -323,9 +330,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{gangs} TP=8 gangs (2 x 4 GB200)",
                 t0,
                 cpu0,
-                f"{result.placed}/{result.gangs} Placed by the controller in {result.placed_s:.1f}s "
+                f"{result.decided}/{result.gangs} decided by the controller in {result.decided_s:.1f}s "
                 f"(creates {result.create_s:.1f}s); {result.members_running}/{2 * result.gangs} members Running "
-                f"in {result.running_s:.1f}s; {result.one_domain}/{result.gangs} in one NVLink domain on the "
+                f"in {result.running_s:.1f}s; {result.phase_running}/{result.gangs} gangs Running in "
+                f"{result.phase_running_s:.1f}s; {result.one_domain}/{result.gangs} in one NVLink domain on the "
                 "nodes the placement named",
             )
             run.remember_memory(f"{gangs} gangs")
@@ -352,6 +360,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ctl is not None:
             ctl.stop()
         kw.stop()
+        bench_close: Callable[[], None] = bench_api.close
+        bench_close()
         handle.close()
         plane.stop()
         if args.state_dir is None:
