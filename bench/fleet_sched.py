@@ -9,6 +9,8 @@ device, the claim's allocation write and the binding. Per round:
   ``spec.nodeName`` (arrival times in this process, one watch for the round);
 * throughput: pods / (first pod seen -> last pod bound), and how long the creates themselves took
   (when creation is the slower side, throughput says so rather than hiding it);
+* kube-scheduler's CPU seconds over the round, per pod bound (``/proc``: less sensitive to what
+  else runs on the machine than any wall-clock figure);
 * kube-scheduler's own histograms over the round (``/metrics`` before and after):
   ``scheduler_scheduling_attempt_duration_seconds{result="scheduled"}`` (one scheduling cycle:
   filter, score, reserve), ``scheduler_pod_scheduling_sli_duration_seconds`` (queue entry to bound)
@@ -151,6 +153,7 @@ class Round:
     points_ms: Mapping[str, float | None]  # scheduler: mean per extension point per cycle
     attempts: float  # scheduling cycles the scheduler ran for the round's pods
     unschedulable: float
+    sched_cpu_s: float = 0.0  # kube-scheduler's CPU seconds from the first create to the last bind
 
     @property
     def throughput(self) -> float:
@@ -269,13 +272,16 @@ def run_round(
         )
     watch = BindWatch(api, label)
     watch.start()
+    sched_pid = probe.pids().get("kube-scheduler", 0)
     before = probe.scheduler()
+    cpu_before = fleet_probe.cpu_s(sched_pid)
     bodies = [(n, pod_body(kind, n, label)) for n in names_]
     create_s = _create_all(bodies, lambda body: core.create_namespaced_pod(NAMESPACE, body), workers)  # type: ignore[arg-type]
     try:
         dra_overhead.wait(lambda: len(watch.bound) == pods, timeout, f"{pods} pods of {label} bound")
     except TimeoutError:
         out(f"  {label}: only {len(watch.bound)}/{pods} pods bound after {timeout:.0f}s")
+    cpu_after = fleet_probe.cpu_s(sched_pid)
     after = probe.scheduler()
     watch.stop()
     figures = scheduler_figures(after.minus(before))
@@ -290,6 +296,7 @@ def run_round(
         latency=dra_overhead.summary(latencies) if latencies else {"p50": 0.0, "p99": 0.0, "max": 0.0, "mean": 0.0},
         create_s=create_s,
         span_s=span,
+        sched_cpu_s=cpu_after - cpu_before,
         **figures,
     )
     out(
@@ -325,7 +332,7 @@ def table(rounds: Sequence[Round]) -> str:
     head = (
         "| fleet | pods | n | bound | pods/s | creates s | creation->bound p50 s | p99 s | "
         "sched cycle p50 ms | p99 ms | mean ms | queue->bound p50 ms | p99 ms | PreFilter ms | Filter ms | "
-        "Reserve ms | PreBind ms | cycles |"
+        "Reserve ms | PreBind ms | cycles | scheduler CPU ms/pod |"
     )
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rounds:
@@ -334,7 +341,7 @@ def table(rounds: Sequence[Round]) -> str:
             f"{r.latency['p50']:.2f} | {r.latency['p99']:.2f} | {f(r.attempt_ms['p50'])} | {f(r.attempt_ms['p99'])} | "
             f"{f(r.attempt_ms['mean'])} | {f(r.sli_ms['p50'])} | {f(r.sli_ms['p99'])} | "
             + " | ".join(f(r.points_ms[p], "{:.2f}") for p in SCHED_POINTS)
-            + f" | {r.attempts:.0f} |"
+            + f" | {r.attempts:.0f} | {r.sched_cpu_s * 1000 / max(r.bound, 1):.0f} |"
         )
     return "\n".join(rows) + "\n"
 
@@ -344,8 +351,8 @@ def ratios(rounds: Sequence[Round]) -> str:
     by = {(r.fleet, r.kind): r for r in rounds}
     plain = by.get(("c", "none"))
     rows = [
-        "| pods | ratio | pods/s | creation->bound p50 | p99 | sched cycle mean |",
-        "|---|---|---|---|---|---|",
+        "| pods | ratio | pods/s | creation->bound p50 | p99 | sched cycle mean | scheduler CPU per pod |",
+        "|---|---|---|---|---|---|---|",
     ]
 
     def ratio(x: float | None, y: float | None) -> str:
@@ -361,7 +368,8 @@ def ratios(rounds: Sequence[Round]) -> str:
             rows.append(
                 f"| {KIND_TEXT[kind]} | {name} | {ratio(a.throughput, base.throughput)} | "
                 f"{ratio(a.latency['p50'], base.latency['p50'])} | {ratio(a.latency['p99'], base.latency['p99'])} | "
-                f"{ratio(a.attempt_ms['mean'], base.attempt_ms['mean'])} |"
+                f"{ratio(a.attempt_ms['mean'], base.attempt_ms['mean'])} | "
+                f"{ratio(a.sched_cpu_s / max(a.bound, 1), base.sched_cpu_s / max(base.bound, 1))} |"
             )
     return "\n".join(rows) + "\n"
 

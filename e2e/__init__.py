@@ -6,7 +6,10 @@ Three packages: ``plane`` built on ``cluster`` (nothing in ``cluster`` imports `
 ``e2e.cluster``: a generic Kubernetes cluster, nothing gpuplane-specific.
 
 - ``build``: builds (once) and caches etcd and the Kubernetes binaries from the
-  pinned Go module in ``e2e/cluster/k8sbuild``.
+  pinned Go module in ``e2e/cluster/k8sbuild``; ``ensure_built`` does the same for any
+  pinned Go module.
+- ``kwok``: the KWOK controller (built from ``e2e/cluster/kwokbuild``), which keeps
+  labelled Node objects Ready and marks their pods Running, without kubelets.
 - ``pki``: the certificates, keys and kubeconfigs the control plane needs.
 - ``procs``: starting, pidfile-tracking and stopping of component processes.
 - ``controlplane``: etcd, kube-apiserver, kube-controller-manager and
@@ -31,6 +34,9 @@ Three packages: ``plane`` built on ``cluster`` (nothing in ``cluster`` imports `
 - ``driverproc``: one ``gpuplane-driver`` process on the simulator, for tests.
 - ``simnodes``: simulated GPU nodes, a driver plus a kubelet stand-in per node, started, awaited
   and stopped; ``simnode_plan`` their plan (names, directories, sockets, NVL72 racks, ``nodes.json``).
+- ``fleet``: a fleet of KWOK nodes (HGX H100, GB200 NVL72 racks) for scale tests.
+- ``fleetslices``: the fleet's ResourceSlices, published by the driver's own discovery and
+  publisher for many nodes in one process, each under its node's driver identity.
 - ``identity``: the driver's and the controller's ServiceAccount identities (TokenRequest).
 - ``install``: rendering and applying ``manifests/``, CRD storage migration.
 - ``components``: gpuplane installed from ``manifests/overlays/e2e``, the drivers' credentials

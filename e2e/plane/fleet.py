@@ -65,16 +65,19 @@ class FleetNode:
         return out
 
 
-def plan(hgx: int, gb200: int, *, seed: str = "gpuplane-fleet") -> tuple[FleetNode, ...]:
-    """``hgx`` HGX H100 nodes, then ``gb200`` GB200 trays in racks of 18 (the last rack may be partial)."""
+def plan(hgx: int, gb200: int, *, prefix: str = "", seed: str = "gpuplane-fleet") -> tuple[FleetNode, ...]:
+    """``hgx`` HGX H100 nodes, then ``gb200`` GB200 trays in racks of 18 (the last rack may be partial).
+
+    Names are ``<prefix><profile>-<i>`` (zero-padded to the same width).
+    """
     if hgx < 0 or gb200 < 0 or hgx + gb200 == 0:
         raise ValueError(f"a fleet needs at least one node (got hgx={hgx}, gb200={gb200})")
     width = len(str(max(hgx, gb200, 1) - 1))
-    nodes = [FleetNode(f"{HGX_PROFILE}-{i:0{width}d}", HGX_PROFILE) for i in range(hgx)]
+    nodes = [FleetNode(f"{prefix}{HGX_PROFILE}-{i:0{width}d}", HGX_PROFILE) for i in range(hgx)]
     for i in range(gb200):
         rack = i // RACK_TRAYS
-        cluster = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{seed}:rack-{rack}"))
-        nodes.append(FleetNode(f"{GB200_PROFILE}-{i:0{width}d}", GB200_PROFILE, rack, cluster))
+        cluster = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{seed}:{prefix}rack-{rack}"))
+        nodes.append(FleetNode(f"{prefix}{GB200_PROFILE}-{i:0{width}d}", GB200_PROFILE, rack, cluster))
     return tuple(nodes)
 
 

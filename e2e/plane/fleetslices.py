@@ -141,15 +141,33 @@ class FleetSlices:
             list(self.pools.values()), mint, what="driver identities (pod + token)", workers=self.workers, out=self._out
         )
 
+    def remove_identities(self) -> None:
+        """Delete the stand-in driver pods (their tokens stop working with them)."""
+        core = client.CoreV1Api(self.cluster.api)
+
+        def remove(pool: NodePool) -> None:
+            name = f"{identity.DRIVER_SA}-identity-{pool.node.name}"[:253]
+            try:
+                core.delete_namespaced_pod(name, identity.NAMESPACE, grace_period_seconds=0)
+            except client.ApiException as err:
+                if err.status != 404:
+                    raise
+            pool.token = ""
+
+        fleet.parallel(
+            list(self.pools.values()), remove, what="driver identities removed", workers=self.workers, out=self._out
+        )
+
     def whoami(self, node: str) -> dict[str, Any]:
         """What the API server authenticates ``node``'s publisher as (to show the identity in use)."""
-        api = self._client(self.pools[node].token)
+        api = self.client_for(self.pools[node].token)
         try:
             return identity.whoami(api)
         finally:
             _close(api)
 
-    def _client(self, token: str) -> client.ApiClient:
+    def client_for(self, token: str) -> client.ApiClient:
+        """A new API client authenticating with ``token`` (close it when done)."""
         admin = self.cluster.api.configuration
         cfg = client.Configuration()
         cfg.host = admin.host
@@ -210,7 +228,7 @@ class FleetSlices:
             raise RuntimeError(f"node {pool.node.name}: discover() before publish()")
         if not pool.token:
             raise RuntimeError(f"node {pool.node.name}: mint_identities() before publish()")
-        api = self._client(pool.token)
+        api = self.client_for(pool.token)
         try:
             counted = CountingSliceApi(KubeApi(api), self._counts, self._lock)
             if pool.publisher is None:
@@ -227,7 +245,7 @@ class FleetSlices:
         def run(pool: NodePool) -> None:
             if pool.publisher is None or not pool.token:
                 return
-            api = self._client(pool.token)
+            api = self.client_for(pool.token)
             try:
                 pool.publisher.api = CountingSliceApi(KubeApi(api), self._counts, self._lock)
                 pool.publisher.unpublish()

@@ -1,0 +1,101 @@
+"""The fleet harness's pure parts: the node plan, Node bodies, KWOK's stages, whole-GPU-only discovery."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from e2e.cluster import build, kwok
+from e2e.plane import fleet
+from gpuplane.driver.hw.sim import SimConfig, Simulator
+from gpuplane.driver.publish import inventory, slices
+
+
+class TestPlan:
+    def test_mix_and_racks(self) -> None:
+        nodes = fleet.plan(800, 200)
+        assert len(nodes) == 1000
+        hgx = [n for n in nodes if n.profile == "hgx-h100"]
+        trays = [n for n in nodes if n.profile == "gb200-nvl72"]
+        assert len(hgx) == 800 and len(trays) == 200
+        assert hgx[0].name == "hgx-h100-000" and trays[-1].name == "gb200-nvl72-199"
+        racks: dict[int, set[str]] = {}
+        for t in trays:
+            assert t.rack is not None and t.cluster_uuid is not None
+            racks.setdefault(t.rack, set()).add(t.cluster_uuid)
+        assert len(racks) == 12  # 11 full NVL72 racks of 18 trays and one of 2
+        assert all(len(uuids) == 1 for uuids in racks.values())  # one fabric cluster per rack
+        assert len({next(iter(u)) for u in racks.values()}) == 12
+        assert sum(1 for t in trays if t.rack == 11) == 2
+
+    def test_prefix_and_bad_sizes(self) -> None:
+        assert [n.name for n in fleet.plan(1, 1, prefix="t-")] == ["t-hgx-h100-0", "t-gb200-nvl72-0"]
+        with pytest.raises(ValueError, match="at least one node"):
+            fleet.plan(0, 0)
+
+    def test_node_body_is_kwok_managed_with_capacity(self) -> None:
+        node = fleet.plan(0, 1)[0]
+        body = fleet.node_body(node)
+        labels = body["metadata"]["labels"]
+        assert labels[kwok.MANAGED_LABEL] == kwok.MANAGED_VALUE
+        assert labels["gpuplane.dev/sim-profile"] == "gb200-nvl72" and labels["gpuplane.dev/rack"] == "nvl72-0"
+        assert body["status"]["allocatable"]["pods"] == "110"
+
+
+class TestKwok:
+    def test_stages_are_kwok_stage_objects_for_nodes_and_pods(self) -> None:
+        docs = list(yaml.safe_load_all(kwok.stages_yaml()))
+        assert [d["kind"] for d in docs] == ["Stage"] * 4
+        refs = [d["spec"]["resourceRef"]["kind"] for d in docs]
+        assert refs == ["Node", "Node", "Pod", "Pod"]
+        delete = docs[3]["spec"]
+        assert delete["next"]["delete"] is True
+        assert delete["selector"]["matchExpressions"][0] == {"key": ".metadata.deletionTimestamp", "operator": "Exists"}
+        heartbeat = docs[1]["spec"]["delay"]
+        assert heartbeat["durationMilliseconds"] == kwok.STATUS_REPORT_MS
+
+    def test_pinned_version_and_cache_dir(self, tmp_path: Path) -> None:
+        assert kwok.pinned_version() == "v0.8.0"
+        bad = tmp_path / "go.mod"
+        bad.write_text("module x\n\ngo 1.26.0\n")
+        with pytest.raises(build.BuildError, match=r"does not require sigs\.k8s\.io/kwok"):
+            kwok.pinned_version(bad)
+
+    def test_ensure_built_reuses_a_cached_binary(self, tmp_path: Path) -> None:
+        cached = tmp_path / "kwok" / f"{kwok.pinned_version()}-r{kwok.RECIPE_REVISION}" / "kwok"
+        cached.parent.mkdir(parents=True)
+        cached.write_text("#!/bin/sh\n")
+        cached.chmod(0o755)
+        said: list[str] = []
+        # No Go on PATH: a cached binary must be returned without looking for the toolchain.
+        assert kwok.ensure_kwok(root=tmp_path, environ={"PATH": ""}, out=said.append) == cached
+        assert said == []
+
+    def test_missing_binary_without_go_says_what_to_do(self, tmp_path: Path) -> None:
+        with pytest.raises(build.BuildError, match="`go` was not found on PATH"):
+            kwok.ensure_kwok(root=tmp_path, environ={"PATH": ""}, out=lambda _: None)
+
+
+class TestWholeGpusOnly:
+    def test_no_mig_devices_and_no_counters(self, tmp_path: Path) -> None:
+        with Simulator(SimConfig(profile="hgx-h100", state_dir=tmp_path, node_name="n", durable=False)) as sim:
+            inv = inventory.discover("n", sim, mig_placements=False)
+        content = slices.build_pool(inv)
+        objs = slices.render_slices(content, 1)
+        slices.validate_pool(objs)
+        (only,) = objs
+        assert [d["name"] for d in only["spec"]["devices"]] == [f"gpu-{i}" for i in range(8)]
+        assert not any(d.get("consumesCounters") for d in only["spec"]["devices"])
+
+    def test_a_gpu_still_holding_mig_instances_is_not_offered_whole(self, tmp_path: Path) -> None:
+        with Simulator(SimConfig(profile="hgx-h100", state_dir=tmp_path, node_name="n", durable=False)) as sim:
+            gpu = sorted(sim.gpus(), key=lambda g: g.minor)[2]
+            sim.set_mig_mode(gpu.uuid, True)
+            profile = next(p for p in sim.mig_profiles(gpu.uuid) if p.name == "3g.40gb")
+            gi = sim.create_gpu_instance(gpu.uuid, profile.profile_id, 0)
+            owned = [(gpu.uuid, gi.gi_id)]  # the driver's own instance (a claim still prepared)
+            inv = inventory.discover("n", sim, owned, mig_placements=False)
+        names_ = {d["name"] for s in slices.render_slices(slices.build_pool(inv), 1) for d in s["spec"]["devices"]}
+        assert "gpu-2" not in names_ and {f"gpu-{i}" for i in (0, 1, 3, 4, 5, 6, 7)} <= names_
