@@ -20,6 +20,7 @@ import json
 import math
 import os
 import ssl
+import subprocess
 import threading
 import time
 import urllib.request
@@ -277,3 +278,42 @@ class PeakSampler:
                     rss = rss_mb(pid)
                     self.peaks[name] = max(self.peaks.get(name, 0.0), rss)
                     self.step_peaks[name] = max(self.step_peaks.get(name, 0.0), rss)
+
+
+def replace_scheduler(state_dir: Path, binary: Path, timeout: float = 120.0) -> tuple[subprocess.Popen[bytes], str]:
+    """Swap the cluster's kube-scheduler for ``binary`` with the same flags (for a newer release's allocator).
+
+    Only the ``DRA*`` feature gates are kept (a newer release removes or renames others, and a
+    gate it does not know stops it at start). Returns the new process and its ``/version``.
+    The pidfile keeps the name ``kube-scheduler``, so stopping the cluster stops it too.
+    """
+    pid_dir = state_dir / "pids"
+    old = procs.read_records(pid_dir)["kube-scheduler"]
+    procs.stop(old)
+    argv = [str(binary)]
+    for arg in old.argv[1:]:
+        if arg.startswith("--feature-gates="):
+            gates = [g for g in arg.split("=", 1)[1].split(",") if g.startswith("DRA")]
+            argv.append("--feature-gates=" + ",".join(gates))
+        else:
+            argv.append(arg)
+    proc, _ = procs.spawn("kube-scheduler", argv, log=old.log, pid_dir=pid_dir, cwd=state_dir, die_with_parent=True)
+    port = _flag(argv, "secure-port")
+    insecure = ssl.create_default_context()
+    insecure.check_hostname = False
+    insecure.verify_mode = ssl.CERT_NONE
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise procs.ComponentError("kube-scheduler", f"{binary} exited with code {proc.returncode}", old.log)
+        with (
+            contextlib.suppress(OSError),
+            urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", context=insecure, timeout=3) as r,
+        ):
+            if r.status == 200:
+                break
+        if time.monotonic() > deadline:
+            raise procs.ComponentError("kube-scheduler", f"{binary} not healthy after {timeout:.0f}s", old.log)
+        time.sleep(0.5)
+    version = subprocess.run([str(binary), "--version"], capture_output=True, text=True, check=False).stdout.strip()
+    return proc, version

@@ -41,6 +41,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import shutil
 import sys
 import tempfile
@@ -222,6 +223,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--skip", default="", help="comma-separated: sched, api, controller")
     p.add_argument("--state-dir", type=Path, help="keep the cluster's state here (default: a temporary directory)")
     p.add_argument("--write", type=Path, help="append the report as a Markdown section to this file")
+    p.add_argument(
+        "--scheduler",
+        type=Path,
+        help="run this kube-scheduler binary instead of the cluster's (e.g. a newer release's allocator; "
+        "a scheduler newer than the API server is outside the supported version skew)",
+    )
     args = p.parse_args(argv)
     args.pods_a = args.pods if args.pods_a is None else args.pods_a
     args.claims = round(12.5 * args.hgx) if args.claims is None else args.claims
@@ -245,6 +252,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     say(f"starting the control plane in {state_dir} ...")
     kubeconfig = plane.start()
+    scheduler_version = "kube-scheduler v1.36.3 (the cluster's)"
+    if args.scheduler:
+        _, scheduler_version = fleet_probe.replace_scheduler(state_dir, args.scheduler.resolve())
+        scheduler_version += f" ({args.scheduler}, DRA feature gates only)"
+        say(f"kube-scheduler replaced: {scheduler_version}")
     handle = cluster.Cluster.connect(kubeconfig, bins, state_dir=state_dir)
     api_cfg = client.Configuration()
     load: Callable[..., None] = config.load_kube_config
@@ -368,17 +380,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
             say(f"removed {tmp}")
     if args.write:
+        command = shlex.join(list(argv) if argv is not None else sys.argv[1:])
         header = f"""
 ## Fleet scale: {len(nodes)} KWOK nodes of gpuplane's ResourceSlices ({datetime.date.today()})
 
-`python -m bench.fleet_scale --hgx {args.hgx} --gb200 {args.gb200} --pods {args.pods} --pods-a {args.pods_a} \
---rounds {args.rounds} --claims {args.claims} --gangs {gangs}{f" --skip {args.skip}" if args.skip else ""}`
+`python -m bench.fleet_scale {command}`
 
 Machine: {machine()}. Load average before: {load_before}; after: {load_after}.
 Busiest other processes before (CPUs busy): {busy_before}; after: {busy_after}.
 Fleet built in {fleet_built:.0f} s (control plane, KWOK, {len(nodes)} nodes, identities, first publish of
 {first.slices} slices / {first.devices} devices in {first.seconds:.0f} s). {identity_line}.
-kube-scheduler and kube-controller-manager run with `--kube-api-qps={args.api_qps}`.
+kube-scheduler and kube-controller-manager run with `--kube-api-qps={args.api_qps}`; scheduler:
+{scheduler_version}.
 """
         with args.write.open("a") as f:
             f.write(header + "".join(run.report))

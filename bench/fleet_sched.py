@@ -300,7 +300,7 @@ def run_round(
         **figures,
     )
     out(
-        f"  {label}: {result.bound}/{pods} bound in {span:.1f}s ({result.throughput:.1f} pods/s; creates took "
+        f"  {label}: {result.bound}/{pods} bound in {span:.1f}s ({result.throughput:.3g} pods/s; creates took "
         f"{create_s:.1f}s), creation->bound p50 {result.latency['p50']:.2f}s p99 {result.latency['p99']:.2f}s"
     )
     if not keep:
@@ -337,7 +337,7 @@ def table(rounds: Sequence[Round]) -> str:
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rounds:
         rows.append(
-            f"| {r.fleet} | {KIND_TEXT[r.kind]} | {r.pods} | {r.bound} | {r.throughput:.1f} | {r.create_s:.1f} | "
+            f"| {r.fleet} | {KIND_TEXT[r.kind]} | {r.pods} | {r.bound} | {r.throughput:.3g} | {r.create_s:.1f} | "
             f"{r.latency['p50']:.2f} | {r.latency['p99']:.2f} | {f(r.attempt_ms['p50'])} | {f(r.attempt_ms['p99'])} | "
             f"{f(r.attempt_ms['mean'])} | {f(r.sli_ms['p50'])} | {f(r.sli_ms['p99'])} | "
             + " | ".join(f(r.points_ms[p], "{:.2f}") for p in SCHED_POINTS)
