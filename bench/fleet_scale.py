@@ -157,7 +157,7 @@ def scheduler_rounds_a(run: Run) -> None:
     a = run.args
     for r in range(a.rounds):
         run.round("c", "none", a.pods, f"c-none-{r}")
-        for kind in fleet_sched.KINDS[1:]:
+        for kind in fleet_sched.KINDS[1:] if a.pods_a else ():
             run.round("a", kind, a.pods_a, f"a-{kind}-{r}")
     run.remember_memory("after rounds (a)")
 
@@ -213,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--hgx", type=int, default=800, help="HGX H100 nodes (8 GPUs, MIG partitionable)")
     p.add_argument("--gb200", type=int, default=200, help="GB200 trays (4 GPUs; 18 per NVL72 rack)")
     p.add_argument("--pods", type=int, default=300, help="pods per scheduler round")
-    p.add_argument("--pods-a", type=int, default=None, help="pods per round on the partitionable fleet (a)")
+    p.add_argument("--pods-a", type=int, default=None, help="pods per round on (a), the partitionable fleet (0: none)")
     p.add_argument("--rounds", type=int, default=1, help="scheduler rounds per kind")
     p.add_argument("--claims", type=int, default=None, help="background claims (default: 12.5 per HGX node)")
     p.add_argument("--gangs", type=int, default=None, help="TP=8 gangs (default: one per two GB200 trays, <= 100)")
@@ -243,8 +243,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(f"busiest other processes (CPUs): {busy_before}")
     bins = build.ensure_binaries(out=say)
     kwok_bin = kwok.ensure_kwok(out=say)
-    tmp = tempfile.mkdtemp(prefix="fleet-bench-")
-    state_dir = (args.state_dir or Path(tmp)).resolve()
+    tmp = None if args.state_dir else tempfile.mkdtemp(prefix="fleet-bench-")
+    state_dir = (args.state_dir or Path(str(tmp))).resolve()
     plane = controlplane.ControlPlane(
         state_dir, bins, die_with_parent=True, client_qps=args.api_qps, out=lambda _: None
     )
@@ -376,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         bench_close()
         handle.close()
         plane.stop()
-        if args.state_dir is None:
+        if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
             say(f"removed {tmp}")
     if args.write:
