@@ -22,7 +22,7 @@ from typing import Any
 
 from kubernetes import client
 
-from bench import dra_overhead, fleet_probe
+from bench import dra_watch, fleet_probe
 from e2e.plane import fleetslices
 from gpuplane.driver.observe import health
 from gpuplane.driver.publish.slices import DeviceTaint
@@ -76,7 +76,7 @@ def slice_footprint(api: client.ApiClient, probe: fleet_probe.Probe) -> Footprin
     )
 
 
-class SliceEventWatch(dra_overhead._Watch):
+class SliceEventWatch(dra_watch._Watch):
     """Every ResourceSlice watch event this process receives: per-second counts and bytes."""
 
     def __init__(self, api: client.ApiClient) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 
 from kubernetes import client
 
-from bench import dra_overhead, fleet_probe, fleet_sched
+from bench import dra_setup, dra_watch, fleet_probe, fleet_sched
 from e2e.cluster import procs
 from e2e.cluster.handle import Cluster
 from e2e.plane import components, fleet
@@ -141,7 +141,7 @@ def gang_objects(index: int) -> list[dict[str, Any]]:
                     "schedulingGates": [{"name": cnames.SCHEDULING_GATE}],
                     "resourceClaims": [{"name": "gpus", "resourceClaimName": cnames.claim_name(name, member)}],
                     "containers": [
-                        {"name": "rank", "image": dra_overhead.PAUSE, "resources": {"claims": [{"name": "gpus"}]}}
+                        {"name": "rank", "image": dra_setup.PAUSE, "resources": {"claims": [{"name": "gpus"}]}}
                     ],
                     "terminationGracePeriodSeconds": 0,
                 },
@@ -171,7 +171,7 @@ def _ensure_namespace(core: client.CoreV1Api) -> None:
     except client.ApiException as err:
         if err.status != 409:
             raise
-    dra_overhead.wait(
+    dra_watch.wait(
         lambda: bool(
             core.list_namespaced_service_account(GANG_NAMESPACE, field_selector="metadata.name=default").items
         ),

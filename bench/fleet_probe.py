@@ -19,6 +19,7 @@ import dataclasses
 import json
 import math
 import os
+import platform
 import ssl
 import subprocess
 import threading
@@ -121,6 +122,22 @@ def machine_busy_s() -> float:
         jiffies = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
         return (sum(jiffies) - jiffies[3] - jiffies[4]) / TICK
     return 0.0
+
+
+def machine() -> str:
+    """CPU model, CPU count, memory and Python version."""
+    cpu = "unknown CPU"
+    mem = "?"
+    with contextlib.suppress(OSError, StopIteration):
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
+    with contextlib.suppress(OSError, StopIteration, ValueError):
+        kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if "MemTotal" in line)
+        mem = f"{kb / 2**20:.0f} GiB"
+    return f"{os.cpu_count()} CPUs ({cpu}), {mem} memory, Python {platform.python_version()}, {platform.system()}"
 
 
 def load_average() -> str:

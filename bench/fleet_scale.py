@@ -35,12 +35,10 @@ directory removed at the end (``--state-dir`` keeps it).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import datetime
 import json
 import os
-import platform
 import shlex
 import shutil
 import sys
@@ -56,29 +54,13 @@ if str(REPO_ROOT) not in sys.path:
 
 from kubernetes import client, config  # noqa: E402
 
-from bench import dra_overhead, fleet_api, fleet_controller, fleet_probe, fleet_sched  # noqa: E402
+from bench import dra_watch, fleet_api, fleet_controller, fleet_probe, fleet_sched  # noqa: E402
 from e2e.cluster import build, controlplane, kwok  # noqa: E402
 from e2e.cluster import handle as cluster  # noqa: E402
 from e2e.plane import components, fleet, fleetslices  # noqa: E402
 from gpuplane.driver import logs  # noqa: E402
 
 RSS_TARGET_MB = 200.0
-
-
-def machine() -> str:
-    """CPU model, CPU count, memory and Python version."""
-    cpu = "unknown CPU"
-    mem = "?"
-    with contextlib.suppress(OSError, StopIteration):
-        cpu = next(
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        )
-    with contextlib.suppress(OSError, StopIteration, ValueError):
-        kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if "MemTotal" in line)
-        mem = f"{kb / 2**20:.0f} GiB"
-    return f"{os.cpu_count()} CPUs ({cpu}), {mem} memory, Python {platform.python_version()}, {platform.system()}"
 
 
 def others(probe: fleet_probe.Probe | None) -> str:
@@ -238,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure("WARNING", "console")
 
     load_before = fleet_probe.load_average()
-    say(f"machine: {machine()}; load average before: {load_before}")
+    say(f"machine: {fleet_probe.machine()}; load average before: {load_before}")
     busy_before = others(None)
     say(f"busiest other processes (CPUs): {busy_before}")
     bins = build.ensure_binaries(out=say)
@@ -299,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             t0 = time.monotonic()
             ctl, run.ctl_pid = fleet_controller.start_controller(handle, state_dir, say)
             cpu0 = fleet_probe.cpu_s(run.ctl_pid)
-            dra_overhead.wait(lambda: fleet_controller.unlabelled(run.api, nodes) == 0, args.timeout, "node labels")
+            dra_watch.wait(lambda: fleet_controller.unlabelled(run.api, nodes) == 0, args.timeout, "node labels")
             fp = run.footprints[0][1]
             run.moment(
                 "started on the fleet (a): every node labelled",
@@ -386,7 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 `python -m bench.fleet_scale {command}`
 
-Machine: {machine()}. Load average before: {load_before}; after: {load_after}.
+Machine: {fleet_probe.machine()}. Load average before: {load_before}; after: {load_after}.
 Busiest other processes before (CPUs busy): {busy_before}; after: {busy_after}.
 Fleet built in {fleet_built:.0f} s (control plane, KWOK, {len(nodes)} nodes, identities, first publish of
 {first.slices} slices / {first.devices} devices in {first.seconds:.0f} s). {identity_line}.

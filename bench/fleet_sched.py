@@ -30,7 +30,7 @@ from typing import Any
 
 from kubernetes import client
 
-from bench import dra_overhead, fleet_probe
+from bench import dra_overhead, dra_setup, dra_watch, fleet_probe
 from e2e.plane import fleet
 from gpuplane.driver.api import names
 
@@ -98,7 +98,7 @@ def pod_body(kind: str, name: str, label: str) -> dict[str, Any]:
     """One benchmark pod (its claim, if any, is called like the pod)."""
     container: dict[str, Any] = {
         "name": "c",
-        "image": dra_overhead.PAUSE,
+        "image": dra_setup.PAUSE,
         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
     }
     spec: dict[str, Any] = {"containers": [container], "terminationGracePeriodSeconds": 0}
@@ -113,7 +113,7 @@ def pod_body(kind: str, name: str, label: str) -> dict[str, Any]:
     }
 
 
-class BindWatch(dra_overhead._Watch):
+class BindWatch(dra_watch._Watch):
     """When each pod of a round is first seen, first seen bound, first seen Running (monotonic clock)."""
 
     def __init__(self, api: client.ApiClient, label: str) -> None:
@@ -230,7 +230,7 @@ def wait_namespace_empty(api: client.ApiClient, label: str, timeout: float) -> N
         )
         return not pods and not claims.get("items")
 
-    dra_overhead.wait(empty, timeout, f"pods and claims of round {label} deleted")
+    dra_watch.wait(empty, timeout, f"pods and claims of round {label} deleted")
 
 
 def delete_round(api: client.ApiClient, label: str, timeout: float) -> None:
@@ -278,7 +278,7 @@ def run_round(
     bodies = [(n, pod_body(kind, n, label)) for n in names_]
     create_s = _create_all(bodies, lambda body: core.create_namespaced_pod(NAMESPACE, body), workers)  # type: ignore[arg-type]
     try:
-        dra_overhead.wait(lambda: len(watch.bound) == pods, timeout, f"{pods} pods of {label} bound")
+        dra_watch.wait(lambda: len(watch.bound) == pods, timeout, f"{pods} pods of {label} bound")
     except TimeoutError:
         out(f"  {label}: only {len(watch.bound)}/{pods} pods bound after {timeout:.0f}s")
     cpu_after = fleet_probe.cpu_s(sched_pid)
@@ -316,7 +316,7 @@ def ensure_namespace(api: client.ApiClient) -> None:
     except client.ApiException as err:
         if err.status != 409:
             raise
-    dra_overhead.wait(
+    dra_watch.wait(
         lambda: bool(core.list_namespaced_service_account(NAMESPACE, field_selector="metadata.name=default").items),
         60,
         "the default ServiceAccount",
