@@ -35,7 +35,6 @@ directory removed at the end (``--state-dir`` keeps it).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import os
@@ -46,7 +45,6 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
@@ -54,139 +52,13 @@ if str(REPO_ROOT) not in sys.path:
 
 from kubernetes import client, config  # noqa: E402
 
-from bench import dra_watch, fleet_api, fleet_controller, fleet_probe, fleet_sched  # noqa: E402
+from bench import dra_watch, fleet_api, fleet_before, fleet_controller, fleet_probe, fleet_sched, fleet_steps  # noqa: E402
 from e2e.cluster import build, controlplane, kwok  # noqa: E402
 from e2e.cluster import handle as cluster  # noqa: E402
 from e2e.plane import components, fleet, fleetslices  # noqa: E402
 from gpuplane.driver import logs  # noqa: E402
 
 RSS_TARGET_MB = 200.0
-
-
-def others(probe: fleet_probe.Probe | None) -> str:
-    """The busiest processes outside this benchmark, over 3 s."""
-    mine = {os.getpid(), *(probe.pids().values() if probe else ())}
-    top = fleet_probe.busiest(exclude=mine)
-    return ", ".join(f"{name} {cpus:.2f}" for name, cpus in top) or "none above 0.02 CPUs"
-
-
-@dataclasses.dataclass
-class Run:
-    """Everything one benchmark run holds and collects."""
-
-    args: argparse.Namespace
-    skip: set[str]
-    api: Any
-    handle: cluster.Cluster
-    probe: fleet_probe.Probe
-    peaks: fleet_probe.PeakSampler
-    slices: fleetslices.FleetSlices
-    nodes: tuple[fleet.FleetNode, ...]
-    say: Callable[[str], None]
-    report: list[str] = dataclasses.field(default_factory=list)
-    rounds: list[fleet_sched.Round] = dataclasses.field(default_factory=list)
-    passes: list[fleet_api.Republish] = dataclasses.field(default_factory=list)
-    footprints: list[tuple[str, fleet_api.Footprint]] = dataclasses.field(default_factory=list)
-    memory: list[tuple[str, dict[str, float]]] = dataclasses.field(default_factory=list)
-    moments: list[fleet_controller.Moment] = dataclasses.field(default_factory=list)
-    ctl_pid: int = 0
-
-    def section(self, title: str, body: str) -> None:
-        """Print a report section and keep it for ``--write``."""
-        self.say(f"\n### {title}\n\n{body}")
-        self.report.append(f"\n### {title}\n\n{body}")
-
-    def remember_memory(self, moment: str) -> None:
-        """RSS of every component now."""
-        self.memory.append((moment, fleet_api.memory(self.probe)))
-
-    def round(self, variant: str, kind: str, pods: int, label: str) -> None:
-        """One scheduler round."""
-        a = self.args
-        self.say(f"round ({variant}): {pods} pods, {fleet_sched.KIND_TEXT[kind]} ...")
-        self.rounds.append(
-            fleet_sched.run_round(
-                self.api,
-                self.probe,
-                fleet_variant=variant,
-                kind=kind,
-                pods=pods,
-                label=label,
-                timeout=a.timeout,
-                workers=a.workers,
-                out=self.say,
-            )
-        )
-
-    def moment(self, what: str, t0: float, cpu0: float, detail: str) -> None:
-        """Record the controller at the end of a step."""
-        name = f"{components.CONTROLLER_PREFIX}0"
-        self.moments.append(
-            fleet_controller.Moment(
-                what,
-                time.monotonic() - t0,
-                fleet_probe.rss_mb(self.ctl_pid),
-                self.peaks.peak(name),
-                fleet_probe.cpu_s(self.ctl_pid) - cpu0,
-                detail,
-            )
-        )
-        self.peaks.reset(name)
-
-
-def scheduler_rounds_a(run: Run) -> None:
-    """Measurement 1 on the slices as published: (c) pods without claims, then each claim kind on (a)."""
-    a = run.args
-    for r in range(a.rounds):
-        run.round("c", "none", a.pods, f"c-none-{r}")
-        for kind in fleet_sched.KINDS[1:] if a.pods_a else ():
-            run.round("a", kind, a.pods_a, f"a-{kind}-{r}")
-    run.remember_memory("after rounds (a)")
-
-
-def to_whole_gpus(run: Run) -> None:
-    """Republish every node as whole GPUs only (b); footprint; (b) rounds unless skipped."""
-    run.say("republishing whole GPUs only (b) ...")
-    run.slices.discover(mig_placements=False)
-    run.passes.append(
-        fleet_api.republish(run.slices, run.api, run.probe, what="(a) -> (b): whole GPUs only", taints=lambda _: {})
-    )
-    run.footprints.append(("(b) whole GPUs only", fleet_api.slice_footprint(run.api, run.probe)))
-    if "sched" not in run.skip:
-        for r in range(run.args.rounds):
-            for kind in ("gpu-1", "gpu-4"):
-                run.round("b", kind, run.args.pods, f"b-{kind}-{r}")
-        run.remember_memory("after rounds (b)")
-
-
-def background_claims(run: Run) -> str:
-    """The controller's background claims, allocated while the fleet publishes (b); returns a detail line."""
-    bg = fleet_controller.background(
-        run.api, run.probe, run.args.claims, timeout=run.args.timeout, workers=run.args.workers, out=run.say
-    )
-    bound = sum(r.bound for r in bg)
-    span = sum(r.span_s for r in bg)
-    rate = bound / max(span, 1e-9)
-    return f"{bound}/{run.args.claims} claims allocated, their pods Running; scheduler {rate:.1f} pods/s on (b)"
-
-
-def back_to_partitionable(run: Run) -> None:
-    """Republish every node with its MIG placements (a) again."""
-    run.slices.discover()
-    run.passes.append(
-        fleet_api.republish(run.slices, run.api, run.probe, what="(b) -> (a): MIG placements back", taints=lambda _: {})
-    )
-
-
-def health_passes(run: Run) -> None:
-    """Measurement 2: one fleet-wide health change, its recovery, and a resync that changes nothing."""
-    run.say("health change on every node (fatal Xid on gpu-3), then cleared ...")
-    for what, taints in (
-        ("health: Xid taint on gpu-3", fleet_api.xid_taints),
-        ("health: taint cleared", lambda _: {}),
-        ("unchanged (periodic resync)", lambda _: {}),
-    ):
-        run.passes.append(fleet_api.republish(run.slices, run.api, run.probe, what=what, taints=taints))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -196,6 +68,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--gb200", type=int, default=200, help="GB200 trays (4 GPUs; 18 per NVL72 rack)")
     p.add_argument("--pods", type=int, default=300, help="pods per scheduler round")
     p.add_argument("--pods-a", type=int, default=None, help="pods per round on (a), the partitionable fleet (0: none)")
+    p.add_argument("--pods-a0", type=int, default=None, help="pods per round on (a0), before packing (0: none)")
+    p.add_argument(
+        "--before",
+        metavar="REV",
+        help="also run the controller of git revision REV (the code before the fixes) beside this one, as followers",
+    )
     p.add_argument("--rounds", type=int, default=1, help="scheduler rounds per kind")
     p.add_argument("--claims", type=int, default=None, help="background claims (default: 12.5 per HGX node)")
     p.add_argument("--gangs", type=int, default=None, help="TP=8 gangs (default: one per two GB200 trays, <= 100)")
@@ -213,6 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     args.pods_a = args.pods if args.pods_a is None else args.pods_a
+    args.pods_a0 = args.pods_a if args.pods_a0 is None else args.pods_a0
     args.claims = round(12.5 * args.hgx) if args.claims is None else args.claims
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     gangs = args.gangs if args.gangs is not None else min(100, args.gb200 // 2)
@@ -221,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     load_before = fleet_probe.load_average()
     say(f"machine: {fleet_probe.machine()}; load average before: {load_before}")
-    busy_before = others(None)
+    busy_before = fleet_steps.others(None)
     say(f"busiest other processes (CPUs): {busy_before}")
     bins = build.ensure_binaries(out=say)
     kwok_bin = kwok.ensure_kwok(out=say)
@@ -250,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     probe.extra_pids["fleet bench (this process: the nodes' publishers)"] = os.getpid()
     peaks = fleet_probe.PeakSampler(probe)
     peaks.start()
-    run = Run(
+    run = fleet_steps.Run(
         args=args,
         skip=skip,
         api=bench_api,
@@ -289,18 +168,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                 cpu0,
                 f"{len(nodes)} nodes, {fp.objects} slices, {fp.devices} devices",
             )
+            if args.before:
+                run.before_commit = fleet_before.extract(args.before, state_dir / "before")
+                say(f"controller before the fixes: {args.before} = {run.before_commit} ...")
+                fleet_steps.start_followers(run, state_dir / "before", state_dir)
             run.remember_memory("controller synced")
         fleet_sched.ensure_namespace(run.api)
         if "sched" not in skip:
-            scheduler_rounds_a(run)
+            fleet_steps.scheduler_rounds_a(run)
         if "sched" not in skip or measure_controller:
-            to_whole_gpus(run)
+            fleet_steps.to_whole_gpus(run)
         detail = ""
         if measure_controller:
             t0, cpu0 = time.monotonic(), fleet_probe.cpu_s(run.ctl_pid)
-            detail = background_claims(run)
+            detail = fleet_steps.background_claims(run)
         if "sched" not in skip or measure_controller:
-            back_to_partitionable(run)
+            fleet_steps.back_to_partitionable(run)
         if measure_controller:
             say("  waiting 30 s for the controller to settle on the claims and the republished slices ...")
             time.sleep(30)
@@ -310,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             run.section("1. kube-scheduler: pods per round, creation to bound", fleet_sched.table(run.rounds))
             run.section("1. ratios", fleet_sched.ratios(run.rounds))
         if "api" not in skip:
-            health_passes(run)
+            fleet_steps.health_passes(run)
         run.section("2. ResourceSlices as served (API) and stored (etcd)", fleet_api.footprint_table(run.footprints))
         if run.passes:
             run.section(
@@ -333,6 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             run.remember_memory(f"{gangs} gangs")
         if measure_controller:
             run.section("3. gpuplane-controller", fleet_controller.moments_table(run.moments, RSS_TARGET_MB))
+        if run.followers is not None:
+            run.section("3. controller before/after (followers)", run.followers.table(run.before_commit))
         run.memory.append(("peak over the run", dict(peaks.peaks)))
         run.section("2. resident memory (MB) of each component", fleet_api.memory_table(run.memory))
         identity_line = (
@@ -349,8 +234,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         peaks.stop()
         load_after = fleet_probe.load_average()
-        busy_after = others(probe)
+        busy_after = fleet_steps.others(probe)
         say(f"load average after: {load_after}; busiest other processes (CPUs): {busy_after}")
+        if run.followers is not None:
+            run.followers.stop()
         if ctl is not None:
             ctl.stop()
         kw.stop()

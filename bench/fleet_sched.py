@@ -347,7 +347,7 @@ def table(rounds: Sequence[Round]) -> str:
 
 
 def ratios(rounds: Sequence[Round]) -> str:
-    """Markdown table: per claim kind, (a)/(c) and (a)/(b) of throughput, latency and scheduling cycle."""
+    """Markdown table: per claim kind, (a)/(c), (a)/(b) and (a0)/(a) of throughput, latency and scheduling cycle."""
     by = {(r.fleet, r.kind): r for r in rounds}
     plain = by.get(("c", "none"))
     rows = [
@@ -359,11 +359,13 @@ def ratios(rounds: Sequence[Round]) -> str:
         return f"{x / y:.2f}x" if x is not None and y else ""
 
     for kind in KINDS[1:]:
-        a = by.get(("a", kind))
-        if a is None:
-            continue
-        for name, base in (("(a)/(c) DRA cost", plain), ("(a)/(b) cost of MIG placements", by.get(("b", kind)))):
-            if base is None:
+        after = by.get(("a", kind))
+        for name, a, base in (
+            ("(a)/(c) DRA cost", after, plain),
+            ("(a)/(b) cost of MIG placements", after, by.get(("b", kind))),
+            ("(a0)/(a) one counter slice per GPU (before) over packed (after)", by.get(("a0", kind)), after),
+        ):
+            if a is None or base is None:
                 continue
             rows.append(
                 f"| {KIND_TEXT[kind]} | {name} | {ratio(a.throughput, base.throughput)} | "

@@ -125,6 +125,14 @@ class FleetSlices:
         self._lock = threading.Lock()
         self._counts: dict[str, int] = {}
         self._local = threading.local()
+        self.in_place = True
+        self.counter_sets_per_slice = slices.MAX_COUNTER_SETS
+
+    def set_layout(self, *, in_place: bool = True, counter_sets_per_slice: int = slices.MAX_COUNTER_SETS) -> None:
+        """How every publisher writes from the next pass on (``SlicePublisher``'s options; the
+        defaults are production's, ``False``/``1`` the behaviour before the fleet-scale fixes)."""
+        self.in_place = in_place
+        self.counter_sets_per_slice = counter_sets_per_slice
 
     # --- identities ----------------------------------------------------------------------------------
     def mint_identities(self) -> None:
@@ -215,7 +223,9 @@ class FleetSlices:
         took = time.monotonic() - started
         devices = sum(p.publisher.devices_published for p in chosen if p.publisher is not None)
         slices_ = sum(
-            len(inventory_pool_specs(p)) for p in chosen if p.inventory is not None and p.publisher is not None
+            len(inventory_pool_specs(p, self.counter_sets_per_slice))
+            for p in chosen
+            if p.inventory is not None and p.publisher is not None
         )
         with self._lock:
             calls = dict(self._counts)
@@ -233,8 +243,9 @@ class FleetSlices:
             counted = CountingSliceApi(KubeApi(api), self._counts, self._lock)
             if pool.publisher is None:
                 pool.publisher = SlicePublisher(counted, pool.node.name, names.DRIVER_NAME, taints=lambda: pool.taints)
-            else:
-                pool.publisher.api = counted
+            pool.publisher.api = counted
+            pool.publisher.in_place = self.in_place
+            pool.publisher.counter_sets_per_slice = self.counter_sets_per_slice
             return pool.publisher.publish(pool.inventory)
         finally:
             _close(api)
@@ -264,7 +275,10 @@ def _close(api: client.ApiClient) -> None:
     close()
 
 
-def inventory_pool_specs(pool: NodePool) -> tuple[dict[str, Any], ...]:
+def inventory_pool_specs(
+    pool: NodePool, counter_sets_per_slice: int = slices.MAX_COUNTER_SETS
+) -> tuple[dict[str, Any], ...]:
     """The slice specs ``pool`` publishes now (the builder's output for its inventory and taints)."""
     assert pool.inventory is not None
-    return slices.build_pool(pool.inventory, names.DRIVER_NAME, pool.taints).slice_specs
+    content = slices.build_pool(pool.inventory, names.DRIVER_NAME, pool.taints, counter_sets_per_slice)
+    return content.slice_specs

@@ -228,3 +228,41 @@ class TestOneRuleInPlace:
         assert [c[0] for c in api.writes()] == ["update"] * count
         assert api.generations() == {2}
         assert pub.writes["replace"] == count and pub.writes["update"] == pub.writes["reorder"] == 0
+
+
+class TestBeforeLayout:
+    """The options that reproduce the publisher and layout before the fleet-scale fixes (benchmark only)."""
+
+    def test_not_in_place_rewrites_the_pool_for_a_one_gpu_taint(self, inventories: tuple[Inventory, Inventory]) -> None:
+        api = FakeSliceApi()
+        taints: dict[str, list[DeviceTaint]] = {}
+        pub = SlicePublisher(api, NODE, names.DRIVER_NAME, taints=lambda: taints, in_place=False)
+        pub.publish(inventories[0])
+        api.calls.clear()
+        taints.update(_xid("gpu-3"))
+        assert pub.publish(inventories[0])
+        assert sorted(c[0] for c in api.writes()) == ["update"] * 5
+        assert api.generations() == {2}
+
+    def test_one_counter_set_per_slice_is_the_old_twelve_slice_layout(
+        self, inventories: tuple[Inventory, Inventory]
+    ) -> None:
+        api = FakeSliceApi()
+        pub = SlicePublisher(api, NODE, names.DRIVER_NAME, counter_sets_per_slice=1)
+        pub.publish(inventories[0])
+        counter_slices = [o for o in api.objects.values() if o["spec"].get("sharedCounters")]
+        assert len(api.objects) == 12 and len(counter_slices) == 8
+        assert all(len(o["spec"]["sharedCounters"]) == 1 for o in counter_slices)
+        pub.counter_sets_per_slice = 8  # packing again: a new generation of 5 slices, the 7 stale ones deleted
+        api.calls.clear()
+        assert pub.publish(inventories[0])
+        assert len(api.objects) == 5 and api.generations() == {2}
+        assert [c[0] for c in api.writes()].count("delete") == 7
+
+    def test_counter_sets_per_slice_out_of_range_is_refused(self, inventories: tuple[Inventory, Inventory]) -> None:
+        with pytest.raises(ValueError, match=r"counter_sets_per_slice must be 1\.\.8, not 9"):
+            SlicePublisher(FakeSliceApi(), NODE, names.DRIVER_NAME, counter_sets_per_slice=9)
+        pub = SlicePublisher(FakeSliceApi(), NODE, names.DRIVER_NAME)
+        pub.counter_sets_per_slice = 0  # set after construction: the builder refuses it, nothing is written
+        with pytest.raises(ValueError, match=r"must be 1\.\.8, not 0"):
+            pub.publish(inventories[0])

@@ -117,12 +117,29 @@ class SlicePublisher:
         *,
         layout: Layout | None = None,
         on_write: Callable[[str], None] | None = None,
+        in_place: bool = True,
+        counter_sets_per_slice: int = slices.MAX_COUNTER_SETS,
     ) -> None:
+        """``layout`` builds the pool (default: ``slices.build_pool``; the driver passes the steered layout
+        when steering is on) and ``on_write`` is told the verb of every write (the driver's metric).
+
+        ``in_place=False`` and ``counter_sets_per_slice=1`` (the default layout's) are the behaviour and
+        layout before the fleet-scale fixes (every change rewrites the pool; one counter slice per GPU),
+        kept so that ``bench.fleet_scale`` measures before and after side by side; the driver never sets
+        them."""
+        if not 1 <= counter_sets_per_slice <= slices.MAX_COUNTER_SETS:
+            raise ValueError(
+                f"counter_sets_per_slice must be 1..{slices.MAX_COUNTER_SETS}, not {counter_sets_per_slice}"
+            )
         self.api = api
         self.node_name = node_name
         self.driver_name = driver_name
         self.taints = taints or (lambda: {})
-        self.layout: Layout = layout or (lambda inv, t: slices.build_pool(inv, driver_name, t))
+        self.in_place = in_place
+        self.counter_sets_per_slice = counter_sets_per_slice
+        self.layout: Layout = layout or (
+            lambda inv, t: slices.build_pool(inv, driver_name, t, counter_sets_per_slice=self.counter_sets_per_slice)
+        )
         self.on_write = on_write or (lambda verb: None)
         self._lock = threading.Lock()
         self._published: str | None = None
@@ -199,9 +216,9 @@ class SlicePublisher:
 
         In place when the existing pool is complete at one generation with the slices' names the
         content wants, at most one slice's devices change ("update") and every other changed slice
-        differs only in device order ("reorder"). Taints' ``timeAdded`` is taken from the API's copy
-        where the driver leaves it out (the API server fills it in), so it is neither a change nor
-        restamped by a rewrite.
+        differs only in device order ("reorder"); never with ``in_place=False``. Taints' ``timeAdded``
+        is taken from the API's copy where the driver leaves it out (the API server fills it in), so it
+        is neither a change nor restamped by a rewrite.
         """
         if not existing or len(existing) != len(content.slice_specs):
             return None
@@ -223,6 +240,8 @@ class SlicePublisher:
                 continue
             verb = "reorder" if _unordered(want) == _unordered(got) else "update"
             writes.append(({**obj, "spec": {**want, "pool": obj["spec"]["pool"]}}, verb))
+        if writes and not self.in_place:
+            return None
         if sum(1 for _, verb in writes if verb == "update") > 1:
             return None
         slices.validate_pool(objs)

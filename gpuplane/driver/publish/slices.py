@@ -209,8 +209,16 @@ def build_pool(
     inventory: Inventory,
     driver_name: str = names.DRIVER_NAME,
     taints: Mapping[str, Sequence[DeviceTaint]] | None = None,
+    counter_sets_per_slice: int = MAX_COUNTER_SETS,
 ) -> PoolContent:
-    """Desired slice specs for this node's pool. ``taints`` maps GPU device name -> taints."""
+    """Desired slice specs for this node's pool. ``taints`` maps GPU device name -> taints.
+
+    ``counter_sets_per_slice`` (1..8) is how many GPUs' counter sets share a counter slice: 8 (the
+    API's limit) in production; 1 is the layout before counter sets were packed, kept for the
+    fleet benchmark's before/after.
+    """
+    if not 1 <= counter_sets_per_slice <= MAX_COUNTER_SETS:
+        raise ValueError(f"counter_sets_per_slice must be 1..{MAX_COUNTER_SETS}, not {counter_sets_per_slice}")
     taints = taints or {}
     node = inventory.node_name
     base = {"driver": driver_name, "nodeName": node}
@@ -219,8 +227,8 @@ def build_pool(
     # As few counter slices as the limit allows (8 counter sets each: one slice on an 8-GPU node).
     # kube-scheduler 1.36 reads every counter slice of every node in each node's Filter, so every
     # extra counter slice costs each scheduling cycle once per node (docs/benchmarks.md, fleet scale).
-    for i in range(0, len(counter_gpus), MAX_COUNTER_SETS):
-        chunk = counter_gpus[i : i + MAX_COUNTER_SETS]
+    for i in range(0, len(counter_gpus), counter_sets_per_slice):
+        chunk = counter_gpus[i : i + counter_sets_per_slice]
         specs.append({**base, "sharedCounters": [counter_set(g) for g in chunk]})
     device_slices: list[list[dict[str, Any]]] = []
     current: list[dict[str, Any]] = []

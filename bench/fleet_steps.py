@@ -1,0 +1,187 @@
+"""Fleet benchmark: the state of one run and its steps (``bench.fleet_scale`` runs them in order).
+
+``Run`` holds the cluster, the fleet's publishers, the probes and everything measured; each step
+function is one part of the three measurements, and the before/after passes: the scheduler on the
+slice layout before counter sets were packed (a0), and the health passes with every change
+rewriting the pool, as the publisher did before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bench import fleet_api, fleet_before, fleet_controller, fleet_probe, fleet_sched
+from e2e.cluster import handle as cluster
+from e2e.plane import components, fleet, fleetslices
+
+
+def others(probe: fleet_probe.Probe | None) -> str:
+    """The busiest processes outside this benchmark, over 3 s."""
+    mine = {os.getpid(), *(probe.pids().values() if probe else ())}
+    top = fleet_probe.busiest(exclude=mine)
+    return ", ".join(f"{name} {cpus:.2f}" for name, cpus in top) or "none above 0.02 CPUs"
+
+
+@dataclasses.dataclass
+class Run:
+    """Everything one benchmark run holds and collects."""
+
+    args: argparse.Namespace
+    skip: set[str]
+    api: Any
+    handle: cluster.Cluster
+    probe: fleet_probe.Probe
+    peaks: fleet_probe.PeakSampler
+    slices: fleetslices.FleetSlices
+    nodes: tuple[fleet.FleetNode, ...]
+    say: Callable[[str], None]
+    report: list[str] = dataclasses.field(default_factory=list)
+    rounds: list[fleet_sched.Round] = dataclasses.field(default_factory=list)
+    passes: list[fleet_api.Republish] = dataclasses.field(default_factory=list)
+    footprints: list[tuple[str, fleet_api.Footprint]] = dataclasses.field(default_factory=list)
+    memory: list[tuple[str, dict[str, float]]] = dataclasses.field(default_factory=list)
+    moments: list[fleet_controller.Moment] = dataclasses.field(default_factory=list)
+    ctl_pid: int = 0
+    followers: fleet_before.Followers | None = None
+    before_commit: str = ""
+
+    def section(self, title: str, body: str) -> None:
+        """Print a report section and keep it for ``--write``."""
+        self.say(f"\n### {title}\n\n{body}")
+        self.report.append(f"\n### {title}\n\n{body}")
+
+    def remember_memory(self, moment: str) -> None:
+        """RSS of every component now."""
+        self.memory.append((moment, fleet_api.memory(self.probe)))
+
+    def round(self, variant: str, kind: str, pods: int, label: str) -> None:
+        """One scheduler round."""
+        a = self.args
+        self.say(f"round ({variant}): {pods} pods, {fleet_sched.KIND_TEXT[kind]} ...")
+        self.rounds.append(
+            fleet_sched.run_round(
+                self.api,
+                self.probe,
+                fleet_variant=variant,
+                kind=kind,
+                pods=pods,
+                label=label,
+                timeout=a.timeout,
+                workers=a.workers,
+                out=self.say,
+            )
+        )
+
+    def moment(self, what: str, t0: float, cpu0: float, detail: str) -> None:
+        """Record the controller at the end of a step."""
+        name = f"{components.CONTROLLER_PREFIX}0"
+        self.moments.append(
+            fleet_controller.Moment(
+                what,
+                time.monotonic() - t0,
+                fleet_probe.rss_mb(self.ctl_pid),
+                self.peaks.peak(name),
+                fleet_probe.cpu_s(self.ctl_pid) - cpu0,
+                detail,
+            )
+        )
+        self.peaks.reset(name)
+        if self.followers is not None:
+            self.followers.read(what, self.peaks)
+
+
+def scheduler_rounds_a(run: Run) -> None:
+    """Measurement 1 on the slices as published: (c) pods without claims, then each claim kind on (a);
+    then (a0), the same fleet in the layout before counter sets were packed (one counter slice per GPU)."""
+    a = run.args
+    for r in range(a.rounds):
+        run.round("c", "none", a.pods, f"c-none-{r}")
+        for kind in fleet_sched.KINDS[1:] if a.pods_a else ():
+            run.round("a", kind, a.pods_a, f"a-{kind}-{r}")
+    run.remember_memory("after rounds (a)")
+    if not a.pods_a0:
+        return
+    run.say("republishing one counter slice per GPU (a0, the layout before packing) ...")
+    run.slices.set_layout(counter_sets_per_slice=1)
+    run.passes.append(
+        fleet_api.republish(run.slices, run.api, run.probe, what="(a) -> (a0): counter sets unpacked", taints=_none)
+    )
+    run.footprints.append(
+        ("(a0) before packing: one counter slice per GPU", fleet_api.slice_footprint(run.api, run.probe))
+    )
+    for r in range(a.rounds):
+        for kind in fleet_sched.KINDS[1:]:
+            run.round("a0", kind, a.pods_a0, f"a0-{kind}-{r}")
+    run.slices.set_layout()
+    run.passes.append(
+        fleet_api.republish(run.slices, run.api, run.probe, what="(a0) -> (a): counter sets packed", taints=_none)
+    )
+
+
+def _none(_: str) -> dict[str, Any]:
+    return {}
+
+
+def to_whole_gpus(run: Run) -> None:
+    """Republish every node as whole GPUs only (b); footprint; (b) rounds unless skipped."""
+    run.say("republishing whole GPUs only (b) ...")
+    run.slices.discover(mig_placements=False)
+    run.passes.append(
+        fleet_api.republish(run.slices, run.api, run.probe, what="(a) -> (b): whole GPUs only", taints=lambda _: {})
+    )
+    run.footprints.append(("(b) whole GPUs only", fleet_api.slice_footprint(run.api, run.probe)))
+    if "sched" not in run.skip:
+        for r in range(run.args.rounds):
+            for kind in ("gpu-1", "gpu-4"):
+                run.round("b", kind, run.args.pods, f"b-{kind}-{r}")
+        run.remember_memory("after rounds (b)")
+
+
+def background_claims(run: Run) -> str:
+    """The controller's background claims, allocated while the fleet publishes (b); returns a detail line."""
+    bg = fleet_controller.background(
+        run.api, run.probe, run.args.claims, timeout=run.args.timeout, workers=run.args.workers, out=run.say
+    )
+    bound = sum(r.bound for r in bg)
+    span = sum(r.span_s for r in bg)
+    rate = bound / max(span, 1e-9)
+    return f"{bound}/{run.args.claims} claims allocated, their pods Running; scheduler {rate:.1f} pods/s on (b)"
+
+
+def back_to_partitionable(run: Run) -> None:
+    """Republish every node with its MIG placements (a) again."""
+    run.slices.discover()
+    run.passes.append(
+        fleet_api.republish(run.slices, run.api, run.probe, what="(b) -> (a): MIG placements back", taints=lambda _: {})
+    )
+
+
+def health_passes(run: Run) -> None:
+    """Measurement 2: one fleet-wide health change, its recovery, and a resync that changes nothing."""
+    run.say("health change on every node (fatal Xid on gpu-3), then cleared ...")
+    for what, taints in (
+        ("health: Xid taint on gpu-3", fleet_api.xid_taints),
+        ("health: taint cleared", lambda _: {}),
+        ("unchanged (periodic resync)", lambda _: {}),
+    ):
+        run.passes.append(fleet_api.republish(run.slices, run.api, run.probe, what=what, taints=taints))
+    run.say("the same health change and recovery with every change rewriting the pool (the publisher before) ...")
+    run.slices.set_layout(in_place=False)
+    for what, taints in (
+        ("before: Xid taint on gpu-3, pool rewritten", fleet_api.xid_taints),
+        ("before: taint cleared, pool rewritten", lambda _: {}),
+    ):
+        run.passes.append(fleet_api.republish(run.slices, run.api, run.probe, what=what, taints=taints))
+    run.slices.set_layout()
+
+
+def start_followers(run: Run, before_tree: Any, state_dir: Any) -> None:
+    """The before and after follower replicas (after the leader holds the Lease), once both are idle."""
+    run.followers = fleet_before.start_followers(run.handle, state_dir, before_tree, run.say)
+    run.followers.settle(run.args.timeout, run.say)
+    run.followers.read("started on the fleet (a), indexes synced", run.peaks)
