@@ -24,7 +24,6 @@ from typing import Any
 from gpuplane.controller import names
 from gpuplane.driver.api import names as dn
 
-
 _ASKS = ("deviceClassName", "allocationMode", "count")  # what gang shape checks read of a request
 
 

@@ -156,6 +156,7 @@ class TestIndexedObjects:
                 "ownerReferences": [{"apiVersion": names.GANG_API_VERSION, "kind": names.GANG_KIND, "name": "tp8"}],
                 "deletionTimestamp": "2026-01-01T00:00:00Z",
             },
+            "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {}}]}},
             "status": {
                 "allocation": {"devices": {"results": [{"driver": dn.DRIVER_NAME, "pool": "n", "device": "gpu-0"}]}}
             },
@@ -190,3 +191,47 @@ class TestIndexedObjects:
         assert indexed.node(cordoned)["schedulable"] is False
         want = nodelabels.desired({"d"})
         assert nodelabels.patch_for(indexed.node(body), want) is None
+
+
+def test_claim_index_keeps_what_template_gangs_read() -> None:
+    """A template member's claim: its controlling Pod owner and what each request asks, nothing else."""
+    body: dict[str, Any] = {
+        "metadata": {
+            "name": "w-0-gpus-abc",
+            "namespace": "ns",
+            "managedFields": [{"manager": "kube-controller-manager"}],
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Pod", "name": "w-0", "uid": "u-1", "controller": True},
+                {"apiVersion": "v1", "kind": "Pod", "name": "other", "uid": "u-2"},
+            ],
+        },
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpus",
+                        "exactly": {
+                            "deviceClassName": "gpu.gpuplane.dev",
+                            "count": 4,
+                            "allocationMode": "ExactCount",
+                            "selectors": [{"cel": {"expression": "true"}}],
+                        },
+                    }
+                ],
+                "constraints": [{"matchAttribute": "gpu.gpuplane.dev/nvlinkDomain"}],
+            }
+        },
+    }
+    got = indexed.claim(body)
+    assert got["metadata"]["ownerReferences"] == [{"kind": "Pod", "name": "w-0", "uid": "u-1", "controller": True}]
+    assert got["spec"] == {
+        "devices": {
+            "requests": [
+                {
+                    "name": "gpus",
+                    "exactly": {"deviceClassName": "gpu.gpuplane.dev", "count": 4, "allocationMode": "ExactCount"},
+                }
+            ]
+        }
+    }
+    assert "managedFields" not in got["metadata"]
