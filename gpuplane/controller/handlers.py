@@ -279,7 +279,7 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
                 memo.writer,
                 plain,
                 runtime.recent_template(memo, key, existing, time.time()),
-                runtime.single(kw["slice_idx"]).values(),
+                slice_index.every(kw["slice_idx"]),  # keyed by node: every node's slices, not one each
                 runtime.single(kw["class_idx"]),
                 created=lambda t: runtime.remember_template(memo, key, t, time.time()),
             )

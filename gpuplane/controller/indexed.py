@@ -6,10 +6,12 @@ at 1,000 nodes and 10,000 claims that alone is hundreds of megabytes. Each funct
 plain dict in the API's shape, so code that reads ``claim["status"]["allocation"]`` or
 ``node["metadata"]["labels"]`` works unchanged, holding only:
 
-* a claim: name, namespace, the decision annotation, the member-index label, owner references to
-  GpuGangs and its controlling Pod (a template member's claim), the deletion mark, what each request
-  asks (class, mode, count: a template member's claim shape), and whether it is allocated with the
-  results of this driver only;
+* a claim: name, namespace, uid, the decision and rebalancing annotations, the member-index label,
+  owner references to GpuGangs and its controlling Pod (a template member's claim), the deletion
+  mark, what each request asks (class, mode, count: a template member's claim shape; each
+  firstAvailable alternative's name and class: a tier), whether it is allocated with the results
+  of this driver only (request, pool, device, consumed share percent) and the pods it is reserved
+  for (rebalancing reads the tier, the share and the pods of each claim on a noisy GPU);
 * a node: whether it is schedulable, its name and uid (for Events), and the NVLink-domain label
   and annotation the controller maintains.
 
@@ -25,6 +27,27 @@ from gpuplane.controller import names
 from gpuplane.driver.api import names as dn
 
 _ASKS = ("deviceClassName", "allocationMode", "count")  # what gang shape checks read of a request
+REBALANCE_ANNOTATION = "gpuplane.dev/noisy-neighbour-decision"  # rebalance.act.ANNOTATION (a test checks)
+_ANNOTATIONS = (names.ANNOTATION_DECISION, REBALANCE_ANNOTATION)
+
+
+def _request(r: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "name": r.get("name"),
+        "exactly": {k: v for k, v in (r.get("exactly") or {}).items() if k in _ASKS},
+    }
+    alts = [{"name": a.get("name"), "deviceClassName": a.get("deviceClassName")} for a in r.get("firstAvailable") or []]
+    if alts:
+        out["firstAvailable"] = alts
+    return out
+
+
+def _result(r: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: r.get(k) for k in ("driver", "request", "pool", "device")}
+    share = (r.get("consumedCapacity") or {}).get(dn.CAP_SHARE_PERCENT)
+    if share is not None:
+        out["consumedCapacity"] = {dn.CAP_SHARE_PERCENT: share}
+    return out
 
 
 def claim(body: Mapping[str, Any], driver: str = dn.DRIVER_NAME) -> dict[str, Any]:
@@ -32,9 +55,10 @@ def claim(body: Mapping[str, Any], driver: str = dn.DRIVER_NAME) -> dict[str, An
     meta = body.get("metadata") or {}
     annotations = meta.get("annotations") or {}
     labels = meta.get("labels") or {}
-    out_meta: dict[str, Any] = {"name": meta.get("name"), "namespace": meta.get("namespace")}
-    if names.ANNOTATION_DECISION in annotations:
-        out_meta["annotations"] = {names.ANNOTATION_DECISION: annotations[names.ANNOTATION_DECISION]}
+    out_meta: dict[str, Any] = {"name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid")}
+    kept = {k: annotations[k] for k in _ANNOTATIONS if k in annotations}
+    if kept:
+        out_meta["annotations"] = kept
     if names.LABEL_MEMBER_INDEX in labels:
         out_meta["labels"] = {names.LABEL_MEMBER_INDEX: labels[names.LABEL_MEMBER_INDEX]}
     owners = [
@@ -51,19 +75,19 @@ def claim(body: Mapping[str, Any], driver: str = dn.DRIVER_NAME) -> dict[str, An
         out_meta["ownerReferences"] = owners
     if meta.get("deletionTimestamp"):
         out_meta["deletionTimestamp"] = meta["deletionTimestamp"]
-    requests = [
-        {"name": r.get("name"), "exactly": {k: v for k, v in (r.get("exactly") or {}).items() if k in _ASKS}}
-        for r in ((body.get("spec") or {}).get("devices") or {}).get("requests") or []
-    ]
+    requests = [_request(r) for r in ((body.get("spec") or {}).get("devices") or {}).get("requests") or []]
     status: dict[str, Any] = {}
     allocation = (body.get("status") or {}).get("allocation")
     if allocation:
         results = [
-            {"driver": r.get("driver"), "pool": r.get("pool"), "device": r.get("device")}
-            for r in (allocation.get("devices") or {}).get("results") or []
-            if r.get("driver") == driver
+            _result(r) for r in (allocation.get("devices") or {}).get("results") or [] if r.get("driver") == driver
         ]
         status["allocation"] = {"devices": {"results": results}}
+    reserved = [
+        {k: r.get(k) for k in ("resource", "name", "uid")} for r in (body.get("status") or {}).get("reservedFor") or []
+    ]
+    if reserved:
+        status["reservedFor"] = reserved
     out: dict[str, Any] = {"metadata": out_meta, "status": status}
     if requests:
         out["spec"] = {"devices": {"requests": requests}}

@@ -9,7 +9,11 @@ gigabytes. :func:`digest` reduces one slice to a :class:`SliceDigest`:
 * every MIG device as a :class:`MigDevice`: its parent's minor, the driver's profile name and the
   memory slices and compute slices it consumes (read from its counter consumption, so no MIG
   table is repeated here). A MIG device is equal on every node that has the same GPU, so the
-  :class:`Interner` keeps one object per distinct device for the whole fleet.
+  :class:`Interner` keeps one object per distinct device for the whole fleet;
+* what right-sizing reads of the fleet (each device's product, memory and multiprocessors);
+* the driver's noisy-neighbour device taints (key, value, timeAdded), which rebalancing reads;
+  :func:`noisy_specs` gives them back in the API's shape. Other taints are not kept: placement
+  reads health from the driver's whole-GPU attributes, not from taints.
 
 Strings that repeat (attribute names, product names, device names) are interned. Nothing here
 talks to the API; the interner is the only state, and it holds values, never decisions.
@@ -24,7 +28,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gpuplane.driver.api import names as dn
-from gpuplane.driver.api import quantity
+from gpuplane.driver.api import noisy_taint, quantity
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,7 @@ class GpuInfo:
     attributes: Mapping[str, Any]
     memory_bytes: int
     product: str
+    multiprocessors: int = 0
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,9 @@ class MigDevice:
     first_slice: int
     memory_slices: int
     compute: int
+    product: str = ""
+    memory_bytes: int = 0
+    multiprocessors: int = 0
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,7 @@ class SliceDigest:
     node: str
     gpus: tuple[GpuInfo, ...] = ()
     mig: Mapping[str, MigDevice] = field(default_factory=dict)  # device name -> device
+    noisy: tuple[tuple[str, Mapping[str, Any]], ...] = ()  # (device, noisy-neighbour taint as published)
 
 
 class Interner:
@@ -130,6 +139,8 @@ def _mig_device(device: Mapping[str, Any], driver: str) -> MigDevice | None:
     if not taken or not compute:
         return None
     attrs = device.get("attributes") or {}
+    caps = device.get("capacity") or {}
+    product = (attrs.get(dn.ATTR_PRODUCT_NAME) or attrs.get(f"{driver}/{dn.ATTR_PRODUCT_NAME}") or {}).get("string")
     minor = (attrs.get(dn.ATTR_PARENT_MINOR) or attrs.get(f"{driver}/{dn.ATTR_PARENT_MINOR}") or {}).get("int")
     profile = (attrs.get(dn.ATTR_MIG_PROFILE) or attrs.get(f"{driver}/{dn.ATTR_MIG_PROFILE}") or {}).get("string")
     return MigDevice(
@@ -139,6 +150,9 @@ def _mig_device(device: Mapping[str, Any], driver: str) -> MigDevice | None:
         first_slice=taken[0],
         memory_slices=len(taken),
         compute=compute,
+        product=_s(str(product or "")),
+        memory_bytes=_quantity((caps.get(dn.CAP_MEMORY) or {}).get("value", "0")),
+        multiprocessors=_quantity((caps.get(dn.CAP_MULTIPROCESSORS) or {}).get("value", "0")),
     )
 
 
@@ -153,7 +167,9 @@ def digest(
     node = str(spec.get("nodeName") or "")
     gpus: list[GpuInfo] = []
     mig: dict[str, MigDevice] = {}
+    noisy: list[tuple[str, Mapping[str, Any]]] = []
     for device in spec.get("devices") or []:
+        noisy.extend(_noisy(device))
         attrs = device.get("attributes") or {}
         kind = (attrs.get(dn.ATTR_TYPE) or attrs.get(f"{driver}/{dn.ATTR_TYPE}") or {}).get("string")
         if kind == dn.DEVICE_TYPE_GPU:
@@ -169,6 +185,7 @@ def digest(
                     attributes=MappingProxyType(qualified),
                     memory_bytes=_quantity((caps.get(dn.CAP_MEMORY) or {}).get("value", "0")),
                     product=str(qualified.get(f"{driver}/{dn.ATTR_PRODUCT_NAME}") or ""),
+                    multiprocessors=_quantity((caps.get(dn.CAP_MULTIPROCESSORS) or {}).get("value", "0")),
                 )
             )
         elif kind == dn.DEVICE_TYPE_MIG:
@@ -184,7 +201,44 @@ def digest(
         node=_s(node),
         gpus=tuple(gpus),
         mig=mig,
+        noisy=tuple(noisy),
     )
+
+
+def _noisy(device: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    name = device.get("name")
+    if not isinstance(name, str):
+        return []
+    return [
+        (name, MappingProxyType({k: t[k] for k in ("key", "value", "timeAdded", "effect") if k in t}))
+        for t in device.get("taints") or []
+        if isinstance(t, Mapping) and t.get("key") == noisy_taint.KEY
+    ]
+
+
+def noisy_specs(digests: list[SliceDigest]) -> list[dict[str, Any]]:
+    """The slices that carry noisy-neighbour taints, as specs holding those devices and taints only."""
+    out: list[dict[str, Any]] = []
+    for d in digests:
+        if not d.noisy:
+            continue
+        devices: dict[str, list[Mapping[str, Any]]] = {}
+        for device, taint in d.noisy:
+            devices.setdefault(device, []).append(dict(taint))
+        out.append(
+            {
+                "driver": d.driver,
+                "pool": {"name": d.pool, "generation": d.generation},
+                "nodeName": d.node,
+                "devices": [{"name": n, "taints": t} for n, t in devices.items()],
+            }
+        )
+    return out
+
+
+def every(index: Mapping[Any, Any]) -> list[Any]:
+    """Every value of a kopf index whose keys may hold several (the slice index: by node)."""
+    return [value for store in index.values() for value in store]
 
 
 def as_digest(obj: SliceDigest | Mapping[str, Any], driver: str = dn.DRIVER_NAME) -> SliceDigest | None:

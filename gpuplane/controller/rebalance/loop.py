@@ -15,6 +15,7 @@ from typing import Any
 import structlog
 
 from gpuplane.controller import kube
+from gpuplane.controller.node import slice_index
 from gpuplane.controller.rebalance.act import Rebalancer
 
 log = structlog.get_logger(__name__)
@@ -27,6 +28,11 @@ def _values(index: Mapping[Any, Iterable[Any]]) -> list[Any]:
             out.append(value)
             break
     return out
+
+
+def noisy_slices(slice_idx: Mapping[Any, Iterable[Any]]) -> list[dict[str, Any]]:
+    """The slices with noisy-neighbour taints, from the controller's slice index (digests keyed by node)."""
+    return slice_index.noisy_specs(slice_index.every(slice_idx))
 
 
 async def run(
@@ -42,7 +48,7 @@ async def run(
         if not leading():
             continue
         try:
-            await rebalancer.run_pass(_values(slice_idx), _values(claim_idx))
+            await rebalancer.run_pass(noisy_slices(slice_idx), _values(claim_idx))
         except kube.NotLeader:
             continue
         except asyncio.CancelledError:

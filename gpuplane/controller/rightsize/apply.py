@@ -35,7 +35,7 @@ async def reconcile(
     writer: Writer,
     request: Mapping[str, Any],
     existing: Mapping[str, Any] | None,
-    slices: Iterable[Mapping[str, Any]],
+    slices: Iterable[Any],  # API slices or the controller's digests
     classes: Mapping[str, Mapping[str, Any]],
     *,
     created: Callable[[Mapping[str, Any]], None] = lambda _: None,

@@ -46,7 +46,7 @@ def _changed(current: Mapping[str, Any] | None, want: Mapping[str, Any]) -> bool
 def decide(
     request: Mapping[str, Any],
     existing: Mapping[str, Any] | None,
-    slices: Iterable[Mapping[str, Any]],
+    slices: Iterable[Any],  # API slices or the controller's digests
     classes: Mapping[str, Mapping[str, Any]],
 ) -> Outcome:
     """The writes that bring ``request``'s template and status in line with its need and the fleet."""

@@ -13,10 +13,11 @@ not stop every GpuRequest in the cluster.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuplane.controller.node import slice_index
 from gpuplane.driver.api import configs, names, quantity
 
 TIER_CLASS_PREFIX = "mps-"
@@ -74,33 +75,48 @@ def _capacity(device: Mapping[str, Any], name: str) -> int | None:
     return value if value > 0 else None
 
 
-def models(slices: Iterable[Mapping[str, Any]]) -> tuple[GpuModel, ...]:
-    """The GPU models gpuplane publishes, sorted by product name."""
-    whole: dict[str, tuple[int, int]] = {}
-    mig: dict[str, dict[str, MigOption]] = {}
+def _published(slices: Iterable[Any]) -> Iterator[tuple[str, Any, int | None, int | None, Any]]:
+    """(product, type, memory, multiprocessors, MIG profile) of every device: API slices or the controller's digests."""
     for item in slices:
+        if isinstance(item, slice_index.SliceDigest):
+            if item.driver != names.DRIVER_NAME:
+                continue
+            for gpu in item.gpus:
+                yield gpu.product, names.DEVICE_TYPE_GPU, gpu.memory_bytes or None, gpu.multiprocessors or None, None
+            for dev in item.mig.values():
+                mem, sms = dev.memory_bytes or None, dev.multiprocessors or None
+                yield dev.product, names.DEVICE_TYPE_MIG, mem, sms, dev.driver_profile
+            continue
         spec = item.get("spec") if "spec" in item else item
         if not isinstance(spec, Mapping) or spec.get("driver") != names.DRIVER_NAME:
             continue
         for device in spec.get("devices") or []:
             if not isinstance(device, Mapping):
                 continue
-            product = _attr(device, names.ATTR_PRODUCT_NAME)
-            kind = _attr(device, names.ATTR_TYPE)
-            memory = _capacity(device, names.CAP_MEMORY)
-            sms = _capacity(device, names.CAP_MULTIPROCESSORS)
-            if not isinstance(product, str) or not product or memory is None or sms is None:
-                continue
-            if kind == names.DEVICE_TYPE_GPU:
-                seen = whole.get(product)
-                whole[product] = (memory, sms) if seen is None else (min(seen[0], memory), min(seen[1], sms))
-            elif kind == names.DEVICE_TYPE_MIG:
-                profile = _attr(device, names.ATTR_MIG_PROFILE)
-                if isinstance(profile, str) and profile:
-                    options = mig.setdefault(product, {})
-                    known = options.get(profile)
-                    if known is None or (memory, sms) < (known.memory_bytes, known.multiprocessors):
-                        options[profile] = MigOption(profile, memory, sms)
+            yield (
+                _attr(device, names.ATTR_PRODUCT_NAME),
+                _attr(device, names.ATTR_TYPE),
+                _capacity(device, names.CAP_MEMORY),
+                _capacity(device, names.CAP_MULTIPROCESSORS),
+                _attr(device, names.ATTR_MIG_PROFILE),
+            )
+
+
+def models(slices: Iterable[Any]) -> tuple[GpuModel, ...]:
+    """The GPU models gpuplane publishes, sorted by product name (from API slices or the controller's digests)."""
+    whole: dict[str, tuple[int, int]] = {}
+    mig: dict[str, dict[str, MigOption]] = {}
+    for product, kind, memory, sms, profile in _published(slices):
+        if not isinstance(product, str) or not product or memory is None or sms is None:
+            continue
+        if kind == names.DEVICE_TYPE_GPU:
+            seen = whole.get(product)
+            whole[product] = (memory, sms) if seen is None else (min(seen[0], memory), min(seen[1], sms))
+        elif kind == names.DEVICE_TYPE_MIG and isinstance(profile, str) and profile:
+            options = mig.setdefault(product, {})
+            known = options.get(profile)
+            if known is None or (memory, sms) < (known.memory_bytes, known.multiprocessors):
+                options[profile] = MigOption(profile, memory, sms)
     for product, options in mig.items():
         if product not in whole:  # MIG mode on and no whole device published (e.g. an A100: toggling needs a reset)
             largest = max(options.values(), key=lambda o: (o.memory_bytes, o.multiprocessors))
