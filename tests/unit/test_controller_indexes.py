@@ -151,6 +151,7 @@ class TestIndexedObjects:
             "metadata": {
                 "name": "tp8-0",
                 "namespace": "ns",
+                "uid": "u",
                 "annotations": {names.ANNOTATION_DECISION: "d1"},
                 "labels": {names.LABEL_MEMBER_INDEX: "0"},
                 "ownerReferences": [{"apiVersion": names.GANG_API_VERSION, "kind": names.GANG_KIND, "name": "tp8"}],
@@ -158,7 +159,12 @@ class TestIndexedObjects:
             },
             "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {}}]}},
             "status": {
-                "allocation": {"devices": {"results": [{"driver": dn.DRIVER_NAME, "pool": "n", "device": "gpu-0"}]}}
+                "allocation": {
+                    "devices": {
+                        "results": [{"driver": dn.DRIVER_NAME, "request": "gpus", "pool": "n", "device": "gpu-0"}]
+                    }
+                },
+                "reservedFor": [{"resource": "pods", "name": "p", "uid": "p"}],
             },
         }
         assert snapshot_builder.owner_gang(got) == "ns/tp8"
