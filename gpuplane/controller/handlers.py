@@ -179,10 +179,7 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
         async with memo.lock():
             pending = list(runtime.single(kw["pending_pod_idx"]).values())
             templates = runtime.single(kw["claim_template_idx"])
-            labels = {
-                n: dict(((v.get("metadata") or {}).get("labels")) or {})
-                for n, v in runtime.single(kw["node_idx"]).items()
-            }
+            labels = steering.node_labels(runtime.single(kw["node_idx"]))
             await steering.steer_pass(
                 memo, world_of(memo, kw), pending=pending, templates=templates, now=time.time(), node_labels=labels
             )

@@ -7,39 +7,32 @@ plain dict in the API's shape, so code that reads ``claim["status"]["allocation"
 ``node["metadata"]["labels"]`` works unchanged, holding only:
 
 * a claim: name, namespace, uid, the decision and rebalancing annotations, the member-index label,
-  owner references to GpuGangs and its controlling Pod (a template member's claim), the deletion
-  mark, what each request asks (class, mode, count: a template member's claim shape; each
-  firstAvailable alternative's name and class: a tier), whether it is allocated with the results
-  of this driver only (request, pool, device, consumed share percent) and the pods it is reserved
-  for (rebalancing reads the tier, the share and the pods of each claim on a noisy GPU);
-* a node: whether it is schedulable, its name and uid (for Events), and the NVLink-domain label
-  and annotation the controller maintains.
+  owner references to GpuGangs and to Pods (name, uid, whether it is the controller: a template
+  member's claim; steering ends a steered pod's reservation when a claim it owns is allocated), the
+  deletion mark, its requests as written (gang shape checks read class, mode and count; steering
+  reads selectors, capacity and admin access too; rebalancing each firstAvailable alternative's
+  class: a tier), whether it is allocated with the results of this driver only (request, pool,
+  device, consumed share percent) and the pods it is reserved for (rebalancing reads the tier, the
+  share and the pods of each claim on a noisy GPU);
+* a node: whether it is schedulable, its name and uid (for Events), every label (steering matches
+  a gated pod's nodeSelector and node affinity against them; the NVLink-domain label is one), and
+  the NVLink-domain annotation the controller maintains.
 
 Pure functions of the object.
 """
 
 from __future__ import annotations
 
+import copy
+import sys
 from collections.abc import Mapping
 from typing import Any
 
 from gpuplane.controller import names
 from gpuplane.driver.api import names as dn
 
-_ASKS = ("deviceClassName", "allocationMode", "count")  # what gang shape checks read of a request
 REBALANCE_ANNOTATION = "gpuplane.dev/noisy-neighbour-decision"  # rebalance.act.ANNOTATION (a test checks)
 _ANNOTATIONS = (names.ANNOTATION_DECISION, REBALANCE_ANNOTATION)
-
-
-def _request(r: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "name": r.get("name"),
-        "exactly": {k: v for k, v in (r.get("exactly") or {}).items() if k in _ASKS},
-    }
-    alts = [{"name": a.get("name"), "deviceClassName": a.get("deviceClassName")} for a in r.get("firstAvailable") or []]
-    if alts:
-        out["firstAvailable"] = alts
-    return out
 
 
 def _result(r: Mapping[str, Any]) -> dict[str, Any]:
@@ -67,15 +60,21 @@ def claim(body: Mapping[str, Any], driver: str = dn.DRIVER_NAME) -> dict[str, An
         if r.get("kind") == names.GANG_KIND
     ]
     owners += [
-        {"kind": "Pod", "name": r.get("name"), "uid": r.get("uid"), "controller": True}
+        {
+            "kind": "Pod",
+            "name": r.get("name"),
+            "uid": r.get("uid"),
+            **({"controller": True} if r.get("controller") else {}),
+        }
         for r in meta.get("ownerReferences") or []
-        if r.get("kind") == "Pod" and r.get("controller")
+        if r.get("kind") == "Pod"
     ]
     if owners:
         out_meta["ownerReferences"] = owners
     if meta.get("deletionTimestamp"):
         out_meta["deletionTimestamp"] = meta["deletionTimestamp"]
-    requests = [_request(r) for r in ((body.get("spec") or {}).get("devices") or {}).get("requests") or []]
+    # Requests as written: small (the API caps them), and steering reads any field of them.
+    requests = copy.deepcopy(list(((body.get("spec") or {}).get("devices") or {}).get("requests") or []))
     status: dict[str, Any] = {}
     allocation = (body.get("status") or {}).get("allocation")
     if allocation:
@@ -105,8 +104,8 @@ def node(body: Mapping[str, Any]) -> dict[str, Any]:
     labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
     out_meta: dict[str, Any] = {"name": meta.get("name"), "uid": meta.get("uid")}
-    if names.NODE_LABEL_NVLINK_DOMAIN in labels:
-        out_meta["labels"] = {names.NODE_LABEL_NVLINK_DOMAIN: labels[names.NODE_LABEL_NVLINK_DOMAIN]}
+    if labels:  # interned: a fleet's nodes share most label keys and values
+        out_meta["labels"] = {sys.intern(str(k)): sys.intern(str(v)) for k, v in labels.items()}
     if names.ANNOTATION_NVLINK_DOMAINS in annotations:
         out_meta["annotations"] = {names.ANNOTATION_NVLINK_DOMAINS: annotations[names.ANNOTATION_NVLINK_DOMAINS]}
     return {"schedulable": ready and not spec.get("unschedulable"), "metadata": out_meta}

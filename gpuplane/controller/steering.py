@@ -24,6 +24,11 @@ from gpuplane.controller.steer import reconciler as steer_reconciler
 log = structlog.get_logger(__name__)
 
 
+def node_labels(nodes: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, str]]:
+    """Node -> its labels, from the node index (``indexed.node`` keeps every label for this)."""
+    return {n: dict(((v.get("metadata") or {}).get("labels")) or {}) for n, v in nodes.items()}
+
+
 async def steer_pass(
     rt: Runtime,
     w: world.World,

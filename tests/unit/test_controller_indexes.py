@@ -154,10 +154,13 @@ class TestIndexedObjects:
                 "uid": "u",
                 "annotations": {names.ANNOTATION_DECISION: "d1"},
                 "labels": {names.LABEL_MEMBER_INDEX: "0"},
-                "ownerReferences": [{"apiVersion": names.GANG_API_VERSION, "kind": names.GANG_KIND, "name": "tp8"}],
+                "ownerReferences": [
+                    {"apiVersion": names.GANG_API_VERSION, "kind": names.GANG_KIND, "name": "tp8"},
+                    {"kind": "Pod", "name": "p", "uid": "p"},
+                ],
                 "deletionTimestamp": "2026-01-01T00:00:00Z",
             },
-            "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {}}]}},
+            "spec": {"devices": {"requests": [{"name": "gpus"}]}},
             "status": {
                 "allocation": {
                     "devices": {
@@ -177,7 +180,7 @@ class TestIndexedObjects:
         }
         assert indexed.claim(body)["status"]["allocation"]  # truthy: gang reservations treat it as allocated
 
-    def test_node_keeps_readiness_uid_and_the_domain_label(self) -> None:
+    def test_node_keeps_readiness_uid_and_its_labels(self) -> None:
         body = {
             "metadata": {
                 "name": "n1",
@@ -191,7 +194,11 @@ class TestIndexedObjects:
         }
         assert indexed.node(body) == {
             "schedulable": True,
-            "metadata": {"name": "n1", "uid": "u1", "labels": {names.NODE_LABEL_NVLINK_DOMAIN: "d"}},
+            "metadata": {
+                "name": "n1",
+                "uid": "u1",
+                "labels": {names.NODE_LABEL_NVLINK_DOMAIN: "d", "kubernetes.io/hostname": "n1"},
+            },
         }
         cordoned = {**body, "spec": {"unschedulable": True}}
         assert indexed.node(cordoned)["schedulable"] is False
@@ -200,7 +207,7 @@ class TestIndexedObjects:
 
 
 def test_claim_index_keeps_what_template_gangs_read() -> None:
-    """A template member's claim: its controlling Pod owner and what each request asks, nothing else."""
+    """A template member's claim: its Pod owners (the controlling one marked) and its requests, nothing else."""
     body: dict[str, Any] = {
         "metadata": {
             "name": "w-0-gpus-abc",
@@ -229,15 +236,11 @@ def test_claim_index_keeps_what_template_gangs_read() -> None:
         },
     }
     got = indexed.claim(body)
-    assert got["metadata"]["ownerReferences"] == [{"kind": "Pod", "name": "w-0", "uid": "u-1", "controller": True}]
-    assert got["spec"] == {
-        "devices": {
-            "requests": [
-                {
-                    "name": "gpus",
-                    "exactly": {"deviceClassName": "gpu.gpuplane.dev", "count": 4, "allocationMode": "ExactCount"},
-                }
-            ]
-        }
-    }
+    assert got["metadata"]["ownerReferences"] == [
+        {"kind": "Pod", "name": "w-0", "uid": "u-1", "controller": True},
+        {"kind": "Pod", "name": "other", "uid": "u-2"},
+    ]
+    # The requests as written (steering reads their selectors); not the constraints, which nothing reads.
+    assert got["spec"] == {"devices": {"requests": body["spec"]["devices"]["requests"]}}
+    assert got["spec"]["devices"]["requests"] is not body["spec"]["devices"]["requests"]  # a copy
     assert "managedFields" not in got["metadata"]

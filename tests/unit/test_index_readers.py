@@ -5,16 +5,16 @@ reads (gpuplane.controller.node.slice_index, gpuplane.controller.indexed). Rebal
 taints, claim tiers, shares, pods, its annotation) and right-sizing (the fleet's GPU models) read
 those indexes as the handlers pass them; here each runs once over the API's objects and once over
 the indexed forms, on pools the driver itself builds, and the outcomes must be equal and
-non-trivial. Dropping a field a reader needs from a digest makes one of these fail.
+non-trivial. Dropping a field a reader needs from a digest makes one of these fail. Steering's
+readers (node labels, the view over the digests, claims' specs and Pod owners) are in
+test_index_readers_steer.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
-import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,49 +24,18 @@ from gpuplane.controller.metrics import ControllerMetrics
 from gpuplane.controller.node import slice_index
 from gpuplane.controller.rebalance import act, loop
 from gpuplane.controller.rebalance.decide import Settings
-from gpuplane.controller.rightsize import fleet
+from gpuplane.controller.rightsize import fleet as rs_fleet
 from gpuplane.driver.api import names as dn
 from gpuplane.driver.api import noisy_taint
-from gpuplane.driver.hw.sim import SimConfig, Simulator
-from gpuplane.driver.publish import inventory, slices
-from gpuplane.driver.publish.slices import DeviceTaint
+from tests.indexkit import HOGS, T0, fleet
+from tests.indexkit import slice_idx as _slice_idx
 
-T0 = 1_800_000_000.0
-HOGS = {"hgx-0": "0b9c3f52-6a1e-4c7d-9e8f-1a2b3c4d5e6f", "hgx-1": "0b9c3f52-6a1e-4c7d-9e8f-1a2b3c4d5e70"}
 S = Settings(persist_s=10.0, cooldown_s=100.0)
-
-
-def _ts(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
-
-
-def _pool(tmp: Path, node: str, profile: str) -> list[dict[str, Any]]:
-    cfg = SimConfig(profile=profile, state_dir=tmp / node, node_name=node, durable=False)
-    (tmp / node).mkdir(parents=True, exist_ok=True)
-    with Simulator(cfg) as sim:
-        inv = inventory.discover(node, sim)
-    taints: dict[str, list[DeviceTaint]] = {"gpu-1": [DeviceTaint("gpu.gpuplane.dev/xid", "xid-94", "NoSchedule")]}
-    if node in HOGS:
-        value = noisy_taint.encode(noisy_taint.NoisyFigures(HOGS[node], 80, 50, 3))
-        taints["gpu-7"] = [DeviceTaint(noisy_taint.KEY, value, noisy_taint.EFFECT, _ts(T0))]
-    return slices.render_slices(slices.build_pool(inv, taints=taints), 3)
 
 
 @pytest.fixture(scope="module")
 def raw_slices(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    tmp = tmp_path_factory.mktemp("sim")
-    return [*_pool(tmp, "hgx-0", "hgx-h100"), *_pool(tmp, "hgx-1", "hgx-h100"), *_pool(tmp, "nvl-0", "gb200-nvl72")]
-
-
-def _slice_idx(raw: list[dict[str, Any]]) -> dict[str, list[Any]]:
-    """The slice index as the handlers build it: digests keyed by node, several per node."""
-    interner = slice_index.Interner()
-    out: dict[str, list[Any]] = {}
-    for s in raw:
-        d = slice_index.digest(s["metadata"]["name"], s["spec"], interner)
-        assert d is not None
-        out.setdefault(d.node, []).append(d)
-    return out
+    return fleet(tmp_path_factory.mktemp("sim"))
 
 
 def _claim(uid: str, name: str, node: str, *, tier: str, share: int, pod: str) -> dict[str, Any]:
@@ -88,7 +57,7 @@ def _claim(uid: str, name: str, node: str, *, tier: str, share: int, pod: str) -
                         "name": "gpu",
                         "firstAvailable": [
                             {"name": "whole", "deviceClassName": "gpu.gpuplane.dev"},
-                            {"name": "mps", "deviceClassName": fleet.tier_class(tier)},
+                            {"name": "mps", "deviceClassName": rs_fleet.tier_class(tier)},
                         ],
                     }
                 ]
@@ -218,8 +187,8 @@ def test_noisy_taints_of_every_node_and_every_slice_reach_rebalancing(raw_slices
 
 
 def test_rightsizing_reads_the_same_fleet_from_the_digests(raw_slices: list[dict[str, Any]]) -> None:
-    from_api = fleet.models(raw_slices)
-    from_index = fleet.models(slice_index.every(_slice_idx(raw_slices)))
+    from_api = rs_fleet.models(raw_slices)
+    from_index = rs_fleet.models(slice_index.every(_slice_idx(raw_slices)))
     assert from_index == from_api
     assert len(from_api) == 2 and all(m.memory_bytes > 0 and m.multiprocessors > 0 for m in from_api)
     assert all(len(m.mig) >= 5 for m in from_api), from_api  # every MIG profile with its memory and SMs
