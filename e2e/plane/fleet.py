@@ -26,15 +26,15 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from e2e.cluster import kwok
-from e2e.plane import simnode_plan
+from e2e.plane import plan_files
 
 Printer = Callable[[str], None]
 T = TypeVar("T")
 R = TypeVar("R")
 
 HGX_PROFILE = "hgx-h100"
-GB200_PROFILE = simnode_plan.GB200_PROFILE
-RACK_TRAYS = simnode_plan.GB200_RACK_NODES
+GB200_PROFILE = plan_files.GB200_PROFILE
+RACK_TRAYS = plan_files.GB200_RACK_NODES
 FLEET_LABEL = "gpuplane.dev/fleet"
 CAPACITY = {"cpu": "224", "memory": "2Ti", "pods": "110", "ephemeral-storage": "30Ti"}
 PROGRESS_EVERY_S = 15.0
@@ -56,7 +56,7 @@ class FleetNode:
             "kubernetes.io/hostname": self.name,
             "kubernetes.io/os": "linux",
             "kubernetes.io/arch": "amd64",
-            simnode_plan.PROFILE_LABEL: self.profile,
+            plan_files.PROFILE_LABEL: self.profile,
             FLEET_LABEL: "true",
             kwok.MANAGED_LABEL: kwok.MANAGED_VALUE,
         }
