@@ -23,9 +23,11 @@ labels, under the default profile and the e2e control plane's feature gates:
 * **Which device on that node** (``allocateOne``): pools sorted by id, a pool's slices sorted by
   *name*, devices in slice order; the first device that matches and whose counters fit. The order
   is read from the driver's own ``build_pool``/``render_slices`` on a simulated node, so it follows
-  whatever ``gpuplane/driver/publish`` decides. Today's HGX pool names its slices ``-0`` .. ``-11``
-  (eight counter slices, then four device slices of two GPUs each) and ``-10`` sorts before ``-8``:
-  the walk visits GPUs 4, 5, 6, 7, 0, 1, 2, 3, each profile's placements in ascending start.
+  whatever ``gpuplane/driver/publish`` decides. Today's HGX pool names its slices ``-0`` .. ``-4``
+  (one slice of the eight counter sets, then four device slices of two GPUs each): the walk visits
+  GPUs 0 to 7, each profile's placements in ascending start. (Before the counter sets were packed,
+  ``-0`` .. ``-11`` with ``-10`` sorting before ``-8``: GPUs 4-7 before 0-3; a node's GPUs are
+  identical, so the figures should not depend on which comes first.)
 
 Multi-member gangs (TP groups across nodes) are not the default path: the gpuplane controller
 places them (GpuGang) with the gpuplane policy in every variant here.

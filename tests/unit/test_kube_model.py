@@ -40,12 +40,13 @@ def test_heap_root_is_gos_heap_init_then_pop(scores: list[int], root: int) -> No
     assert scores[kube_model.heap_root(scores)] == max(scores)
 
 
-def test_todays_hgx_walk_visits_gpus_4_to_7_first() -> None:
-    # Slices -0..-7 hold counters, -8..-11 devices of two GPUs each; by name -10 < -11 < -8 < -9.
+def test_todays_hgx_walk_visits_gpus_in_natural_order() -> None:
+    # Slice -0 holds the eight counter sets, -1..-4 devices of two GPUs each: by name -1 < -2 < -3 < -4.
+    # (Before the counter sets were packed, -0..-7 held counters and -10 sorted before -8: GPUs 4-7 first.)
     walk = kube_model.published_walk("hgx-h100")
-    assert walk.whole == (4, 5, 6, 7, 0, 1, 2, 3)
-    assert walk.mig["3g"][:3] == ((4, 0), (4, 4), (5, 0))
-    assert [s for g, s in walk.mig["1g"] if g == 4] == [0, 1, 2, 3, 4, 5, 6]
+    assert walk.whole == (0, 1, 2, 3, 4, 5, 6, 7)
+    assert walk.mig["3g"][:3] == ((0, 0), (0, 4), (1, 0))
+    assert [s for g, s in walk.mig["1g"] if g == 0] == [0, 1, 2, 3, 4, 5, 6]
 
 
 def _cluster(nodes: int) -> snapshot.Snapshot:
@@ -67,9 +68,9 @@ def test_default_path_spreads_by_pod_count_and_takes_the_first_published_device(
         snap = snap.with_allocation(d)
         ks.allocated(d)
         placed.append(d)
-    # The first 3g lands on GPU 4 at slot 0 (first published device), stranding a compute slice.
+    # The first 3g lands on GPU 0 at slot 0 (first published device), stranding a compute slice.
     first = placed[0].members[0].mig[0]
-    assert first.gpu.endswith("-g4") and first.start == 0
+    assert first.gpu.endswith("-g0") and first.start == 0
     # Scores tie (99) until the first node's LeastAllocated score drops at its 6th pod (7 with the
     # driver's pod): ties go to the first node found, then the emptier node wins: spread in steps.
     nodes = [d.members[0].node for d in placed]
