@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from bench import fleet_probe
@@ -52,8 +53,15 @@ class Followers:
     rows: list[tuple[str, dict[str, tuple[float, float, float]]]] = dataclasses.field(default_factory=list)
     cpu0: dict[str, float] = dataclasses.field(default_factory=dict)
 
+    def alive(self) -> None:
+        """Raise, naming the follower and its log, when one has exited (its figures would read 0)."""
+        for proc, record in self.children:
+            if proc.poll() is not None:
+                raise RuntimeError(f"controller follower {record.name} exited ({proc.returncode}); see {record.log}")
+
     def read(self, moment: str, peaks: fleet_probe.PeakSampler) -> None:
         """RSS now, peak RSS since the last read, CPU seconds since the start, for both."""
+        self.alive()
         row: dict[str, tuple[float, float, float]] = {}
         for name, pid in self.pids.items():
             row[name] = (fleet_probe.rss_mb(pid), peaks.peak(name), fleet_probe.cpu_s(pid) - self.cpu0[name])
@@ -66,6 +74,7 @@ class Followers:
         last = {name: fleet_probe.cpu_s(pid) for name, pid in self.pids.items()}
         while time.monotonic() < deadline:
             time.sleep(window_s)
+            self.alive()
             now = {name: fleet_probe.cpu_s(pid) for name, pid in self.pids.items()}
             busy = {name: now[name] - last[name] for name in now}
             last = now
@@ -109,8 +118,13 @@ def start_followers(cluster: Cluster, state_dir: Path, before_tree: Path, out: C
         (FOLLOWERS[1], REPO_ROOT, "gpuplane-controller-after"),
     ):  # the pidfile name is what the memory tables show
         argv: Sequence[str] = components.controller_argv(who.kubeconfig, replica, free_port(taken), free_port(taken))
-        argv = [sys.executable, "-m", "gpuplane.controller.main", *argv[_skip(argv) :]]
         env = {**os.environ, "PYTHONPATH": str(tree)}
+        known = _flags_of(tree, env)
+        flags = argv[_skip(argv) :]
+        dropped = [f for f in flags if f.split("=", 1)[0] not in known]
+        if dropped:  # an older controller exits on a flag it does not know (e2e timings added later)
+            out(f"  follower {name}: its controller has no {', '.join(dropped)}; started without them")
+        argv = [sys.executable, "-m", "gpuplane.controller.main", *(f for f in flags if f not in dropped)]
         proc, record = procs.spawn(
             name,
             argv,
@@ -126,6 +140,20 @@ def start_followers(cluster: Cluster, state_dir: Path, before_tree: Path, out: C
     followers = Followers(pids, children)
     followers.cpu0 = {name: fleet_probe.cpu_s(pid) for name, pid in pids.items()}
     return followers
+
+
+def _flags_of(tree: Path, env: Mapping[str, str]) -> set[str]:
+    """The ``--flags`` the controller in ``tree`` accepts (read from its ``--help``)."""
+    got = subprocess.run(
+        [sys.executable, "-m", "gpuplane.controller.main", "--help"],
+        env=dict(env),
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return set(re.findall(r"--[a-z0-9][a-z0-9-]*", got.stdout))
 
 
 def _skip(argv: Sequence[str]) -> int:
