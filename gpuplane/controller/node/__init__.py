@@ -4,6 +4,8 @@
   :mod:`gpuplane.controller.runtime`).
 - ``snapshot_builder``: ResourceSlices, allocated claims and Nodes -> the placement module's
   immutable snapshot; pure.
+- ``slice_index``: a ResourceSlice as the controller indexes it (a digest of the fields it reads,
+  keyed by node; total on hostile input); pure but for a fleet-wide interner of equal values.
 - ``device_attrs``: what one published device says (qualified attributes, quantities, a MIG
-  device's geometry profile from its counters); pure.
+  device's counter footprint and geometry profile), every reader total; pure.
 """

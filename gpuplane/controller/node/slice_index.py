@@ -15,8 +15,11 @@ gigabytes. :func:`digest` reduces one slice to a :class:`SliceDigest`:
   :func:`noisy_specs` gives them back in the API's shape. Other taints are not kept: placement
   reads health from the driver's whole-GPU attributes, not from taints.
 
-Strings that repeat (attribute names, product names, device names) are interned. Nothing here
-talks to the API; the interner is the only state, and it holds values, never decisions.
+Every field is read as hostile (a node wrote it): :func:`digest` is total, reading fields of the
+wrong type as absent (the readers of :mod:`gpuplane.controller.node.device_attrs`) and skipping
+devices without a name; a slice with more devices than the API allows is not read. Strings that
+repeat (attribute names, product names, device names) are interned. Nothing here talks to the
+API; the interner is the only state, and it holds values, never decisions.
 """
 
 from __future__ import annotations
@@ -27,8 +30,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from gpuplane.controller.node import device_attrs
 from gpuplane.driver.api import names as dn
-from gpuplane.driver.api import noisy_taint, quantity
+from gpuplane.driver.api import noisy_taint
+
+MAX_DEVICES = 128  # the API's limit on devices in one ResourceSlice (resource.k8s.io/v1)
+MAX_NAME = 253  # a DNS subdomain: the longest node, pool or device name the API accepts
 
 
 @dataclass(frozen=True)
@@ -104,101 +111,96 @@ def _s(value: str) -> str:
     return sys.intern(value)
 
 
-def attr_value(raw: Mapping[str, Any]) -> Any:
-    """The value of one attribute, whatever its type."""
-    for kind in ("string", "int", "bool", "version"):
-        if kind in raw:
-            value = raw[kind]
-            return _s(value) if isinstance(value, str) and len(value) <= 64 else value
+def _int(value: Any) -> int | None:
+    """An API integer (int64), or None for anything else (a bool, a float, text, an int out of range)."""
+    if isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63:
+        return value
     return None
 
 
-def qualified_attributes(device: Mapping[str, Any], driver: str) -> dict[str, Any]:
-    """A device's attributes keyed by qualified name (unqualified names belong to the driver's domain)."""
-    out: dict[str, Any] = {}
-    for key, raw in (device.get("attributes") or {}).items():
-        qual = key if "/" in key else f"{driver}/{key}"
-        out[_s(qual)] = attr_value(raw or {})
-    return out
+def _name(device: Mapping[str, Any]) -> str | None:
+    name = device.get("name")
+    return _s(name) if isinstance(name, str) and name and len(name) <= MAX_NAME else None
 
 
-def _quantity(raw: Any) -> int:
-    try:
-        return quantity.parse_quantity(str(raw))
-    except ValueError:
-        return 0
-
-
-def _mig_device(device: Mapping[str, Any], driver: str) -> MigDevice | None:
-    consumes = device.get("consumesCounters") or []
-    if not consumes:
+def _mig_device(device: Mapping[str, Any], name: str, driver: str) -> MigDevice | None:
+    counters = device_attrs.mig_counters(device)
+    if counters is None:
         return None
-    counters = consumes[0].get("counters") or {}
-    taken = sorted(int(k.rsplit("-", 1)[1]) for k in counters if k.startswith("memory-slice-"))
-    compute = _quantity((counters.get("compute-slices") or {}).get("value", "0"))
-    if not taken or not compute:
-        return None
-    attrs = device.get("attributes") or {}
-    caps = device.get("capacity") or {}
-    product = (attrs.get(dn.ATTR_PRODUCT_NAME) or attrs.get(f"{driver}/{dn.ATTR_PRODUCT_NAME}") or {}).get("string")
-    minor = (attrs.get(dn.ATTR_PARENT_MINOR) or attrs.get(f"{driver}/{dn.ATTR_PARENT_MINOR}") or {}).get("int")
-    profile = (attrs.get(dn.ATTR_MIG_PROFILE) or attrs.get(f"{driver}/{dn.ATTR_MIG_PROFILE}") or {}).get("string")
+    attrs = device_attrs.mapping(device.get("attributes"))
+    product = device_attrs.attribute(attrs, dn.ATTR_PRODUCT_NAME, driver, "string")
+    profile = device_attrs.attribute(attrs, dn.ATTR_MIG_PROFILE, driver, "string")
     return MigDevice(
-        name=_s(str(device["name"])),
-        parent_minor=int(minor) if minor is not None else None,
-        driver_profile=_s(str(profile or "")),
-        first_slice=taken[0],
-        memory_slices=len(taken),
-        compute=compute,
-        product=_s(str(product or "")),
-        memory_bytes=_quantity((caps.get(dn.CAP_MEMORY) or {}).get("value", "0")),
-        multiprocessors=_quantity((caps.get(dn.CAP_MULTIPROCESSORS) or {}).get("value", "0")),
+        name=name,
+        parent_minor=_int(device_attrs.attribute(attrs, dn.ATTR_PARENT_MINOR, driver, "int")),
+        driver_profile=_s(profile) if isinstance(profile, str) and len(profile) <= device_attrs.SHORT else "",
+        first_slice=counters[0],
+        memory_slices=counters[1],
+        compute=counters[2],
+        product=_s(product) if isinstance(product, str) and len(product) <= device_attrs.SHORT else "",
+        memory_bytes=device_attrs.capacity(device, dn.CAP_MEMORY),
+        multiprocessors=device_attrs.capacity(device, dn.CAP_MULTIPROCESSORS),
+    )
+
+
+def _gpu(device: Mapping[str, Any], dev: str, node: str, driver: str) -> GpuInfo:
+    qualified = device_attrs.qualified_attributes(device, driver)
+    domain = qualified.get(f"{driver}/{dn.ATTR_NVLINK_DOMAIN}")
+    product = qualified.get(f"{driver}/{dn.ATTR_PRODUCT_NAME}")
+    return GpuInfo(
+        id=f"{node}/{dev}",
+        node=node,
+        device=dev,
+        domain=domain if isinstance(domain, str) and domain else f"{node}.{dev}",
+        attributes=MappingProxyType(qualified),
+        memory_bytes=device_attrs.capacity(device, dn.CAP_MEMORY),
+        product=product if isinstance(product, str) else "",
+        multiprocessors=device_attrs.capacity(device, dn.CAP_MULTIPROCESSORS),
     )
 
 
 def digest(
     name: str, spec: Mapping[str, Any], interner: Interner | None = None, driver: str = dn.DRIVER_NAME
 ) -> SliceDigest | None:
-    """The controller's view of one slice (None: another driver's)."""
-    if spec.get("driver") != driver:
+    """The controller's view of one slice (None: another driver's, or not a slice the API server serves).
+
+    Total: whatever ``spec`` holds, this returns and never raises. Fields of the wrong type read as
+    absent; a device without a name is skipped; a slice with more devices than the API allows in one
+    (:data:`MAX_DEVICES`) is not read at all, since reading part of it would misstate the node.
+    """
+    if not isinstance(spec, Mapping) or spec.get("driver") != driver:
+        return None
+    devices = spec.get("devices")
+    devices = devices if isinstance(devices, list) else []
+    if len(devices) > MAX_DEVICES:
         return None
     interner = Interner() if interner is None else interner  # an empty one is falsy (it has a length)
-    pool = spec.get("pool") or {}
-    node = str(spec.get("nodeName") or "")
+    pool = device_attrs.mapping(spec.get("pool"))
+    raw_node = spec.get("nodeName")
+    node = _s(raw_node) if isinstance(raw_node, str) and len(raw_node) <= MAX_NAME else ""
+    pool_name = pool.get("name")
     gpus: list[GpuInfo] = []
     mig: dict[str, MigDevice] = {}
     noisy: list[tuple[str, Mapping[str, Any]]] = []
-    for device in spec.get("devices") or []:
+    for device in devices:
+        if not isinstance(device, Mapping) or (dev := _name(device)) is None:
+            continue
         noisy.extend(_noisy(device))
-        attrs = device.get("attributes") or {}
-        kind = (attrs.get(dn.ATTR_TYPE) or attrs.get(f"{driver}/{dn.ATTR_TYPE}") or {}).get("string")
+        attrs = device_attrs.mapping(device.get("attributes"))
+        kind = device_attrs.attribute(attrs, dn.ATTR_TYPE, driver, "string")
         if kind == dn.DEVICE_TYPE_GPU:
-            qualified = qualified_attributes(device, driver)
-            dev = _s(str(device["name"]))
-            caps = device.get("capacity") or {}
-            gpus.append(
-                GpuInfo(
-                    id=f"{node}/{dev}",
-                    node=_s(node),
-                    device=dev,
-                    domain=str(qualified.get(f"{driver}/{dn.ATTR_NVLINK_DOMAIN}") or f"{node}.{dev}"),
-                    attributes=MappingProxyType(qualified),
-                    memory_bytes=_quantity((caps.get(dn.CAP_MEMORY) or {}).get("value", "0")),
-                    product=str(qualified.get(f"{driver}/{dn.ATTR_PRODUCT_NAME}") or ""),
-                    multiprocessors=_quantity((caps.get(dn.CAP_MULTIPROCESSORS) or {}).get("value", "0")),
-                )
-            )
+            gpus.append(_gpu(device, dev, node, driver))
         elif kind == dn.DEVICE_TYPE_MIG:
-            got = _mig_device(device, driver)
+            got = _mig_device(device, dev, driver)
             if got is not None:
                 shared = interner.mig(got)
                 mig[shared.name] = shared
     return SliceDigest(
-        name=_s(name),
+        name=_s(name) if isinstance(name, str) else "",
         driver=_s(driver),
-        pool=_s(str(pool.get("name", ""))),
-        generation=int(pool.get("generation", 0)),
-        node=_s(node),
+        pool=_s(pool_name) if isinstance(pool_name, str) and len(pool_name) <= MAX_NAME else "",
+        generation=_int(pool.get("generation")) or 0,
+        node=node,
         gpus=tuple(gpus),
         mig=mig,
         noisy=tuple(noisy),
@@ -206,12 +208,12 @@ def digest(
 
 
 def _noisy(device: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
-    name = device.get("name")
-    if not isinstance(name, str):
+    name, taints = device.get("name"), device.get("taints")
+    if not isinstance(name, str) or not isinstance(taints, list):
         return []
     return [
         (name, MappingProxyType({k: t[k] for k in ("key", "value", "timeAdded", "effect") if k in t}))
-        for t in device.get("taints") or []
+        for t in taints
         if isinstance(t, Mapping) and t.get("key") == noisy_taint.KEY
     ]
 
@@ -245,8 +247,10 @@ def as_digest(obj: SliceDigest | Mapping[str, Any], driver: str = dn.DRIVER_NAME
     """``obj`` itself, or the digest of a ResourceSlice given as the API's dict."""
     if isinstance(obj, SliceDigest):
         return obj if obj.driver == driver else None
-    meta = obj.get("metadata") or {}
-    return digest(str(meta.get("name", "")), obj.get("spec") or {}, None, driver)
+    if not isinstance(obj, Mapping):
+        return None
+    name = device_attrs.mapping(obj.get("metadata")).get("name")
+    return digest(name if isinstance(name, str) else "", device_attrs.mapping(obj.get("spec")), None, driver)
 
 
 def newest(digests: list[SliceDigest]) -> list[SliceDigest]:
