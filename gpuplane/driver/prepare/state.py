@@ -153,13 +153,9 @@ class DeviceState:
             for d in rec.devices
             if d.mig is not None and d.mig.gi_id is not None and d.mig.created_by_driver
         ] + [(o.parent_uuid, o.gi_id) for o in cp.owed_mig if o.gi_id is not None]
-        inv = discover(
-            self.settings.node_name,
-            self.backend,
-            [*owned, *also_owned],
-            withheld,
-            mig_placements=self.settings.mig_placements,
-        )
+        owned += also_owned
+        cfg = self.settings
+        inv = discover(cfg.node_name, self.backend, owned, withheld, mig_placements=cfg.mig_placements)
         changed = self._inventory is None or _published_view(inv) != _published_view(self._inventory)
         self._inventory = inv
         if changed and self.on_inventory_change is not None:
