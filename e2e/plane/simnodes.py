@@ -280,10 +280,15 @@ class SimNodes:
     def _remove_from_api(self, gone: Sequence[SimNode]) -> None:
         nodes.remove_from_api(self.access.admin_kubeconfig, [n.name for n in gone], self._out)
 
-    def restart(self, name: str) -> procs.ProcessRecord:
-        """Stop one process of a node (``node.driver_process`` or ``node.kubelet_process``), start it again."""
+    def restart(self, name: str, while_stopped: Callable[[], object] | None = None) -> procs.ProcessRecord:
+        """Stop one process of a node (``node.driver_process`` or ``node.kubelet_process``), start it again.
+
+        ``while_stopped`` runs in between (e.g. to damage a file the running process would rewrite or read).
+        """
         record = procs.read_records(self.state_dir / "pids")[name]
         procs.stop(record, child[0] if (child := self._children.get(name)) else None)
+        if while_stopped is not None:
+            while_stopped()
         self._spawn(name, list(record.argv))
         return self._children[name][1]
 

@@ -203,9 +203,10 @@ def test_a_restarted_replica_starts_past_the_deep_claim_and_sigterm_hands_over(
 def test_a_driver_rebuilds_its_checkpoint_past_the_deep_claim(gpu_cluster: GpuCluster, ns: str) -> None:
     gc = gpu_cluster
     node = gc.nodes[0]  # the rebuild lists every claim of the cluster: any node reads the deep one
-    node.checkpoint.write_text("{corrupt")
     marker = len(Path(gc.sim.log(node.driver_process)).read_text(errors="replace").splitlines())
-    record = gc.sim.restart(node.driver_process)
+    # Damaged while the driver is stopped: a running driver that loads it first (a cleanup pass) moves it
+    # aside, and the restarted one then finds no checkpoint and rebuilds nothing (a loaded CI run did that).
+    record = gc.sim.restart(node.driver_process, while_stopped=lambda: node.checkpoint.write_text("{corrupt"))
 
     def recovered() -> list[str] | None:
         lines = Path(gc.sim.log(node.driver_process)).read_text(errors="replace").splitlines()[marker:]
