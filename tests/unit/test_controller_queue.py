@@ -75,6 +75,24 @@ def test_preemptor_waits_until_capacity_is_really_free(cluster_slices: list[dict
     assert plan.actions["team-a/hi"].kind == "place"
 
 
+def test_preemptor_waits_for_its_victim_before_its_own_status_shows_the_nomination(
+    cluster_slices: list[dict[str, Any]],
+) -> None:
+    # The victim's Preempted status is seen, the preemptor's nominatedVictims not yet: it must wait for
+    # that victim, not nominate the other lower-priority gang as well (a loaded e2e run preempted both).
+    low = holding("low", "team-b", 0, ["nvl-0", "nvl-1"], T0)
+    low[0]["status"].update(phase="Preempted", message="preempted by higher-priority gang team-a/hi")
+    other = holding("other", "team-b", 0, ["nvl-2", "nvl-3"], T0)
+    hi = gang_body("hi", members=2, gpusPerMember=4, tensorParallelSize=8, priority=10, selectors=[GB200])
+    pods = other[1] + [member_pod("hi", i) for i in range(2)]
+    plan, _ = run_pass(make_world(cluster_slices, [low[0], other[0], hi], pods, low[2] + other[2]))
+    assert plan.actions["team-a/hi"].kind == "await-victims", plan.actions["team-a/hi"]
+    assert plan.actions["team-a/hi"].victims == ("team-b/low",)
+    # Once the victim's claims are gone the preemptor is placed where it was.
+    plan, _ = run_pass(make_world(cluster_slices, [low[0], other[0], hi], pods, other[2]))
+    assert plan.actions["team-a/hi"].kind == "place"
+
+
 def test_drf_orders_equal_priority_by_dominant_share(cluster_slices: list[dict[str, Any]]) -> None:
     rich = holding("rich", "team-rich", 0, ["hgx-0"], T0, gpus=8)
     a = gang_body("a", ns="team-rich", members=1, gpusPerMember=8, created=T0 - 30)

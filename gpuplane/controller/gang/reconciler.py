@@ -306,7 +306,7 @@ def victim_outcome(victim_key: str, preemptor: str, w: world.World, settings: Se
     spec = world.parse_spec(body)
     members = membership.members_of(name, spec.members if spec else 1 << 20, w.pods.get(victim_key, ()))
     ref = desired.GangRef(ns, name, (body.get("metadata") or {}).get("uid", ""))
-    why = f"preempted by higher-priority gang {preemptor}"
+    why = f"{world.PREEMPTED_BY}{preemptor}"
     steps = writes.release_steps(ref, members, w.gang_claims(victim_key), settings.eviction_grace_s, why)
     st = {
         "phase": "Preempted",

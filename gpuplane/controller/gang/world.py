@@ -23,6 +23,8 @@ from gpuplane.controller.node import snapshot_builder
 from gpuplane.controller.placement import model
 
 HOLDING_PHASES = ("Placing", "Placed", "Scheduled", "Running")
+PREEMPTED_BY = "preempted by higher-priority gang "
+"""The start of a victim's status message; the rest is its preemptor's key (reconciler.victim_outcome)."""
 
 
 @dataclass(frozen=True)
@@ -183,6 +185,15 @@ def unfiltered_selectors(world: World, spec: GangSpec) -> tuple[str, ...]:
 def entries(world: World, view: snapshot_builder.ClusterView) -> list[queue_runner.Entry]:
     """Queue entries for every valid gang."""
     out: list[queue_runner.Entry] = []
+    # A preemptor's victims are also read from the victims' own status: when a victim's Preempted status
+    # is seen before the preemptor's nominatedVictims (two objects, two watch streams), the preemptor must
+    # still wait for it rather than nominate another gang (a loaded e2e run preempted two for one).
+    released_for: dict[str, list[str]] = {}
+    for key, body in sorted(world.gangs.items()):
+        st = body.get("status") or {}
+        message = str(st.get("message") or "")
+        if st.get("phase") == "Preempted" and message.startswith(PREEMPTED_BY):
+            released_for.setdefault(message[len(PREEMPTED_BY) :], []).append(key)
     for key, body in sorted(world.gangs.items()):
         spec = parse_spec(body)
         if spec is None:
@@ -204,7 +215,7 @@ def entries(world: World, view: snapshot_builder.ClusterView) -> list[queue_runn
                 waiting_since=status.parse_time(st.get("readySince")) or created,
                 ready=ready,
                 holding=phase in HOLDING_PHASES,
-                nominated=tuple(st.get("nominatedVictims") or ()),
+                nominated=tuple(dict.fromkeys([*(st.get("nominatedVictims") or ()), *released_for.get(key, ())])),
                 geometry_profile=view.profiles.get(spec.migProfile) if spec.migProfile else None,
             )
         )
