@@ -35,6 +35,13 @@ class DriverConfig(BaseModel):
     cdi_root: Path = Path("/var/run/cdi")
     boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")
     mps_control_binary: str = "nvidia-cuda-mps-control"
+    # process: each claim's MPS control daemon is the driver's child (host processes, the kubelet
+    # stand-in); pod: a Pod of its own on the node, which outlives the driver pod (the DaemonSet's
+    # setting; needs POD_NAME and POD_NAMESPACE from the downward API and hostPID).
+    mps_daemons: Literal["process", "pod"] = "process"
+    mps_start_timeout_s: float = Field(default=10.0, gt=0)
+    pod_name: str = ""
+    pod_namespace: str = ""
     dev_root: Path = Path("/dev")  # where /dev/nvidia* live as the container runtime sees them
     metrics_address: str = ""  # "host:port" of /metrics, /healthz and /readyz; empty disables the server
     liveness_stale_after_s: float = Field(default=60.0, gt=0)  # /healthz fails when a loop stops this long
@@ -110,6 +117,19 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
     )
     p.add_argument("--boot-id-file", default=_env("BOOT_ID_FILE", "/proc/sys/kernel/random/boot_id"))
     p.add_argument("--mps-control-binary", default=_env("MPS_CONTROL_BINARY", "nvidia-cuda-mps-control"))
+    p.add_argument(
+        "--mps-daemons",
+        choices=["process", "pod"],
+        default=_env("MPS_DAEMONS", "process"),
+        help="where each MPS claim's control daemon runs: process (the driver's child) or pod "
+        "(a pod of its own on the node, which outlives the driver pod; needs POD_NAME and POD_NAMESPACE)",
+    )
+    p.add_argument(
+        "--mps-start-timeout",
+        type=float,
+        default=None,
+        help="seconds an MPS control daemon may take to answer (default 10; 60 with --mps-daemons=pod)",
+    )
     p.add_argument("--dev-root", default=_env("DEV_ROOT", "/dev"))
     p.add_argument("--metrics-address", default=_env("METRICS_ADDRESS", ""))
     p.add_argument(
@@ -162,6 +182,15 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
         p.error("--node-name (or NODE_NAME) is required: the driver publishes devices for exactly one node")
     if args.backend == "sim" and not (args.sim_profile or args.sim_config):
         p.error("--backend=sim needs --sim-profile (e.g. hgx-h100) or --sim-config FILE")
+    pod_name, pod_namespace = os.environ.get("POD_NAME", ""), os.environ.get("POD_NAMESPACE", "")
+    if args.mps_daemons == "pod" and not (pod_name and pod_namespace):
+        p.error(
+            "--mps-daemons=pod needs POD_NAME and POD_NAMESPACE (the downward API: metadata.name and "
+            "metadata.namespace in the DaemonSet's env); outside a pod use --mps-daemons=process"
+        )
+    start_timeout = args.mps_start_timeout or (60.0 if args.mps_daemons == "pod" else 10.0)
+    if start_timeout <= 0:
+        p.error("--mps-start-timeout must be positive")
     try:
         SizeMix.parse(args.steer_mix)
     except ValueError as exc:
@@ -180,6 +209,10 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
         cdi_root=Path(args.cdi_root),
         boot_id_file=Path(args.boot_id_file),
         mps_control_binary=args.mps_control_binary,
+        mps_daemons=args.mps_daemons,
+        mps_start_timeout_s=start_timeout,
+        pod_name=pod_name,
+        pod_namespace=pod_namespace,
         dev_root=Path(args.dev_root),
         metrics_address=args.metrics_address,
         liveness_stale_after_s=args.liveness_stale_after,

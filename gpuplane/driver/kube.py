@@ -105,6 +105,32 @@ class KubeApi:
             if exc.status != 404:
                 raise
 
+    # --- pods (MPS control daemons, gpuplane.driver.sharing.mps_pods) ------------
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            raw = self.core.read_namespaced_pod(name, namespace, _preload_content=False)
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return cast(dict[str, Any], kuberesponse.read_object(raw))
+
+    def create_pod(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        raw = self.core.create_namespaced_pod(namespace, dict(body), _preload_content=False)  # type: ignore[arg-type]
+        return cast(dict[str, Any], kuberesponse.read_object(raw))
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        try:
+            self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        raw = self.core.list_namespaced_pod(namespace, label_selector=label_selector, _preload_content=False)
+        items: list[dict[str, Any]] = kuberesponse.read_list(raw).get("items", [])
+        return items
+
     # --- events --------------------------------------------------------------
     def claim_event(self, claim: Mapping[str, Any], reason: str, message: str, warning: bool = True) -> None:
         """Record an Event on a ResourceClaim so the user sees what happened (best effort)."""

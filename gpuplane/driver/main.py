@@ -33,6 +33,8 @@ from gpuplane.driver.publish.inventory import Inventory
 from gpuplane.driver.publish.publisher import Layout, SlicePublisher
 from gpuplane.driver.publish.slices import DeviceTaint, PoolContent
 from gpuplane.driver.sharing.mps import MpsControl
+from gpuplane.driver.sharing.mps_pods import DaemonPods, PodTemplate
+from gpuplane.driver.sharing.mps_spec import MpsError
 
 log = structlog.get_logger(__name__)
 
@@ -54,6 +56,20 @@ def _sim_config(cfg: config_mod.DriverConfig) -> SimConfig | None:
     return SimConfig(profile=cfg.sim_profile, state_dir=state_dir, node_name=cfg.node_name)
 
 
+def _daemon_pods(cfg: config_mod.DriverConfig, api: KubeApi) -> DaemonPods | None:
+    """With --mps-daemons=pod: the daemon pods' calls, their template read from the driver's own pod."""
+    if cfg.mps_daemons != "pod":
+        return None
+    own = api.get_pod(cfg.pod_namespace, cfg.pod_name)
+    if own is None:
+        raise MpsError(f"--mps-daemons=pod: the driver's own pod {cfg.pod_namespace}/{cfg.pod_name} was not found")
+    template = PodTemplate.from_driver_pod(own, cfg.mps_root)
+    if template.node_name != cfg.node_name:
+        raise MpsError(f"--mps-daemons=pod: the driver's pod runs on {template.node_name!r}, not {cfg.node_name!r}")
+    log.info("mps daemons run in pods of their own", image=template.image, namespace=template.namespace)
+    return DaemonPods(api, template, cfg.mps_control_binary)
+
+
 def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
     backend = make_backend(cfg.backend, _sim_config(cfg))
     backend.init()
@@ -73,7 +89,13 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
         if http is not None:
             log.info("serving /metrics, /healthz, /readyz", address=cfg.metrics_address, port=http.port)
         api = KubeApi(make_api_client(cfg.kubeconfig))
-        mps = MpsControl(cfg.mps_root, cfg.mps_control_binary, boot_id_file=cfg.boot_id_file)
+        mps = MpsControl(
+            cfg.mps_root,
+            cfg.mps_control_binary,
+            start_timeout_s=cfg.mps_start_timeout_s,
+            boot_id_file=cfg.boot_id_file,
+            pods=_daemon_pods(cfg, api),
+        )
         state = DeviceState(
             StateSettings(
                 node_name=cfg.node_name,

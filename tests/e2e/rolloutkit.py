@@ -41,6 +41,7 @@ KINDS: dict[str, tuple[str, str | None]] = {
 }
 RUN_TIMEOUT_S = 240.0
 MPS_CONTROL = "nvidia-cuda-mps-control"
+MPS_POD_COMPONENT = "app.kubernetes.io/component=mps-control-daemon"
 FAILED_REASONS = ("FailedPrepareDynamicResources", "FailedUnprepareDynamicResources")
 
 
@@ -274,13 +275,13 @@ def _daemons(mps_root: Path) -> list[tuple[int, Path]]:
     return list(MpsProcesses(MPS_CONTROL, mps_root, Path("/proc")).scan(None))
 
 
-def steady(install: Install, tag: str) -> list[SteadyPod]:
-    """One running pod per claim kind, recorded."""
+def steady(install: Install, tag: str, kinds: tuple[str, ...] = tuple(KINDS)) -> list[SteadyPod]:
+    """One running pod per claim kind (every kind unless ``kinds`` says), recorded."""
     api = Api(install)
     try:
-        for kind in KINDS:
+        for kind in kinds:
             api.create(f"{tag}-{kind}", kind)
-        return [_record(install, api, f"{tag}-{kind}", kind) for kind in KINDS]
+        return [_record(install, api, f"{tag}-{kind}", kind) for kind in kinds]
     finally:
         api.close()
 
@@ -334,4 +335,22 @@ def leaks(install: Install, keep: list[SteadyPod]) -> list[str]:
                     found.append(f"{node.name}: MIG instance {gpu_uuid}/{gi_id}")
         mps = {p.name for p in node.mps_root.iterdir()} if node.mps_root.is_dir() else set()
         found += [f"{node.name}: MPS daemon dir {d}" for d in mps - {p.claim_uid for p in keep if p.mps_daemon}]
+        found += [f"{node.name}: MPS daemon pod {name}" for name in daemon_pods(install, node.name, wanted)]
     return found
+
+
+def daemon_pods(install: Install, node: str, keep: set[str]) -> list[str]:
+    """This node's MPS daemon pods (``--mps-daemons=pod``) not ended whose claim is not in ``keep``.
+
+    A driver older than daemon pods (N-1) stops a daemon through its control socket without
+    deleting its pod: that pod ends Succeeded and is not counted (the next newer driver deletes it).
+    """
+    pods = install.kubectl_json(
+        "get", "pods", "-n", "gpuplane-system", "-l", f"{MPS_POD_COMPONENT},gpuplane.dev/node={node}"
+    )["items"]
+    return sorted(
+        p["metadata"]["name"]
+        for p in pods
+        if p["metadata"].get("annotations", {}).get("gpuplane.dev/claim-uid") not in keep
+        and p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+    )

@@ -20,9 +20,14 @@ containerd) of a control plane of this module's own, the fixture runs, once:
 Each rollout is measured: claims prepared during it, failed prepares (0), pods that did
 not run, disrupted steady pods (0: same pod, same container, zero restarts, same
 devices, CDI ids and MIG instance), rollout time, the most plugin sockets at once; then
-no MIG instance, MPS daemon dir or CDI spec is left that no steady claim owns. The
-steady MPS claim's control daemon must be the same process after each rollout: that
-check is its own test, expected to fail today (see ``MPS_DAEMON_DIES``).
+no MIG instance, MPS daemon dir or pod, or CDI spec is left that no steady claim owns.
+
+MPS: N runs each claim's control daemon in a pod of its own (``--mps-daemons=pod``), so a
+steady MPS claim prepared by N keeps the same daemon process through N -> N and N -> N-1
+(a second steady MPS pod, made once N runs, is checked for that:
+``test_steady_mps_daemon_survives_the_rollouts``). N-1 (``previous.PREVIOUS``) ran daemons as
+its own children, in its container: N-1 -> N stops them with N-1's pod, as that version did on
+every restart; the test reports it (``N1_DAEMONS_DIE``) and does not count it against N.
 """
 
 from __future__ import annotations
@@ -49,10 +54,9 @@ PREVIOUS_ENV = "GPUPLANE_E2E_PREVIOUS"
 ``realinstall_compat.FIXED_IN`` gets that module's patches."""
 SOAK_S = 20.0
 """Churn goes on this long after a rollout completes (prepares through the new pod alone)."""
-MPS_DAEMON_DIES = (
-    "the driver starts each claim's MPS control daemon as a child in its own container; containerd kills "
-    "every process of the container when the old driver pod stops, so a rollout kills the live MPS claims' "
-    "daemons (fix direction: daemons outside the plugin pod's lifetime, e.g. one per claim in a pod of its own)"
+N1_DAEMONS_DIE = (
+    "N-1 started each claim's MPS control daemon as a child in its own container; containerd kills every "
+    "process of that container when N-1's pod stops, so N-1 -> N ends the daemons N-1 started"
 )
 
 
@@ -79,6 +83,7 @@ class Run:
     same_as_n: bool
     seamless_n1: bool  # N-1 has UID socket names and maxSurge 1 (a rollback to it is seamless too)
     steady: list[rolloutkit.SteadyPod]
+    steady_n: list[rolloutkit.SteadyPod]  # made once N runs: its MPS daemon is one of N's pods
     steps: list[Step]
     install: Install
 
@@ -176,14 +181,20 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             workload = f"daemonset/{realinstall.DAEMONSET}"
             return install.kubectl("rollout", "restart", "-n", realinstall.NAMESPACE, workload)
 
-        steps = [
-            _roll(install, "N-1 -> N", lambda: install.install("N", REPO, install.built["N"]), steady, not same),
-            _roll(install, "N -> N", restart, steady, True),
-            _roll(install, "N -> N-1", lambda: install.install("N-1", tree, install.built["N-1"]), steady, not same),
+        up, down = (
+            (lambda: install.install("N", REPO, install.built["N"])),
+            (lambda: install.install("N-1", tree, install.built["N-1"])),
+        )
+        steps = [_roll(install, "N-1 -> N", up, steady, not same)]
+        steady_n = rolloutkit.steady(install, "steadyn", ("mps",))
+        install.say(f"steady MPS claim on N: {[(p.name, p.mps_pids) for p in steady_n]}")
+        steps += [
+            _roll(install, "N -> N", restart, steady + steady_n, True),
+            _roll(install, "N -> N-1", down, steady + steady_n, not same),
         ]
         seamless_n1 = (tree / "gpuplane" / "driver" / "plugin" / "socket_names.py").is_file()
-        yield Run(commit, same, seamless_n1, steady, steps, install)
-        for pod in steady:
+        yield Run(commit, same, seamless_n1, steady, steady_n, steps, install)
+        for pod in steady + steady_n:
             install.kubectl("delete", "pod,resourceclaim", "-n", rolloutkit.NS, pod.name, "--wait=true", timeout=180)
         install.real.wait_clean(120)
         print("\n".join(install.log))
@@ -211,11 +222,17 @@ def test_rollouts_leak_nothing(run: Run) -> None:
     assert [(s.what, s.leaks) for s in run.steps if s.leaks] == []
 
 
-@pytest.mark.xfail(strict=True, reason=MPS_DAEMON_DIES)
 def test_steady_mps_daemon_survives_the_rollouts(run: Run) -> None:
-    (mps,) = [p for p in run.steady if p.kind == "mps"]
-    assert mps.mps_pids, "the steady MPS claim had a control daemon before the rollouts"
-    assert [(s.what, s.daemons) for s in run.steps if s.daemons] == []
+    """N's daemon pod outlives N's driver pod (N -> N) and the rollback to N-1 (N -> N-1)."""
+    (mps,) = run.steady_n
+    assert mps.mps_pids, "the steady MPS claim made on N had a control daemon before the rollouts"
+    running = rolloutkit.daemon_pods(run.install, mps.node, set())
+    assert f"gpuplane-mps-{mps.claim_uid}" in running, f"the steady MPS claim's daemon pod ended or is gone: {running}"
+    replaced = [(s.what, [d for d in s.daemons if d.startswith(f"{mps.name}:")]) for s in run.steps[1:]]
+    assert [r for r in replaced if r[1]] == []
+    n1 = [d for d in run.steps[0].daemons if d.startswith("steady-mps:")]
+    if n1:
+        print(f"N-1 -> N: {N1_DAEMONS_DIE}: {n1}")
 
 
 def test_previous_version_named(run: Run) -> None:

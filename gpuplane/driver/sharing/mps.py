@@ -42,14 +42,16 @@ of a previous life and removes half-made directories. A pid is trusted only
 after ``/proc/<pid>`` shows it is a control daemon for that pipe dir (pids are
 reused, and a reboot makes every recorded pid meaningless).
 
+Where the daemon runs: as the driver's child (``-d``, the default and the host-process mode
+of the kubelet stand-in nodes), or with ``pods`` (``--mps-daemons=pod``, the DaemonSet's
+setting) in a Pod of its own on the node (:mod:`~gpuplane.driver.sharing.mps_pods`), so that
+restarting or upgrading the driver pod leaves live claims' daemons running.
+
 /dev/shm: MPS clients and their server share memory through /dev/shm, so the
-workload containers get ``shm/`` as /dev/shm. On a real node the driver can
-mount a private tmpfs there (``mount_shm_tmpfs=True``; done only when running
-as root); it is off by default and in tests, where ``shm/`` is a plain
-directory. The daemon itself is started in the driver's mount namespace: for
-the server to see the same /dev/shm as the containers, the driver pod must
-itself see ``shm/`` as its /dev/shm for that daemon (a node-level deployment
-concern, not handled here).
+workload containers get ``shm/`` as /dev/shm, and so does a daemon pod. On a real node the
+driver can mount a private tmpfs there (``mount_shm_tmpfs=True``; done only when running
+as root); it is off by default and in tests, where ``shm/`` is a plain directory. A
+daemon started as the driver's child sees the driver's /dev/shm instead.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from pathlib import Path
 import structlog
 
 from gpuplane.driver.sharing.mps_daemon import ClaimDaemon, DaemonSettings
+from gpuplane.driver.sharing.mps_pods import DaemonPods
 from gpuplane.driver.sharing.mps_procs import MpsProcesses
 from gpuplane.driver.sharing.mps_spec import CLAIM_UID, DaemonPaths, MpsDaemon, MpsError, MpsSpec
 
@@ -87,6 +90,7 @@ class MpsControl:
         shm_size: str = "64m",
         boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id"),
         proc_root: Path = Path("/proc"),
+        pods: DaemonPods | None = None,
     ) -> None:
         self._root = Path(root_dir).absolute()
         self._settings = DaemonSettings(
@@ -96,6 +100,7 @@ class MpsControl:
             mount_shm_tmpfs=mount_shm_tmpfs,
             shm_size=shm_size,
             boot_id_file=boot_id_file,
+            pods=pods,
         )
         self._procs = MpsProcesses(Path(control_binary).name, self._root, proc_root)
         self._lock = threading.RLock()
@@ -167,9 +172,30 @@ class MpsControl:
                     log.error("mps orphan cleanup failed", claim_uid=claim_uid, error=str(err))
                     continue
                 removed.add(claim_uid)
+            removed |= self._orphan_pods(keep)
             if removed:
                 log.info("mps orphans removed", claim_uids=sorted(removed))
             return sorted(removed)
+
+    def _orphan_pods(self, keep: set[str]) -> set[str]:
+        """Delete this node's daemon pods of claims not in ``keep`` (an older driver left them, or a crash)."""
+        pods = self._settings.pods
+        if pods is None:
+            return set()
+        removed: set[str] = set()
+        try:
+            orphans = sorted(set(pods.claims()) - keep)
+        except Exception as err:  # the API is down: the next sweep tries again
+            log.error("cannot list mps daemon pods", error=str(err))
+            return removed
+        for claim_uid in orphans:
+            try:
+                pods.remove(claim_uid)
+            except Exception as err:
+                log.error("mps daemon pod cleanup failed", claim_uid=claim_uid, error=str(err))
+                continue
+            removed.add(claim_uid)
+        return removed
 
     def _claim_dirs(self) -> list[str]:
         try:

@@ -8,11 +8,13 @@ Side effects, in order, of :meth:`ClaimDaemon.start`: creates ``<root>/<claim>/`
 ``pipe/``, ``log/`` and ``shm/`` (chowned to the spec's owner), writes ``daemon.json``
 (atomically, before the daemon exists and after each step: ``starting``, ``configuring``,
 ``ready``), mounts a tmpfs on ``shm/`` when asked and running as root, runs ``<binary> -d``
-(the daemon forks away into its own session), waits for it to answer, sends the spec's
-defaults through the client and reads them back. On any failure it tears down what it made.
+(the daemon forks away into its own session) or, with ``pods`` set, creates the claim's daemon
+Pod (:mod:`~gpuplane.driver.sharing.mps_pods`: ``<binary> -f`` in a pod of its own, which
+outlives the driver's container), waits for it to answer, sends the spec's defaults through
+the client and reads them back. On any failure it tears down what it made.
 :meth:`ClaimDaemon.teardown` sends ``quit``, escalates to SIGTERM/SIGKILL of the daemon's
-process group, kills servers still naming the pipe dir, unmounts ``shm/`` and removes the
-claim directory.
+process group, kills servers still naming the pipe dir, deletes the daemon Pod, unmounts
+``shm/`` and removes the claim directory.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import structlog
 
 from gpuplane.driver.host import atomic_write
 from gpuplane.driver.sharing.mps_client import MpsClient, log_tail, one_line
+from gpuplane.driver.sharing.mps_pods import DaemonPods
 from gpuplane.driver.sharing.mps_procs import MpsProcesses
 from gpuplane.driver.sharing.mps_spec import CLIENT_PRIORITY_ENV, DaemonPaths, MpsDaemon, MpsError, MpsSpec, check_spec
 
@@ -51,6 +54,7 @@ class DaemonSettings:
     mount_shm_tmpfs: bool
     shm_size: str
     boot_id_file: Path
+    pods: DaemonPods | None = None  # None: the daemon is the driver's child (``-d``)
 
 
 class ClaimDaemon:
@@ -205,6 +209,9 @@ class ClaimDaemon:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.device_uuids)
         if spec.client_priority is not None:  # set before the daemon starts, it is the daemon's default too
             env[CLIENT_PRIORITY_ENV] = str(spec.client_priority)
+        if self.settings.pods is not None:
+            self.settings.pods.launch(self.paths, env)
+            return
         launcher_log = self.paths.log / "launcher.log"
         with open(launcher_log, "wb") as out:
             try:
@@ -238,10 +245,17 @@ class ClaimDaemon:
         deadline = start + timeout_s
         last = "the control socket was never created"
         delay = 0.01
+        pods, next_pod_check = self.settings.pods, start
         while True:
+            if pods is not None and time.monotonic() >= next_pod_check:
+                next_pod_check = time.monotonic() + 0.5  # the API, not /proc: at most two reads a second
+                why = pods.failure(self.claim_uid)
+                if why is not None:
+                    raise MpsError(f"claim {self.claim_uid}: the MPS control daemon did not start: {why}")
             if not self.paths.control.exists():
                 # -d returned 0, but a daemon that cannot bind exits right after: fail fast.
-                if time.monotonic() - start > min(1.0, timeout_s / 2) and self.find_pid() is None:
+                # (A pod's container takes seconds to start; its pod status says when it ended.)
+                if pods is None and time.monotonic() - start > min(1.0, timeout_s / 2) and self.find_pid() is None:
                     raise MpsError(
                         f"claim {self.claim_uid}: the MPS control daemon exited right after starting"
                         f"{log_tail(self.paths.log)}"
@@ -292,6 +306,8 @@ class ClaimDaemon:
         # daemon whose pid was never recorded).
         for other, _ in self.procs.scan(paths.pipe, servers=True):
             self.procs.kill(other)
+        if self.settings.pods is not None:
+            self.settings.pods.remove(self.claim_uid)
         if paths.shm.is_dir() and os.path.ismount(paths.shm):
             _unmount(paths.shm)
         if paths.root.exists():
