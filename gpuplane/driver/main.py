@@ -56,6 +56,9 @@ def _sim_config(cfg: config_mod.DriverConfig) -> SimConfig | None:
     return SimConfig(profile=cfg.sim_profile, state_dir=state_dir, node_name=cfg.node_name)
 
 
+SHUTDOWN_GRACE_S = 20.0
+
+
 def _daemon_pods(cfg: config_mod.DriverConfig, api: KubeApi) -> DaemonPods | None:
     """With --mps-daemons=pod: the daemon pods' calls, their template read from the driver's own pod."""
     if cfg.mps_daemons != "pod":
@@ -260,7 +263,9 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
         finally:
             sampler.stop()
             watcher.stop()
-            server.stop(grace=5.0)
+            # Calls already running finish (an MPS prepare waits for its daemon pod): kubelet sends no
+            # new ones once registration is withdrawn, and the DaemonSet gives the pod 30 s in all.
+            server.stop(grace=SHUTDOWN_GRACE_S)
             if http is not None:
                 http.stop()
             log.info("driver stopped")

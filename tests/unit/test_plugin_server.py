@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -234,3 +235,45 @@ def test_failing_timing_hook_does_not_fail_the_call(short_dir: Path, preparer: F
     srv = server.PluginServer(DRIVER, preparer, registry_dir=short_dir / "r", plugin_dir=short_dir / "p", timing=broken)
     with srv, kubelet_client.KubeletPluginClient(str(srv.dra_socket), timeout=10) as client:
         assert client.unprepare([claim_ref(1)]) == {"uid-1": contract.UnprepareResult()}
+
+
+# --- shutdown -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("grace", "finishes"), [(5.0, True), (0.05, False)])
+def test_stop_lets_a_running_prepare_finish_within_the_grace(
+    short_dir: Path, preparer: FakePreparer, grace: float, finishes: bool
+) -> None:
+    """A rollout stops the old driver while kubelet waits on its prepare (an MPS prepare waits for its daemon pod).
+
+    Within the grace the call completes; past it, it is cut (kubelet retries on the new driver).
+    """
+    ref = claim_ref(0)
+    preparer.prepared[ref.uid] = contract.PrepareResult(devices=prepared_devices(1, False))
+    preparer.delay_s = 1.0
+    srv = server.PluginServer(DRIVER, preparer, registry_dir=short_dir / "r", plugin_dir=short_dir / "p")
+    srv.start()
+    outcome: list[object] = []
+    client = kubelet_client.KubeletPluginClient(str(srv.dra_socket), timeout=10)
+
+    def call() -> None:
+        try:
+            outcome.append(client.prepare([ref]))
+        except grpc.RpcError as err:
+            outcome.append(err.code())
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    deadline = time.monotonic() + 5
+    while not preparer.calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert preparer.calls, "the prepare reached the driver"
+    srv.stop(grace=grace)
+    caller.join(10)
+    client.close()
+    (got,) = outcome
+    if finishes:
+        assert isinstance(got, dict) and got[ref.uid].error == "", got
+        assert [d.device_name for d in got[ref.uid].devices] == ["gpu-0"]
+    else:
+        assert got in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), got
