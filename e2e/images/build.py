@@ -102,7 +102,7 @@ def build_image(
     key = context.cache_key(dockerfile, repo, build_args=build_args, base_image_id=base_image.image_id)[:16]
     names = image_names(spec, version, key)
     dest = cache / "images" / f"{spec.name}-{key}.oci.tar"
-    if dest.is_file():
+    if cache_hit(dest):
         out(f"{spec.name}: cache hit ({dest.name}), nothing to build")
         return BuiltImage(spec.name, key, dest, names, True, 0.0, oci_archive.sizes(dest))
     out(f"{spec.name}: building {spec.dockerfile} on {base_image.ref} (key {key})")
@@ -134,8 +134,20 @@ def build_image(
     return built
 
 
+def cache_hit(archive: Path) -> bool:
+    """Whether ``archive`` is cached; a hit marks it used now, so that pruning keeps it.
+
+    Pruning keeps the newest archives by mtime: without the mark, a run that uses an old
+    build (N-1 of the upgrade tests) and then builds N lost N-1's archive before importing it.
+    """
+    if not archive.is_file():
+        return False
+    os.utime(archive)
+    return True
+
+
 def prune_archives(directory: Path, name: str, *, keep: int, out: Printer) -> list[Path]:
-    """Delete all but the ``keep`` newest ``<name>-<key>.oci.tar`` archives; return those deleted."""
+    """Delete all but the ``keep`` most recently built or used ``<name>-<key>.oci.tar`` archives; return them."""
     archives = sorted(directory.glob(f"{name}-*.oci.tar"), key=lambda p: p.stat().st_mtime, reverse=True)
     removed = archives[keep:]
     for path in removed:

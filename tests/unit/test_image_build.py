@@ -219,3 +219,16 @@ class TestPrune:
         assert sorted(p.name for p in removed) == [f"gpuplane-driver-{i:016x}.oci.tar" for i in (0, 1)]
         assert other.exists()
         assert len(list(tmp_path.glob("gpuplane-driver-*.oci.tar"))) == 4
+
+    def test_an_archive_used_in_this_run_outlives_newer_builds(self, tmp_path: Path) -> None:
+        """N-1's old archive is a cache hit, then N's build prunes: N-1's must stay for its import."""
+        from e2e.images import build
+
+        paths = [tmp_path / f"gpuplane-driver-{i:016x}.oci.tar" for i in range(5)]
+        for i, path in enumerate(paths):
+            path.write_bytes(b"x")
+            os.utime(path, (1000 + i, 1000 + i))
+        assert build.cache_hit(paths[0])  # the oldest, used now
+        assert not build.cache_hit(tmp_path / "gpuplane-driver-ffffffffffffffff.oci.tar")
+        removed = build.prune_archives(tmp_path, "gpuplane-driver", keep=4, out=lambda _: None)
+        assert removed == [paths[1]] and paths[0].exists()
