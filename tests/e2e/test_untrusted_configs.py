@@ -41,6 +41,14 @@ def mps(**limits: Any) -> dict[str, Any]:
     }
 
 
+def sharing(strategy: str, key: str, **fields: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "gpu.gpuplane.dev/v1alpha1",
+        "kind": "GpuConfig",
+        "sharing": {"strategy": strategy, key: fields},
+    }
+
+
 REFUSED_AT_CREATION = {
     "huge-limit": (mps(defaultPinnedDeviceMemoryLimit="9" * 9800), None, "MPS pinned memory limits"),
     "pct-true": (mps(defaultActiveThreadPercentage=True), None, "defaultActiveThreadPercentage must be an integer"),
@@ -48,6 +56,12 @@ REFUSED_AT_CREATION = {
     "unknown-field": ({"apiVersion": "gpu.gpuplane.dev/v1alpha1", "kind": "GpuConfig", "x": 1}, None, "unknown field"),
     "bad-kind": ({"apiVersion": "gpu.gpuplane.dev/v1alpha1", "kind": "Gpu"}, None, "needs apiVersion"),
     "share-zero": (mps(), "0", "sharePercent must be a whole percentage 1..100"),
+    # Consent to lower tiers is a class's (issue 15 audit D1): a claim's own is refused whatever its class.
+    "share-with-lower-tiers-true": (
+        sharing("TimeSlicing", "timeSlicing", interval="Short", shareWithLowerTiers=True),
+        None,
+        "timeSlicing.shareWithLowerTiers is the device class's choice, never a claim's",
+    ),
 }
 
 
@@ -69,14 +83,6 @@ def test_a_config_wrong_on_its_own_is_refused_at_creation(gpu_cluster: GpuCluste
         assert words in str(refused.value), str(refused.value)
     ok = claim_body(ns, f"accepted-{case}", mps(defaultActiveThreadPercentage=10))
     gpu_cluster.cluster.kubectl("apply", "--dry-run=server", "-f", "-", input_text=json.dumps(ok))
-
-
-def sharing(strategy: str, key: str, **fields: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "gpu.gpuplane.dev/v1alpha1",
-        "kind": "GpuConfig",
-        "sharing": {"strategy": strategy, key: fields},
-    }
 
 
 # Fields the driver's models accept (issue 15's among them), each on a class whose own config lets the
@@ -102,10 +108,7 @@ ADMITTED = {
         "timeslice-silver.gpu.gpuplane.dev",
         sharing("TimeSlicing", "timeSlicing", interval="Long", shareWithLowerTiers=False),
     ),
-    "share-with-lower-tiers-true": (
-        "gpu.gpuplane.dev",
-        sharing("TimeSlicing", "timeSlicing", interval="Short", shareWithLowerTiers=True),
-    ),
+    "interval-on-the-plain-class": ("gpu.gpuplane.dev", sharing("TimeSlicing", "timeSlicing", interval="Short")),
 }
 
 
@@ -178,8 +181,8 @@ def test_a_template_claim_only_the_class_shows_wrong_fails_its_pod_and_frees_the
 def test_the_admission_policy_agrees_with_the_drivers_models(gpu_cluster: GpuCluster, ns: str, field: str) -> None:
     """Generated configs and shares: the API server refuses exactly what the driver's models refuse.
 
-    ``parse_config`` / ``share_percent`` are context-free, as the policy is (what needs a DeviceClass is the
-    controller's). Each case is a server-side dry-run create through the real admission chain.
+    ``parse_claim_config`` / ``share_percent`` are context-free, as the policy is (what needs a DeviceClass is
+    the controller's). Each case is a server-side dry-run create through the real admission chain.
     """
     custom = client.CustomObjectsApi(gpu_cluster.cluster.api)
     mismatches: list[str] = []
@@ -204,7 +207,7 @@ def test_the_admission_policy_agrees_with_the_drivers_models(gpu_cluster: GpuClu
         if field == "config":
             claim = claim_body(ns, "agree", value)
             try:
-                configs.parse_config(value)
+                configs.parse_claim_config(value)
                 model_ok = True
             except configs.ConfigError:
                 model_ok = False

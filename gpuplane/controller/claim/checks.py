@@ -144,7 +144,7 @@ def validate(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]])
         # Configs for this driver on a claim whose requests use no class of ours: still parse them.
         for i, entry in enumerate(claim_entries):
             try:
-                configs.parse_config(entry.parameters, f"claim config #{i}")
+                configs.parse_claim_config(entry.parameters, f"claim config #{i}")
             except configs.ConfigError as exc:
                 problems.append(str(exc))
     return list(dict.fromkeys(problems))

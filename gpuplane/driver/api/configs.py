@@ -8,7 +8,9 @@ reaches a node.
 
 Merge rule: class configs first, then claim configs; later wins field by field.
 For MPS quotas a class sets a ceiling (a tier): a claim may tighten it but never
-loosen it, which :func:`merge_configs` enforces.
+loosen it, which :func:`merge_configs` enforces. A time-slicing class's interval is a tier too (a
+claim may lengthen it, never shorten it), and its consent to lower tiers
+(``shareWithLowerTiers``) is never a claim's (:func:`parse_claim_config`).
 """
 
 from __future__ import annotations
@@ -194,6 +196,26 @@ def parse_config(parameters: Any, source: str = "config") -> DeviceConfig:
         raise ConfigError(_bounded(f"{source} ({kind}): {details}")) from exc
 
 
+def parse_claim_config(parameters: Any, source: str = "claim config") -> DeviceConfig:
+    """:func:`parse_config` for a claim's own config: also refuses what only a DeviceClass may set.
+
+    ``timeSlicing.shareWithLowerTiers: true`` is a class's consent to lower tiers on its GPUs; a claim
+    that could set it would consent for itself (and, on a class without a time-slicing tier such as
+    ``gpu.gpuplane.dev``, pick ``Short``, i.e. gold, as well), so a claim that sets it is refused
+    whatever its class says. ``false`` (the default) asks nothing and is accepted. Context-free, like
+    the admission policy ``gpuplane-claim-configs`` that refuses the same at creation.
+    """
+    parsed = parse_config(parameters, source)
+    ts = parsed.sharing.timeSlicing
+    if ts is not None and ts.shareWithLowerTiers:
+        raise ConfigError(
+            f"{source}: timeSlicing.shareWithLowerTiers is the device class's choice, never a claim's; remove it "
+            "from the claim's config (to let lower tiers share a GPU with this claim, use a DeviceClass that "
+            "sets it, e.g. a copy of timeslice-gold.gpu.gpuplane.dev with shareWithLowerTiers: true)"
+        )
+    return parsed
+
+
 @dataclass(frozen=True)
 class SourcedConfig:
     """One opaque config entry as the allocation reports it."""
@@ -253,16 +275,15 @@ _TS_RANK = {"Short": 3, "Medium": 2, "Long": 1, "Default": 0}  # as gpuplane.dri
 
 
 def _timeslice_within(ceiling: TimeSlicingConfig, sharing: Sharing, where: str) -> Sharing:
-    """A claim's time-slicing under a tier class: a longer interval is fine, a shorter one or consent is not."""
+    """A claim's time-slicing under a tier class: a longer interval is fine, a shorter one is not.
+
+    Consent (shareWithLowerTiers) stays the class's: :func:`parse_claim_config` refused a claim's own.
+    """
     claim = sharing.timeSlicing or TimeSlicingConfig(interval=ceiling.interval)
     if _TS_RANK[claim.interval] > _TS_RANK[ceiling.interval]:
         raise ConfigError(
             f"{where}: timeSlicing.interval {claim.interval} is a higher tier than the device class's "
             f"{ceiling.interval}; a claim may lengthen its interval, never shorten it"
-        )
-    if claim.shareWithLowerTiers and not ceiling.shareWithLowerTiers:
-        raise ConfigError(
-            f"{where}: timeSlicing.shareWithLowerTiers is the device class's choice; this class does not allow it"
         )
     return Sharing(
         strategy="TimeSlicing",
@@ -287,7 +308,7 @@ def merge_configs(entries: Sequence[SourcedConfig], request: str, device_type: s
         if not entry.applies_to(request):
             continue
         where = f"{'class' if entry.source == 'FromClass' else 'claim'} config for request {request!r}"
-        parsed = parse_config(entry.parameters, where)
+        parsed = (parse_config if entry.source == "FromClass" else parse_claim_config)(entry.parameters, where)
         if not isinstance(parsed, want):
             raise ConfigError(
                 f"{where}: kind {parsed.kind!r} does not apply to a {device_type!r} device; use {want.__name__!r}"
