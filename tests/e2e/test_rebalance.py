@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from e2e.plane import components, nodes, simnodes
+from gpuplane.controller.rebalance import signal
 from gpuplane.driver.hw.sim import gpu_uuid
 from gpuplane.driver.sharing.mps import MpsControl
 from tests.e2e.conftest import GpuCluster, eventually
@@ -289,6 +290,17 @@ def test_noisy_bronze_pod_is_moved_to_another_gpu_and_gold_is_untouched(
         (move,) = moves
         assert move["kind"] == "moved" and move["tier"] == "bronze" and move["fraction"] == 0.2
         assert move["device"] == "gpu-0" and move["gpu_seconds"] > 0
+        # The charge runs from the eviction to the replacement's Ready time, which Kubernetes records to the
+        # second: it ends within that second (moves.charge_end), and is the fraction times that span.
+        status = gpu.pod(sc.ns, replacement["metadata"]["name"])["status"]
+        recorded = next(
+            (c["lastTransitionTime"] for c in status.get("conditions") or [] if c["type"] == "Ready"),
+            status.get("startTime"),
+        )
+        ready_at = signal.parse_time(recorded)
+        assert ready_at is not None, status
+        assert move["start"] < move["end"] and ready_at <= move["end"] <= ready_at + 1.0, (move, recorded)
+        assert abs(move["gpu_seconds"] - 0.2 * (move["end"] - move["start"])) < 1e-5, move
         with capsys.disabled():
             print(f"\n[e2e] gold and bronze MPS claims on {sim.name}/gpu-0; hog injected on the bronze daemon")
             for line in [*evicted, *on_claim, *on_gold, *replaced]:

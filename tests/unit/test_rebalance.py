@@ -223,13 +223,54 @@ def test_replacement_running_is_charged_to_the_ledger_and_the_rule_expires(tmp_p
     run(r, [], [], T0 + 35)
     (seg,) = list(read_ledger([ledger]))
     assert (seg.kind, seg.name, seg.namespace, seg.tier, seg.device) == ("moved", "bronze-1", "team", "bronze", "gpu-3")
-    assert seg.fraction == 0.2 and seg.end - seg.start == 20.0 and abs(seg.gpu_seconds - 4.0) < 1e-9
+    # Ready "at T0+31" (whole seconds) is some instant of [31, 32), seen at 35: charged to 32.
+    assert seg.fraction == 0.2 and seg.end - seg.start == 21.0 and abs(seg.gpu_seconds - 4.2) < 1e-9
     (ev,) = w.events(act.REPLACED)
-    assert ev[1] == "bronze-2" and "4.0 GPU-seconds" in ev[4]
+    assert ev[1] == "bronze-2" and "4.2 GPU-seconds" in ev[4] and "for 21.0s" in ev[4]
     run(r, [], [], T0 + 40)
     assert len(list(read_ledger([ledger]))) == 1  # charged once
     run(r, [], [], T0 + 11 + 100)
     assert w.rules == {}  # cool-down over: the rule is gone
+
+
+def _charged(tmp_path: Path, evicted_at: float, seen: float, status: dict[str, Any]) -> tuple[float, float, float]:
+    """(start, end, gpu_seconds) of the ledger line when the replacement, with this status, is seen at ``seen``."""
+    w = Writer()
+    w.pods["bronze-1"] = owned_pod("bronze-1")
+    ledger = tmp_path / "moves.jsonl"
+    r = act.Rebalancer(w, S, ControllerMetrics(), ledger)
+    slices, claims = world()
+    assert run(r, slices, claims, evicted_at) == ["evicted"]
+    new = owned_pod("bronze-2")
+    new["metadata"]["creationTimestamp"] = ts(evicted_at)
+    new["status"].update(status)
+    w.pods["bronze-2"] = new
+    run(r, [], [], seen)
+    (seg,) = list(read_ledger([ledger]))
+    return seg.start, seg.end, seg.gpu_seconds
+
+
+def test_a_replacement_ready_in_the_evictions_second_is_charged_more_than_nothing(tmp_path: Path) -> None:
+    """Issue 15 audit D2: Ready is recorded to the second; evicted at :11.98 and Ready at :11.99 (recorded
+    ":11") was charged max(11.98, 11) - 11.98 = 0 GPU-seconds, and the e2e's gpu_seconds > 0 flaked."""
+    ready = {"conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": ts(T0 + 11)}]}
+    start, end, gpu_seconds = _charged(tmp_path, T0 + 11.98, T0 + 17, ready)
+    assert start == T0 + 11.98 and abs(end - (T0 + 12)) < 1e-6, (start, end)  # the recorded second's end
+    assert gpu_seconds > 0 and abs(gpu_seconds - 0.2 * 0.02) < 1e-6, gpu_seconds
+
+
+def test_the_charge_ends_at_the_ready_time_not_when_a_late_pass_sees_it(tmp_path: Path) -> None:
+    # A leader that restarts (or a slow pass) sees the replacement long after: still charged to Ready + 1 s.
+    ready = {"conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": ts(T0 + 20)}]}
+    assert _charged(tmp_path / "late", T0 + 11, T0 + 90, ready)[1] == T0 + 21
+    # Seen within the recorded second: the controller's own time, not a second that has not ended yet.
+    assert _charged(tmp_path / "soon", T0 + 11, T0 + 20.4, ready)[1] == T0 + 20.4
+    # No Ready condition: the start time, read the same way.
+    assert _charged(tmp_path / "start", T0 + 11, T0 + 30, {"startTime": ts(T0 + 14)})[1] == T0 + 15
+    # No time at all, or one whose second ended before the eviction (skew, a stale condition): when it was seen.
+    assert _charged(tmp_path / "none", T0 + 11, T0 + 16.5, {})[1] == T0 + 16.5
+    stale = {"conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": ts(T0 + 3)}]}
+    assert _charged(tmp_path / "stale", T0 + 11, T0 + 16.5, stale)[1] == T0 + 16.5
 
 
 def test_pdb_refusal_is_reported_once_and_tried_again_after_the_cooldown() -> None:

@@ -25,7 +25,7 @@ import asyncio
 import dataclasses
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -90,7 +90,8 @@ class Rebalancer:
     async def run_pass(
         self, slices: Iterable[Mapping[str, Any]], claims: Sequence[Mapping[str, Any]], now: float | None = None
     ) -> list[tuple[Decision, str]]:
-        """One pass; returns each alert's decision and outcome (for tests)."""
+        """One pass; returns each alert's decision and outcome (for tests, with ``now`` fixed)."""
+        fixed_now = now
         now = time.time() if now is None else now
         rules = await asyncio.to_thread(self.w.list_device_taint_rules, moves.LABEL)
         records = {
@@ -109,8 +110,9 @@ class Rebalancer:
             elif d.kind == "cooldown":
                 outcome = await self._report(d, claims, "cooldown", d.why, now)
             out.append((d, outcome))
+        clock = time.time if fixed_now is None else (lambda: now)
         for name, m in records.values():
-            await self._upkeep(name, m, now)
+            await self._upkeep(name, m, now, clock)
         return out
 
     # --- moving ---------------------------------------------------------------------------------
@@ -261,13 +263,14 @@ class Rebalancer:
             await asyncio.to_thread(self.w.event, ref, etype, reason, msg)
 
     # --- after a move ---------------------------------------------------------------------------
-    async def _upkeep(self, name: str, m: moves.Move, now: float) -> None:
+    async def _upkeep(self, name: str, m: moves.Move, now: float, clock: Callable[[], float]) -> None:
         """Charge a move once its replacement runs (or its cool-down ends); delete expired rules."""
         expired = now - m.evicted_at >= self.s.cooldown_s
         if not m.charged:
             replacement = await self._replacement(m)
+            seen = clock()  # after the list that found it running: the controller's own sub-second time
             if replacement is not None or expired:
-                end = replacement[1] if replacement is not None else now
+                end = moves.charge_end(m, replacement[1], seen) if replacement is not None else now
                 self._charge(m, end, replacement[0] if replacement else "")
                 if replacement is not None:
                     msg = (
@@ -287,8 +290,11 @@ class Rebalancer:
             await asyncio.to_thread(self.w.delete_device_taint_rule, name)
             log.info("noisy-neighbour cool-down over", gpu=f"{m.pool}/{m.device}", rule=name)
 
-    async def _replacement(self, m: moves.Move) -> tuple[str, float, str] | None:
-        """(name, running since, uid) of the pod that replaced the moved one, once it runs."""
+    async def _replacement(self, m: moves.Move) -> tuple[str, float | None, str] | None:
+        """(name, Ready time as recorded, uid) of the pod that replaced the moved one, once it runs.
+
+        The time is Kubernetes' (whole seconds; the start time without a Ready condition; None without either).
+        """
         pods = await asyncio.to_thread(self.w.list_pods, m.namespace)
         for p in pods:
             meta = p.get("metadata") or {}
@@ -304,7 +310,7 @@ class Rebalancer:
                 for c in status.get("conditions") or []
                 if c.get("type") == "Ready" and c.get("status") == "True"
             ]
-            since = next((t for t in ready if t), None) or signal.parse_time(status.get("startTime")) or time.time()
+            since = next((t for t in ready if t), None) or signal.parse_time(status.get("startTime"))
             return str(meta.get("name")), since, str(meta.get("uid", ""))
         return None
 

@@ -16,7 +16,8 @@ restarted leader knows the cool-down and what is still to be charged.
 The ledger: when the replacement runs (or, failing that, when the cool-down ends), one segment of
 kind ``moved`` in the cost ledger's format (:class:`gpuplane.driver.observe.cost.Segment`): the
 moved pod, its fraction of the GPU, from the eviction until its replacement ran, i.e. the
-GPU-seconds the move cost it.
+GPU-seconds the move cost it. When it ran: :func:`charge_end` (Kubernetes keeps the Ready time to
+the second only, the controller's own clock has the sub-second eviction time).
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ LABEL = "gpuplane.dev/noisy-neighbour-move"
 ANNOTATION = "gpuplane.dev/move"
 TAINT_KEY = "gpuplane.dev/moved-noisy-neighbour"
 LEDGER_KIND = "moved"
+# A condition's lastTransitionTime and a pod's startTime are RFC 3339 to the whole second, rounded
+# down (metav1.Time): "Ready at 12:00:05" means some instant of [12:00:05, 12:00:06).
+RECORDED_RESOLUTION_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -134,3 +138,21 @@ def segment(move: Move, end: float) -> Segment:
         device=move.device,
         fraction=move.fraction,
     )
+
+
+def charge_end(move: Move, recorded: float | None, seen: float) -> float:
+    """When a move's charge ends: the replacement's recorded Ready second, read as its last instant.
+
+    ``recorded`` is the Ready (or start) time Kubernetes recorded, to the whole second; ``seen`` the
+    controller's own sub-second time of the pass that first found the replacement running. The
+    replacement became Ready within ``[recorded, recorded + 1 s)`` and before ``seen``, so the charge
+    ends at ``min(seen, recorded + 1 s)``: never before it was Ready (no move is charged less than it
+    cost, and none 0 s: an eviction and the Ready in one wall-clock second, which a quiet machine
+    does in 20 ms, used to charge ``max(evicted_at, recorded) - evicted_at = 0``), at most 1 s after,
+    and never later than the controller saw it (a leader that restarts an hour later still charges
+    the Ready time). A recorded time that cannot be right (its second ended before the eviction:
+    clock skew, a stale condition) or none at all: ``seen``.
+    """
+    if recorded is None or recorded + RECORDED_RESOLUTION_S <= move.evicted_at:
+        return seen
+    return min(seen, recorded + RECORDED_RESOLUTION_S)
