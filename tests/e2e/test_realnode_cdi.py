@@ -36,6 +36,9 @@ CASES = {
     "shared-claim": 2,  # the producer pod's two containers share the claim (and the consumer pod)
     "nvlink-4gpu": 1,
 }
+# The MPS client priority each tier class sets (manifests/deviceclasses/mps-*.yaml; NVIDIA: 0 normal, 1 below
+# normal), written out rather than read from the checkpoint, so a driver that gave every tier 0 fails here.
+TIER_PRIORITY = {"mps-gold.gpu.gpuplane.dev": 0, "mps-silver.gpu.gpuplane.dev": 0, "mps-bronze.gpu.gpuplane.dev": 1}
 SHELL = "trap 'exit 0' TERM; while true; do sleep 1; done"
 PROBE = (
     'env; echo ---; for f in /dev/nvidia* /dev/nvidia-caps/*; do [ -c "$f" ] && stat -c \'%n %t %T\' "$f"; done;'
@@ -94,11 +97,15 @@ def probe(real: RealCluster, pod: dict[str, Any], container: str, own: int, othe
 
 
 @pytest.mark.parametrize("case", sorted(CASES), indirect=True)
-def test_container_sees_its_allocation(only_real_nodes: RealCluster, case: str) -> None:
+def test_container_sees_its_allocation(
+    only_real_nodes: RealCluster, case: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     real = only_real_nodes
     namespace = f"gpuplane-cdi-{case}"
     pods = real.gpu.running_pods(namespace, CASES[case], timeout=180)
     seen_containers = 0
+    priorities: dict[str, int] = {}  # device class -> the priority its container's env shows
+    priority_lines: list[str] = []
     for pod in pods:
         node = real.node(pod["spec"]["nodeName"])
         checkpoint = real.checkpoint(node)
@@ -119,18 +126,28 @@ def test_container_sees_its_allocation(only_real_nodes: RealCluster, case: str) 
             assert "No such device or address" in seen["own"], seen["own"]  # ENXIO: allowed, no driver behind it
             assert "Operation not permitted" in seen["other"], seen["other"]  # EPERM: another claim's GPU
             if record.sharing.strategy == "MPS":
-                check_mps(real, pod, container, node.mps_root / record.uid, record)
-                # The tier's MPS client priority, as the container's own environment shows it (issue 15).
+                daemon_line = check_mps(real, pod, container, node.mps_root / record.uid, record)
+                # The tier's MPS client priority, as the container's own environment shows it (issue 15): the
+                # class's value (gold 0, bronze 1), and the same in the checkpoint and the daemon (check_mps).
+                dclass = (claim["spec"]["devices"]["requests"][0].get("exactly") or {}).get("deviceClassName", "?")
                 assert record.sharing.mps_client_priority is not None
                 assert seen["env"]["CUDA_MPS_CLIENT_PRIORITY"] == str(record.sharing.mps_client_priority)
-                print(
-                    f"[priority] {namespace}/{pod['metadata']['name']}/{container} class "
-                    f"{(claim['spec']['devices']['requests'][0].get('exactly') or {}).get('deviceClassName', '?')}: "
-                    f"env in container CUDA_MPS_CLIENT_PRIORITY={seen['env']['CUDA_MPS_CLIENT_PRIORITY']}"
-                )
+                assert dclass in TIER_PRIORITY or case != "mps-tiers", dclass
+                if dclass in TIER_PRIORITY:
+                    assert record.sharing.mps_client_priority == TIER_PRIORITY[dclass], (dclass, record.sharing)
+                priorities[dclass] = int(seen["env"]["CUDA_MPS_CLIENT_PRIORITY"])
+                priority_lines += [
+                    f"[priority] {namespace}/{pod['metadata']['name']}/{container} class {dclass}: "
+                    f"env in container CUDA_MPS_CLIENT_PRIORITY={seen['env']['CUDA_MPS_CLIENT_PRIORITY']}",
+                    daemon_line,
+                ]
             seen_containers += 1
             print(f"{namespace}/{pod['metadata']['name']}/{container}: {uuids} {sorted(seen['devices'])}")
     assert seen_containers >= CASES[case]
+    if case == "mps-tiers":
+        assert priorities == {"mps-gold.gpu.gpuplane.dev": 0, "mps-bronze.gpu.gpuplane.dev": 1}, priorities
+        with capsys.disabled():
+            print("\n" + "\n".join(f"[e2e] {line}" for line in priority_lines))
     if case == "shared-claim":
         producer = next(p for p in pods if p["metadata"]["name"] == "producer")
         assert len(realchecks.claim_containers(producer)) == 2, "the producer pod's two containers share the claim"
@@ -144,8 +161,11 @@ def test_container_sees_its_allocation(only_real_nodes: RealCluster, case: str) 
         )
 
 
-def check_mps(real: RealCluster, pod: dict[str, Any], container: str, claim_dir: Path, record: Any) -> None:
-    """The container's pipe dir is its claim's daemon's, and that daemon runs with the claim's limits."""
+def check_mps(real: RealCluster, pod: dict[str, Any], container: str, claim_dir: Path, record: Any) -> str:
+    """The container's pipe dir is its claim's daemon's, and that daemon runs with the claim's limits.
+
+    Returns the line that shows the daemon's client priority.
+    """
     ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
     listing = real.exec(ns, name, "ls", CONTAINER_PIPE_DIR, container=container).split()
     assert "control" in listing and PID_FILE in listing, listing
@@ -158,9 +178,9 @@ def check_mps(real: RealCluster, pod: dict[str, Any], container: str, claim_dir:
     assert defaults["active_thread_percentage"] == record.sharing.mps_active_thread_percentage
     assert defaults["client_priority"] == record.sharing.mps_client_priority
     assert standin["env"]["CUDA_MPS_CLIENT_PRIORITY"] == str(record.sharing.mps_client_priority)
-    print(
+    limits = set(defaults["device_pinned_mem_limit_mib"].values())
+    assert limits == {v // 2**20 for v in record.sharing.mps_pinned_limits.values()}
+    return (
         f"[priority] daemon pid {pid} of claim {record.uid}: default client priority {defaults['client_priority']}, "
         f"daemon env CUDA_MPS_CLIENT_PRIORITY={standin['env']['CUDA_MPS_CLIENT_PRIORITY']}"
     )
-    limits = set(defaults["device_pinned_mem_limit_mib"].values())
-    assert limits == {v // 2**20 for v in record.sharing.mps_pinned_limits.values()}
