@@ -104,6 +104,7 @@ def test_feature_switches(helm_bin: Path) -> None:
         helm_bin,
         "features.controller=false",
         "features.ownNodeSlicePolicy=false",
+        "features.ownNodePodPolicy=false",
         "features.claimConfigPolicy=false",
         "features.mig=false",
         "features.mps=false",
@@ -113,6 +114,10 @@ def test_feature_switches(helm_bin: Path) -> None:
     kinds = {(o["kind"], o["metadata"]["name"]) for o in objects}
     assert not any("controller" in name for _, name in kinds)
     assert ("ValidatingAdmissionPolicy", "gpuplane-driver-own-node-slices") not in kinds
+    assert ("ValidatingAdmissionPolicy", "gpuplane-driver-own-node-pods") not in kinds
+    only_pods = {(o["kind"], o["metadata"]["name"]) for o in template(helm_bin, "features.ownNodeSlicePolicy=false")}
+    assert ("ValidatingAdmissionPolicy", "gpuplane-driver-own-node-slices") not in only_pods
+    assert ("ValidatingAdmissionPolicyBinding", "gpuplane-driver-own-node-pods") in only_pods
     defaults = {(o["kind"], o["metadata"]["name"]) for o in template(helm_bin)}
     assert ("MutatingAdmissionPolicy", "gpuplane-steer-gate") in defaults
     assert ("MutatingAdmissionPolicy", "gpuplane-steer-gate") not in kinds  # off with the controller
@@ -146,8 +151,11 @@ def test_driver_backend_and_kubelet_root(helm_bin: Path) -> None:
 def test_namespace_follows_the_release(helm_bin: Path) -> None:
     objects = helm.render(helm_bin, CHART, namespace="gpu-ops")
     assert by_kind(objects, "Namespace").keys() == {"gpu-ops"}
-    policy = by_kind(objects, "ValidatingAdmissionPolicy")["gpuplane-driver-own-node-slices"]
-    assert "system:serviceaccount:gpu-ops:gpuplane-driver" in policy["spec"]["matchConditions"][0]["expression"]
+    for name in ("gpuplane-driver-own-node-slices", "gpuplane-driver-own-node-pods"):
+        policy = by_kind(objects, "ValidatingAdmissionPolicy")[name]
+        assert "system:serviceaccount:gpu-ops:gpuplane-driver" in policy["spec"]["matchConditions"][0]["expression"]
+    role = by_kind(objects, "RoleBinding")["gpuplane-driver-mps-daemons"]
+    assert role["metadata"]["namespace"] == "gpu-ops" and role["subjects"][0]["namespace"] == "gpu-ops"
     writes = by_kind(objects, "ValidatingAdmissionPolicy")["gpuplane-controller-writes"]
     assert "system:serviceaccount:gpu-ops:gpuplane-controller" in writes["spec"]["matchConditions"][0]["expression"]
     assert {o["metadata"]["namespace"] for o in objects if "namespace" in o["metadata"]} == {"gpu-ops"}

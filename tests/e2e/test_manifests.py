@@ -108,6 +108,10 @@ def test_base_renders_everything_the_issue_lists() -> None:
         ("PodDisruptionBudget", "gpuplane-controller"),
         ("ValidatingAdmissionPolicy", "gpuplane-driver-own-node-slices"),
         ("ValidatingAdmissionPolicyBinding", "gpuplane-driver-own-node-slices"),
+        ("Role", "gpuplane-driver-mps-daemons"),
+        ("RoleBinding", "gpuplane-driver-mps-daemons"),
+        ("ValidatingAdmissionPolicy", "gpuplane-driver-own-node-pods"),
+        ("ValidatingAdmissionPolicyBinding", "gpuplane-driver-own-node-pods"),
     ]:
         assert expected in kinds, f"{expected} missing from the base"
 
@@ -199,8 +203,9 @@ def test_admission_policy_names_the_driver_service_account(name: str) -> None:
     objects = render(KUSTOMIZATIONS[name])
     sa = by_kind(objects, "ServiceAccount")["gpuplane-driver"]
     user = f"system:serviceaccount:{sa['metadata']['namespace']}:gpuplane-driver"
-    policy = by_kind(objects, "ValidatingAdmissionPolicy")["gpuplane-driver-own-node-slices"]
-    assert user in policy["spec"]["matchConditions"][0]["expression"]
+    for name in ("gpuplane-driver-own-node-slices", "gpuplane-driver-own-node-pods"):
+        policy = by_kind(objects, "ValidatingAdmissionPolicy")[name]
+        assert user in policy["spec"]["matchConditions"][0]["expression"], name
 
 
 def test_controller_role_grants_no_secrets_and_no_wildcards() -> None:
@@ -209,8 +214,21 @@ def test_controller_role_grants_no_secrets_and_no_wildcards() -> None:
         for rule in by_kind(objects, "ClusterRole")[role]["rules"]:
             assert "secrets" not in rule["resources"] and "configmaps" not in rule["resources"]
             assert "*" not in rule["resources"] + rule["verbs"] + rule["apiGroups"]
-    # Namespaced Roles: only the controller's leader-election Lease, get/update by name.
-    for role in by_kind(objects, "Role").values():
+    # No one creates pods cluster-wide; the driver's pods rights are in its own namespace only (its MPS
+    # daemon pods, narrowed by the policy gpuplane-driver-own-node-pods), without update or patch.
+    for role in by_kind(objects, "ClusterRole").values():
+        assert not any("pods" in r["resources"] and "create" in r["verbs"] for r in role["rules"])
+    assert not any("pods" in r["resources"] for r in by_kind(objects, "ClusterRole")["gpuplane-driver"]["rules"])
+    roles = by_kind(objects, "Role")
+    daemons = roles.pop("gpuplane-driver-mps-daemons")
+    assert daemons["metadata"]["namespace"] == "gpuplane-system"
+    assert daemons["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]}
+    ]
+    binding = by_kind(objects, "RoleBinding")["gpuplane-driver-mps-daemons"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpuplane-driver", "namespace": "gpuplane-system"}]
+    # The other namespaced Roles: only the controller's leader-election Lease, get/update by name.
+    for role in roles.values():
         assert role["metadata"]["namespace"] == "gpuplane-system"
         for rule in role["rules"]:
             assert rule["resources"] == ["leases"] and rule["apiGroups"] == ["coordination.k8s.io"]
