@@ -203,9 +203,9 @@ def test_admission_policy_names_the_driver_service_account(name: str) -> None:
     objects = render(KUSTOMIZATIONS[name])
     sa = by_kind(objects, "ServiceAccount")["gpuplane-driver"]
     user = f"system:serviceaccount:{sa['metadata']['namespace']}:gpuplane-driver"
-    for name in ("gpuplane-driver-own-node-slices", "gpuplane-driver-own-node-pods"):
-        policy = by_kind(objects, "ValidatingAdmissionPolicy")[name]
-        assert user in policy["spec"]["matchConditions"][0]["expression"], name
+    for policy_name in ("gpuplane-driver-own-node-slices", "gpuplane-driver-own-node-pods"):
+        policy = by_kind(objects, "ValidatingAdmissionPolicy")[policy_name]
+        assert user in policy["spec"]["matchConditions"][0]["expression"], policy_name
 
 
 def test_controller_role_grants_no_secrets_and_no_wildcards() -> None:
@@ -226,7 +226,8 @@ def test_controller_role_grants_no_secrets_and_no_wildcards() -> None:
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]}
     ]
     binding = by_kind(objects, "RoleBinding")["gpuplane-driver-mps-daemons"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpuplane-driver", "namespace": "gpuplane-system"}]
+    sa = {"kind": "ServiceAccount", "name": "gpuplane-driver", "namespace": "gpuplane-system"}
+    assert binding["subjects"] == [sa] and binding["roleRef"]["name"] == "gpuplane-driver-mps-daemons"
     # The other namespaced Roles: only the controller's leader-election Lease, get/update by name.
     for role in roles.values():
         assert role["metadata"]["namespace"] == "gpuplane-system"

@@ -56,13 +56,29 @@ DRIVER_MATRIX: dict[tuple[str, str, str, str], bool] = {
     ("create", "resource.k8s.io", "resourceclaims", ""): False,
     ("update", "resource.k8s.io", "resourceclaims", "status"): False,
     ("create", "", "events", ""): True,
-    ("get", "", "pods", ""): False,
+    ("get", "", "pods", ""): False,  # in "default"; its own namespace: DRIVER_PODS
     ("create", "", "pods", ""): False,
     ("patch", "", "nodes", ""): False,
     ("get", "", "secrets", ""): False,
     ("list", "", "secrets", ""): False,
     ("create", "resource.k8s.io", "deviceclasses", ""): False,
     ("patch", "gpuplane.dev", "gpugangs", ""): False,
+}
+# The MPS daemon pods (--mps-daemons=pod): pods in gpuplane-system only, no update, no subresources;
+# which pods (own node, daemon labels, no token, host paths) is the policy's (test_rbac_writes.py).
+# (verb, subresource, namespace) -> allowed
+DRIVER_PODS: dict[tuple[str, str, str], bool] = {
+    **{(verb, "", "gpuplane-system"): True for verb in ("get", "list", "watch", "create", "delete")},
+    ("update", "", "gpuplane-system"): False,
+    ("patch", "", "gpuplane-system"): False,
+    ("deletecollection", "", "gpuplane-system"): False,
+    ("create", "exec", "gpuplane-system"): False,
+    ("create", "attach", "gpuplane-system"): False,
+    ("patch", "ephemeralcontainers", "gpuplane-system"): False,
+    ("patch", "status", "gpuplane-system"): False,
+    ("create", "eviction", "gpuplane-system"): False,
+    **{(verb, "", ns): False for verb in ("get", "list", "create", "delete") for ns in ("default", "kube-system")},
+    ("list", "", ""): False,  # all namespaces
 }
 CONTROLLER_MATRIX: dict[tuple[str, str, str, str], bool] = {
     ("watch", "gpuplane.dev", "gpugangs", ""): True,
@@ -107,7 +123,13 @@ CONTROLLER_LEASES: dict[tuple[str, str, str], bool] = {
 
 
 def test_driver_access_matrix(installed: cluster.Cluster) -> None:
-    table = matrix(installed.api, identity.username(identity.NAMESPACE, identity.DRIVER_SA), DRIVER_MATRIX)
+    user = identity.username(identity.NAMESPACE, identity.DRIVER_SA)
+    table = matrix(installed.api, user, DRIVER_MATRIX)
+    for (verb, sub, namespace), expected in DRIVER_PODS.items():
+        got = access(installed.api, user, (verb, "", "pods", sub), namespace)
+        name = f"pods/{sub}" if sub else "pods"
+        row = f"{'ALLOW' if got else 'deny ':5} {verb:16} {'core':28} {name} in {namespace or '(all namespaces)'}"
+        table += "\n" + row + ("" if got == expected else "   <-- UNEXPECTED")
     print("\n" + table)
     assert "UNEXPECTED" not in table, table
 

@@ -1,14 +1,21 @@
-"""The controller's cluster-wide write rights, narrowed by admission policy to the writes it makes (issue 18, defect 8).
+"""Write rights RBAC cannot narrow enough, narrowed by admission policy, proven under the components' own tokens.
 
-RBAC cannot say "only this label" or "only gated gang members", so the controller keeps
-``pods patch/delete``, ``pods/status patch``, ``nodes patch`` and ``resourceclaims patch/delete``
-cluster-wide and the ValidatingAdmissionPolicy ``gpuplane-controller-writes`` refuses, under the
-controller's own token, every write the controller does not make (a stolen token's writes).
+The controller (issue 18, defect 8): RBAC cannot say "only this label" or "only gated gang members", so
+the controller keeps ``pods patch/delete``, ``pods/status patch``, ``nodes patch`` and ``resourceclaims
+patch/delete`` cluster-wide and the ValidatingAdmissionPolicy ``gpuplane-controller-writes`` refuses, under
+the controller's own token, every write the controller does not make (a stolen token's writes).
+
+The driver (issue 12, MPS daemons in pods of their own): RBAC grants pods get/list/watch/create/delete in
+gpuplane-system, and ``gpuplane-driver-own-node-pods`` lets the driver's node-bound token create only
+MPS control-daemon pods on its own node, with no service-account token and host paths only, and delete
+only its own node's daemon pods. Creates and deletes are server-side dry runs (``dryRun=All``: authorization
+and every admission step run, nothing is stored), plus one real create and delete.
 """
 
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +26,7 @@ from e2e.cluster import handle as cluster
 from e2e.plane import identity
 from tests.rbackit import (
     controller_fixture,  # noqa: F401  (fixture controller)
+    driver_a_fixture,  # noqa: F401  (fixture driver_a)
     installed_fixture,  # noqa: F401  (fixture installed)
     two_nodes_fixture,  # noqa: F401  (fixture two_nodes)
 )
@@ -133,3 +141,198 @@ def test_controller_writes_are_narrowed_to_its_own(
         api.close()
         admin.patch_node(node_a, {"metadata": {"labels": {"gpuplane.dev/nvlink-domain": None}}})
         installed.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+DRIVER_PODS_POLICY = "gpuplane-driver-own-node-pods"
+DAEMON_LABELS = {
+    "app.kubernetes.io/name": "gpuplane-mps-control-daemon",
+    "app.kubernetes.io/component": "mps-control-daemon",
+}
+
+
+def daemon_pod(name: str, node: str, claim_uid: str = "") -> dict[str, Any]:
+    """An MPS control-daemon pod as the driver makes it (--mps-daemons=pod): the contract the policy enforces."""
+    claim_uid = claim_uid or str(uuid.uuid4())
+    mps = f"/var/lib/kubelet/plugins/gpu.gpuplane.dev/mps/{claim_uid}"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": {**DAEMON_LABELS, "gpuplane.dev/node": node, "gpuplane.dev/claim-uid": claim_uid},
+        },
+        "spec": {
+            "nodeName": node,
+            "hostPID": True,
+            "hostNetwork": True,
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "priorityClassName": "system-node-critical",
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [
+                {
+                    "name": "mps-control-daemon",
+                    "image": identity.STAND_IN_IMAGE,
+                    "command": ["nvidia-cuda-mps-control", "-f"],
+                    "env": [{"name": "CUDA_MPS_PIPE_DIRECTORY", "value": f"{mps}/pipe"}],
+                    "securityContext": {"privileged": True},
+                    "volumeMounts": [{"name": "mps", "mountPath": mps}, {"name": "shm", "mountPath": "/dev/shm"}],
+                }
+            ],
+            "volumes": [
+                {"name": "mps", "hostPath": {"path": mps, "type": "DirectoryOrCreate"}},
+                {"name": "shm", "hostPath": {"path": f"{mps}/shm", "type": "DirectoryOrCreate"}},
+            ],
+        },
+    }
+
+
+def _refused_by(policy: str, call: Any, *args: Any, **kw: Any) -> str:
+    """The call is refused (403) by ``policy`` (or by RBAC when ``policy`` is empty); the API's message."""
+    with pytest.raises(ApiException) as err:
+        call(*args, **kw)
+    body = str(err.value.body)
+    assert err.value.status == 403, body
+    if policy:
+        assert f"ValidatingAdmissionPolicy '{policy}'" in body, body
+    else:
+        assert "ValidatingAdmissionPolicy" not in body and "forbidden" in body.lower(), body
+    print(f"refused: {body[:400]}")
+    return body
+
+
+def test_driver_creates_only_own_node_daemon_pods(
+    installed: cluster.Cluster, two_nodes: tuple[str, str], driver_a: identity.Identity
+) -> None:
+    """The driver's pods grant (create in gpuplane-system) lets its node-bound token make only its own
+    node's MPS daemon pods: no other node, no token of any service account, host paths only."""
+    node_a, node_b = two_nodes
+    ns = identity.NAMESPACE
+    api = driver_a.api_client()
+    core = client.CoreV1Api(api)
+    dry = {"dry_run": "All"}
+
+    def refused(change: Any) -> str:
+        body = daemon_pod(f"gpuplane-mps-{uuid.uuid4().hex[:8]}", node_a)
+        change(body)
+        return _refused_by(DRIVER_PODS_POLICY, core.create_namespaced_pod, ns, body, **dry)
+
+    try:
+        # The daemon pod the driver makes: admitted (the ServiceAccount plugin named it "default" and,
+        # automount being off, added no token volume).
+        made = core.create_namespaced_pod(ns, daemon_pod("gpuplane-mps-dry", node_a), **dry)
+        assert made.spec.node_name == node_a and made.spec.service_account_name == "default"
+        assert [v.name for v in made.spec.volumes] == ["mps", "shm"]
+
+        # Another node, or no node (the scheduler would place it anywhere).
+        other = daemon_pod("gpuplane-mps-b", node_b)
+        msg = _refused_by(DRIVER_PODS_POLICY, core.create_namespaced_pod, ns, other, **dry)
+        assert f"on node '{node_a}' may create pods only on its own node" in msg and f"on node '{node_b}'" in msg
+        assert "unscheduled pod" in refused(lambda b: b["spec"].pop("nodeName"))
+        # A token of another service account (the controller's: cluster-wide pod, node and claim writes),
+        # or of its own: automountServiceAccountToken true, or left to its default (true).
+        msg = refused(lambda b: b["spec"].update(serviceAccountName="gpuplane-controller"))
+        assert "carry no service-account token" in msg and "service account 'gpuplane-controller'" in msg
+        assert "automountServiceAccountToken must be false" in refused(
+            lambda b: b["spec"].update(automountServiceAccountToken=True)
+        )
+        assert "a mounted token" in refused(lambda b: b["spec"].pop("automountServiceAccountToken"))
+        # Volumes other than host paths: a projected token of any audience, a Secret, a ConfigMap.
+        token = {"serviceAccountToken": {"path": "token", "audience": "evil"}}
+        msg = refused(lambda b: b["spec"]["volumes"].append({"name": "tok", "projected": {"sources": [token]}}))
+        assert "mount host paths only" in msg and "volume(s) 'tok'" in msg
+        assert "volume(s) 'sec'" in refused(
+            lambda b: b["spec"]["volumes"].append({"name": "sec", "secret": {"secretName": "x"}})
+        )
+        assert "volume(s) 'cm'" in refused(
+            lambda b: b["spec"]["volumes"].append({"name": "cm", "configMap": {"name": "x"}})
+        )
+        # A Secret read through the environment, in a container or an init container.
+        ref = {"name": "T", "valueFrom": {"secretKeyRef": {"name": "x", "key": "k"}}}
+        assert "read no Secret or ConfigMap" in refused(lambda b: b["spec"]["containers"][0]["env"].append(ref))
+        init = {"name": "i", "image": identity.STAND_IN_IMAGE, "envFrom": [{"secretRef": {"name": "x"}}]}
+        assert "read no Secret or ConfigMap" in refused(lambda b: b["spec"].update(initContainers=[init]))
+        # Not a daemon pod: no component label, or another node's label (a DaemonSet-adoptable name too).
+        assert "creates only MPS control-daemon pods" in refused(
+            lambda b: b["metadata"]["labels"].pop("app.kubernetes.io/component")
+        )
+        assert "creates only MPS control-daemon pods" in refused(
+            lambda b: b["metadata"]["labels"].update({"gpuplane.dev/node": node_b})
+        )
+        assert "creates only MPS control-daemon pods" in refused(
+            lambda b: b["metadata"]["labels"].update({"app.kubernetes.io/name": "gpuplane-driver"})
+        )
+        # Outside its namespace RBAC refuses before any policy.
+        _refused_by("", core.create_namespaced_pod, "default", daemon_pod("gpuplane-mps-x", node_a), **dry)
+        _refused_by("", core.create_namespaced_pod, "kube-system", daemon_pod("gpuplane-mps-x", node_a), **dry)
+    finally:
+        api.close()
+
+
+def test_driver_token_without_a_node_creates_no_pods(
+    installed: cluster.Cluster, two_nodes: tuple[str, str], tmp_path: Path
+) -> None:
+    token = identity.request_token(installed.api, identity.NAMESPACE, identity.DRIVER_SA)
+    kubeconfig = identity.write_token_kubeconfig(
+        tmp_path / "unbound.kubeconfig", installed.kubeconfig, token, "unbound"
+    )
+    api = identity.new_client(kubeconfig)
+    try:
+        body = daemon_pod("gpuplane-mps-unbound", two_nodes[0])
+        core = client.CoreV1Api(api)
+        msg = _refused_by(DRIVER_PODS_POLICY, core.create_namespaced_pod, identity.NAMESPACE, body, dry_run="All")
+        assert "carries no node name" in msg
+    finally:
+        api.close()
+
+
+def test_driver_deletes_only_own_node_daemon_pods(
+    installed: cluster.Cluster, two_nodes: tuple[str, str], driver_a: identity.Identity
+) -> None:
+    """Delete is granted in gpuplane-system; the policy lets the driver delete only its own node's daemon
+    pods: not another node's daemon, not a pod without the daemon's component label (a DaemonSet pod, the
+    pod its own token is bound to), and never update a pod. One real create, list, get and delete."""
+    node_a, node_b = two_nodes
+    ns = identity.NAMESPACE
+    admin = client.CoreV1Api(installed.api)
+    suffix = uuid.uuid4().hex[:5]
+    mine, theirs, plain, real = (f"gpuplane-mps-{k}-{suffix}" for k in ("a", "b", "plain", "real"))
+    admin.create_namespaced_pod(ns, daemon_pod(mine, node_a))
+    admin.create_namespaced_pod(ns, daemon_pod(theirs, node_b))
+    dummy = daemon_pod(plain, node_a)
+    dummy["metadata"]["labels"] = {"app.kubernetes.io/component": "driver", "gpuplane.dev/node": node_a}
+    admin.create_namespaced_pod(ns, dummy)
+    api = driver_a.api_client()
+    core = client.CoreV1Api(api)
+    dry = {"dry_run": "All"}
+    try:
+        core.delete_namespaced_pod(mine, ns, **dry)
+        msg = _refused_by(DRIVER_PODS_POLICY, core.delete_namespaced_pod, theirs, ns, **dry)
+        assert "may delete pods only on its own node" in msg and f"on node '{node_b}'" in msg
+        msg = _refused_by(DRIVER_PODS_POLICY, core.delete_namespaced_pod, plain, ns, **dry)
+        assert "delete only its MPS control-daemon pods" in msg and f"pod '{plain}' (component 'driver')" in msg
+        stand_in = f"{identity.DRIVER_SA}-identity-{node_a}"
+        msg = _refused_by(DRIVER_PODS_POLICY, core.delete_namespaced_pod, stand_in, ns, **dry)
+        assert f"pod '{stand_in}' (component '')" in msg
+        # No update or patch (RBAC), no deletecollection (RBAC), nothing outside its namespace (RBAC).
+        _refused_by("", core.patch_namespaced_pod, mine, ns, {"metadata": {"labels": {"x": "y"}}})
+        _refused_by("", core.delete_collection_namespaced_pod, ns, label_selector="app.kubernetes.io/component")
+        _refused_by("", core.delete_namespaced_pod, "anything", "default", **dry)
+
+        # The real path: create, find by label, read, delete.
+        core.create_namespaced_pod(ns, daemon_pod(real, node_a))
+        found = core.list_namespaced_pod(
+            ns, label_selector=f"gpuplane.dev/node={node_a},app.kubernetes.io/component=mps-control-daemon"
+        )
+        assert {p.metadata.name for p in found.items} == {mine, real}
+        assert core.read_namespaced_pod(stand_in, ns).spec.node_name == node_a  # its own pod (POD_NAME)
+        core.delete_namespaced_pod(real, ns, grace_period_seconds=0)
+        assert admin.read_namespaced_pod(mine, ns).metadata.deletion_timestamp is None  # the dry run kept it
+    finally:
+        api.close()
+        for name in (mine, theirs, plain, real):
+            try:
+                admin.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
