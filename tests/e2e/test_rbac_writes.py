@@ -9,11 +9,13 @@ The driver (issue 12, MPS daemons in pods of their own): RBAC grants pods get/li
 gpuplane-system, and ``gpuplane-driver-own-node-pods`` lets the driver's node-bound token create only
 MPS control-daemon pods on its own node, with no service-account token and host paths only, and delete
 only its own node's daemon pods. Creates and deletes are server-side dry runs (``dryRun=All``: authorization
-and every admission step run, nothing is stored), plus one real create and delete.
+and every admission step run, nothing is stored), plus real ones, the last through the driver's own
+``gpuplane.driver.sharing.mps_pods`` with its pod template taken from the rendered DaemonSet.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from e2e.cluster import handle as cluster
-from e2e.plane import identity
+from e2e.plane import identity, install
+from gpuplane.driver.kube import KubeApi
+from gpuplane.driver.sharing import mps_pods, mps_spec
 from tests.rbackit import (
     controller_fixture,  # noqa: F401  (fixture controller)
     driver_a_fixture,  # noqa: F401  (fixture driver_a)
@@ -336,3 +340,43 @@ def test_driver_deletes_only_own_node_daemon_pods(
             except ApiException as exc:
                 if exc.status != 404:
                     raise
+
+
+def test_the_drivers_own_daemon_pods_pass_the_policy(
+    installed: cluster.Cluster, two_nodes: tuple[str, str], driver_a: identity.Identity
+) -> None:
+    """The production path: gpuplane.driver.sharing.mps_pods (template from the DaemonSet as rendered from the
+    manifests, as the driver copies it from its own pod) under the driver's token: launch, find, remove on
+    its own node; a template for another node is refused with the policy's reason in the driver's error."""
+    node_a, node_b = two_nodes
+    ds = next(o for o in install.render(installed) if o["kind"] == "DaemonSet")
+    own_pod = {"metadata": {"namespace": identity.NAMESPACE}, "spec": {**ds["spec"]["template"]["spec"]}}
+    own_pod["spec"]["nodeName"] = node_a
+    mps_root = Path("/var/lib/kubelet/plugins/gpu.gpuplane.dev/mps")  # --plugin-dir + /mps, DriverConfig.mps_root
+    template = mps_pods.PodTemplate.from_driver_pod(own_pod, mps_root)
+    paths = mps_spec.DaemonPaths.of(mps_root, str(uuid.uuid4()))
+    env = {"CUDA_MPS_PIPE_DIRECTORY": str(paths.pipe), "CUDA_MPS_LOG_DIRECTORY": str(paths.log)}
+    api = driver_a.api_client()
+    pods = mps_pods.DaemonPods(KubeApi(api), template, "nvidia-cuda-mps-control", delete_timeout_s=30)
+    try:
+        pods.launch(paths, env)
+        assert pods.claims() == {paths.claim_uid: mps_pods.pod_name(paths.claim_uid)}
+        assert pods.failure(paths.claim_uid) is None  # bound to node A, not started (no kubelet): may still serve
+        pods.remove(paths.claim_uid)
+        assert pods.claims() == {}
+
+        elsewhere = mps_pods.DaemonPods(KubeApi(api), dataclasses.replace(template, node_name=node_b), "x")
+        with pytest.raises(mps_spec.MpsError) as err:
+            elsewhere.launch(paths, env)
+        print(f"refused: {err.value}")
+        assert "cannot create MPS daemon pod" in str(err.value) and "403" in str(err.value)
+        assert f"on node '{node_a}' may create pods only on its own node" in str(err.value)
+    finally:
+        api.close()
+        try:
+            client.CoreV1Api(installed.api).delete_namespaced_pod(
+                mps_pods.pod_name(paths.claim_uid), identity.NAMESPACE, grace_period_seconds=0
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
