@@ -28,6 +28,8 @@ from e2e.cluster import handle as cluster
 from e2e.plane import identity, install
 from gpuplane.driver.kube import KubeApi
 from gpuplane.driver.sharing import mps_pods, mps_spec
+from tests.daemonpods import DAEMON_LABELS, DRIVER_PODS_POLICY, daemon_pod, policy_refusal, refused_by
+from tests.e2e.conftest import eventually
 from tests.rbackit import (
     controller_fixture,  # noqa: F401  (fixture controller)
     driver_a_fixture,  # noqa: F401  (fixture driver_a)
@@ -147,64 +149,6 @@ def test_controller_writes_are_narrowed_to_its_own(
         installed.kubectl("delete", "namespace", ns, "--wait=false")
 
 
-DRIVER_PODS_POLICY = "gpuplane-driver-own-node-pods"
-DAEMON_LABELS = {
-    "app.kubernetes.io/name": "gpuplane-mps-control-daemon",
-    "app.kubernetes.io/component": "mps-control-daemon",
-}
-
-
-def daemon_pod(name: str, node: str, claim_uid: str = "") -> dict[str, Any]:
-    """An MPS control-daemon pod as the driver makes it (--mps-daemons=pod): the contract the policy enforces."""
-    claim_uid = claim_uid or str(uuid.uuid4())
-    mps = f"/var/lib/kubelet/plugins/gpu.gpuplane.dev/mps/{claim_uid}"
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "labels": {**DAEMON_LABELS, "gpuplane.dev/node": node, "gpuplane.dev/claim-uid": claim_uid},
-        },
-        "spec": {
-            "nodeName": node,
-            "hostPID": True,
-            "hostNetwork": True,
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": False,
-            "priorityClassName": "system-node-critical",
-            "tolerations": [{"operator": "Exists"}],
-            "containers": [
-                {
-                    "name": "mps-control-daemon",
-                    "image": identity.STAND_IN_IMAGE,
-                    "command": ["nvidia-cuda-mps-control", "-f"],
-                    "env": [{"name": "CUDA_MPS_PIPE_DIRECTORY", "value": f"{mps}/pipe"}],
-                    "securityContext": {"privileged": True},
-                    "volumeMounts": [{"name": "mps", "mountPath": mps}, {"name": "shm", "mountPath": "/dev/shm"}],
-                }
-            ],
-            "volumes": [
-                {"name": "mps", "hostPath": {"path": mps, "type": "DirectoryOrCreate"}},
-                {"name": "shm", "hostPath": {"path": f"{mps}/shm", "type": "DirectoryOrCreate"}},
-            ],
-        },
-    }
-
-
-def _refused_by(policy: str, call: Any, *args: Any, **kw: Any) -> str:
-    """The call is refused (403) by ``policy`` (or by RBAC when ``policy`` is empty); the API's message."""
-    with pytest.raises(ApiException) as err:
-        call(*args, **kw)
-    body = str(err.value.body)
-    assert err.value.status == 403, body
-    if policy:
-        assert f"ValidatingAdmissionPolicy '{policy}'" in body, body
-    else:
-        assert "ValidatingAdmissionPolicy" not in body and "forbidden" in body.lower(), body
-    print(f"refused: {body[:400]}")
-    return body
-
-
 def test_driver_creates_only_own_node_daemon_pods(
     installed: cluster.Cluster, two_nodes: tuple[str, str], driver_a: identity.Identity
 ) -> None:
@@ -219,7 +163,7 @@ def test_driver_creates_only_own_node_daemon_pods(
     def refused(change: Any) -> str:
         body = daemon_pod(f"gpuplane-mps-{uuid.uuid4().hex[:8]}", node_a)
         change(body)
-        return _refused_by(DRIVER_PODS_POLICY, core.create_namespaced_pod, ns, body, **dry)
+        return refused_by(DRIVER_PODS_POLICY, core.create_namespaced_pod, ns, body, **dry)
 
     try:
         # The daemon pod the driver makes: admitted (the ServiceAccount plugin named it "default" and,
@@ -230,7 +174,7 @@ def test_driver_creates_only_own_node_daemon_pods(
 
         # Another node, or no node (the scheduler would place it anywhere).
         other = daemon_pod("gpuplane-mps-b", node_b)
-        msg = _refused_by(DRIVER_PODS_POLICY, core.create_namespaced_pod, ns, other, **dry)
+        msg = refused_by(DRIVER_PODS_POLICY, core.create_namespaced_pod, ns, other, **dry)
         assert f"on node '{node_a}' may create pods only on its own node" in msg and f"on node '{node_b}'" in msg
         assert "unscheduled pod" in refused(lambda b: b["spec"].pop("nodeName"))
         # A token of another service account (the controller's: cluster-wide pod, node and claim writes),
@@ -267,8 +211,8 @@ def test_driver_creates_only_own_node_daemon_pods(
             lambda b: b["metadata"]["labels"].update({"app.kubernetes.io/name": "gpuplane-driver"})
         )
         # Outside its namespace RBAC refuses before any policy.
-        _refused_by("", core.create_namespaced_pod, "default", daemon_pod("gpuplane-mps-x", node_a), **dry)
-        _refused_by("", core.create_namespaced_pod, "kube-system", daemon_pod("gpuplane-mps-x", node_a), **dry)
+        refused_by("", core.create_namespaced_pod, "default", daemon_pod("gpuplane-mps-x", node_a), **dry)
+        refused_by("", core.create_namespaced_pod, "kube-system", daemon_pod("gpuplane-mps-x", node_a), **dry)
     finally:
         api.close()
 
@@ -284,7 +228,7 @@ def test_driver_token_without_a_node_creates_no_pods(
     try:
         body = daemon_pod("gpuplane-mps-unbound", two_nodes[0])
         core = client.CoreV1Api(api)
-        msg = _refused_by(DRIVER_PODS_POLICY, core.create_namespaced_pod, identity.NAMESPACE, body, dry_run="All")
+        msg = refused_by(DRIVER_PODS_POLICY, core.create_namespaced_pod, identity.NAMESPACE, body, dry_run="All")
         assert "carries no node name" in msg
     finally:
         api.close()
@@ -311,17 +255,30 @@ def test_driver_deletes_only_own_node_daemon_pods(
     dry = {"dry_run": "All"}
     try:
         core.delete_namespaced_pod(mine, ns, **dry)
-        msg = _refused_by(DRIVER_PODS_POLICY, core.delete_namespaced_pod, theirs, ns, **dry)
+        msg = refused_by(DRIVER_PODS_POLICY, core.delete_namespaced_pod, theirs, ns, **dry)
         assert "may delete pods only on its own node" in msg and f"on node '{node_b}'" in msg
-        msg = _refused_by(DRIVER_PODS_POLICY, core.delete_namespaced_pod, plain, ns, **dry)
+        msg = refused_by(DRIVER_PODS_POLICY, core.delete_namespaced_pod, plain, ns, **dry)
         assert "delete only its MPS control-daemon pods" in msg and f"pod '{plain}' (component 'driver')" in msg
         stand_in = f"{identity.DRIVER_SA}-identity-{node_a}"
-        msg = _refused_by(DRIVER_PODS_POLICY, core.delete_namespaced_pod, stand_in, ns, **dry)
+        msg = refused_by(DRIVER_PODS_POLICY, core.delete_namespaced_pod, stand_in, ns, **dry)
         assert f"pod '{stand_in}' (component '')" in msg
         # No update or patch (RBAC), no deletecollection (RBAC), nothing outside its namespace (RBAC).
-        _refused_by("", core.patch_namespaced_pod, mine, ns, {"metadata": {"labels": {"x": "y"}}})
-        _refused_by("", core.delete_collection_namespaced_pod, ns, label_selector="app.kubernetes.io/component")
-        _refused_by("", core.delete_namespaced_pod, "anything", "default", **dry)
+        refused_by("", core.patch_namespaced_pod, mine, ns, {"metadata": {"labels": {"x": "y"}}})
+        refused_by("", core.delete_collection_namespaced_pod, ns, label_selector="app.kubernetes.io/component")
+        refused_by("", core.delete_namespaced_pod, "anything", "default", **dry)
+        # Were patch granted (a Role added here for the test), the policy still refuses every update: a label
+        # patch would otherwise make a DaemonSet pod a deletable "daemon".
+        rbac = client.RbacAuthorizationV1Api(installed.api)
+        rule = {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch", "update"]}
+        rbac.create_namespaced_role(ns, {"metadata": {"name": plain}, "rules": [rule]})
+        subject = {"kind": "ServiceAccount", "name": identity.DRIVER_SA, "namespace": ns}
+        ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": plain}
+        rbac.create_namespaced_role_binding(ns, {"metadata": {"name": plain}, "roleRef": ref, "subjects": [subject]})
+        relabel = {"metadata": {"labels": DAEMON_LABELS}}
+        msg = eventually(
+            lambda: policy_refusal(core.patch_namespaced_pod, plain, ns, relabel), 30, "RBAC to grant patch"
+        )
+        assert "does not update pods" in msg and f"refused UPDATE of pod '{plain}'" in msg
 
         # The real path: create, find by label, read, delete.
         core.create_namespaced_pod(ns, daemon_pod(real, node_a))
@@ -334,6 +291,12 @@ def test_driver_deletes_only_own_node_daemon_pods(
         assert admin.read_namespaced_pod(mine, ns).metadata.deletion_timestamp is None  # the dry run kept it
     finally:
         api.close()
+        for kind in ("role", "role_binding"):
+            try:
+                getattr(client.RbacAuthorizationV1Api(installed.api), f"delete_namespaced_{kind}")(plain, ns)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
         for name in (mine, theirs, plain, real):
             try:
                 admin.delete_namespaced_pod(name, ns, grace_period_seconds=0)
