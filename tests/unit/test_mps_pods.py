@@ -77,6 +77,15 @@ class PodKubelet:
         pod["status"] = {"phase": "Running", "containerStatuses": [{"state": {"running": {}}}]}
         return pod
 
+    def probe(self) -> None:
+        """One liveness round: a container whose exec probe fails is killed (restartPolicy Never)."""
+        for name, proc in self.procs.items():
+            (container,) = self.pods[name]["spec"]["containers"]
+            command = container.get("livenessProbe", {}).get("exec", {}).get("command")
+            if command and proc.poll() is None and subprocess.run(command, check=False).returncode != 0:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait()
+
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         pod = self.pods.get(name)
         proc = self.procs.get(name)
@@ -173,6 +182,8 @@ def test_the_template_is_copied_from_the_driver_pod_and_the_claim_dir_keeps_its_
     assert mounts == {"claim": str(paths.root), "shm": "/dev/shm"}
     assert spec["nodeName"] == NODE and spec["hostPID"] and spec["restartPolicy"] == "Never"
     assert spec["automountServiceAccountToken"] is False and "serviceAccountName" not in spec
+    # Tied to the claim's record: a driver that removes the claim dir without knowing the pod stops it.
+    assert container["livenessProbe"]["exec"]["command"] == ["test", "-e", str(paths.record)]
 
 
 def test_a_driver_without_a_host_mount_of_the_mps_root_is_told_what_to_do() -> None:
@@ -255,6 +266,22 @@ def test_orphan_daemon_pods_of_claims_no_record_keeps_are_deleted(root: Path, ku
     assert control.cleanup_orphans(keep={CLAIM_A}) == [CLAIM_B]
     assert set(kubelet.pods) == {f"gpuplane-mps-{CLAIM_A}"} and is_running(kept.pid or 0)
     control.stop(CLAIM_A)
+
+
+def test_a_driver_unaware_of_daemon_pods_removing_the_claim_dir_ends_its_daemon(
+    root: Path, kubelet: PodKubelet
+) -> None:
+    """A rollback to a version before daemon pods tears a claim down by removing its directory only."""
+    control = make_control(root, pods=pods_for(root, kubelet))
+    daemon = control.start(make_spec(CLAIM_A, 50, {}))
+    kubelet.probe()
+    assert is_running(daemon.pid or 0), "the probe passes while the claim's record exists"
+    subprocess.run(["rm", "-rf", str(root / "mps" / CLAIM_A)], check=True)
+    kubelet.probe()
+    assert not is_running(daemon.pid or 0)
+    ended = kubelet.get_pod("gpuplane-system", f"gpuplane-mps-{CLAIM_A}") or {}
+    assert ended["status"]["phase"] in ("Succeeded", "Failed")  # by the daemon's exit code on SIGTERM
+    assert control.cleanup_orphans(keep=set()) == [CLAIM_A] and kubelet.pods == {}
 
 
 def test_pods_of_other_nodes_are_never_counted_as_this_nodes(root: Path, kubelet: PodKubelet) -> None:

@@ -178,6 +178,15 @@ def daemon_pod(template: PodTemplate, paths: DaemonPaths, env: Mapping[str, str]
             {"name": "claim", "mountPath": str(paths.root)},
             {"name": "shm", "mountPath": "/dev/shm"},
         ],
+        # The daemon lives only as long as its claim's record: a driver that tears a claim down
+        # without knowing about daemon pods (a rollback to a version before them) removes the
+        # directory, and kubelet then stops the daemon (restartPolicy Never: the pod ends).
+        "livenessProbe": {
+            "exec": {"command": ["test", "-e", str(paths.record)]},
+            "periodSeconds": 30,
+            "timeoutSeconds": 10,
+            "failureThreshold": 1,
+        },
         "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
         "securityContext": {"privileged": template.privileged},
     }
