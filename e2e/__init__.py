@@ -48,6 +48,15 @@ Three packages: ``plane`` built on ``cluster`` (nothing in ``cluster`` imports `
   ``helm lint`` of ``charts/gpuplane``.
 - ``objectsets``: two rendered object sets (kustomize's and helm's) compared after removing what
   legitimately differs between the tools; pure.
+- ``plan_files``: what the simulated-node and real-node plans share (labels, GB200 racks, short
+  socket roots, the plan file).
+- ``access_review``: SubjectAccessReviews for an identity, one at a time or a whole intended matrix.
+- ``realinstall``: gpuplane installed on real nodes as an operator does (images in each containerd,
+  ``kubectl apply -k`` of ``manifests/overlays/local`` plus one listed delta); ``realinstall_compat``
+  the patches an install of a version older than the first real-node fixes needs.
+- ``chaos``: fault injection (SIGKILL a component, start it again, wait until it answers);
+  ``chaos_load`` the churning workload of whole-GPU, MIG and MPS pods; ``chaos_invariants`` what
+  must hold once the cluster is quiet, the API against each node's own state.
 
 ``e2e.images``: gpuplane's container images, built here from the project's own Dockerfiles
 (buildah, an offline Python base from Debian's packages, OCI archives cached by hash); its

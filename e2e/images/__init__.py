@@ -14,4 +14,6 @@ so the e2e suite builds what an operator would build with ``docker build``:
 * :mod:`e2e.images.archive` names the images in an OCI archive for containerd;
 * :mod:`e2e.images.build` builds ``Dockerfile.driver`` and ``Dockerfile.controller``
   on that base and exports each as an OCI archive (``python -m e2e images``).
+* :mod:`e2e.images.previous` exports an earlier commit's tree from git and builds its own
+  images the same way (version N-1 of the upgrade tests).
 """

@@ -9,5 +9,7 @@ Built on :mod:`e2e.cluster.realnode` (the generic machinery):
   ``import_archive`` (an image archive into every real node's containerd);
 * ``teardown``: taking a node off the machine again, and what is left of it;
 * ``inspect``: what a running container got (env, device nodes, mounts), read from its process;
+* ``demo_real``: the demo on real nodes (simulated nodes of the same profiles cordoned while the
+  examples are placed) and what each container that uses a claim saw;
 * ``cli``: ``--real-nodes`` of ``python -m e2e up/demo``.
 """
