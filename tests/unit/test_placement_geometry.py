@@ -1,4 +1,8 @@
-"""MIG slot math against the table in gpu-hardware.md."""
+"""MIG slot math (``placement.geometry.Slots`` over ``gpuplane.mig.geometry.HOPPER``) against the MIG User Guide.
+
+The expected values are the Guide's "Supported MIG Profiles" tables (7 compute and 8 memory
+slices): the start slices each GPU-instance size may take, and which instances block which.
+"""
 
 from __future__ import annotations
 
