@@ -1,0 +1,39 @@
+"""Benchmarks that print figures, each run as ``python -m bench.<name>`` (not installed with gpuplane).
+
+Ratios are measured side by side in one run; results go into ``docs/`` (``docs_results``).
+
+The node driver:
+
+- ``driver_bench``: prepare/unprepare latency against a measured floor, resident memory, MIG and
+  MPS latency; ``driver_harness`` its harness (the driver in its own process, scratch directories).
+
+DRA on a real control plane:
+
+- ``dra_overhead``: apply-to-Running of pods with GPU claims next to the same pods without;
+  ``dra_setup`` its objects, ``dra_watch`` its watches on pods and claims, ``dra_stages`` where
+  each pod's time went (``--stages``).
+
+Placement on the Alibaba GPU trace (2023, "openb"):
+
+- ``trace``: the trace as placement requests (pods, fleets, replayed workloads).
+- ``placement_bench``: gpuplane against first-fit, best-fit and spread; ``placement_deciders`` the
+  columns as decision makers (with the kube-scheduler model), ``placement_report`` what a replay
+  measured and the tables, ``placement_latency`` decision latency on large filled clusters.
+- ``frag_bound``: how far each policy is from the best packing of what it runs (a lower bound).
+- ``kube_replay``: the trace replayed on the real control plane, kube-scheduler allocating, and
+  recorded (``kube_record``: lifecycles from two watches, slice-write counters);
+  ``kube_compare`` compares those records with ``kube_model`` (a model of kube-scheduler v1.36
+  on gpuplane's slices; ``kube_walk`` the order its DRA allocator meets a node's devices in).
+- ``rightsize_bench``: fixed MIG profiles against GpuRequests; ``rightsize_replay`` one replay
+  with right-sizing, ``rightsize_needs`` trace pods as needs and each variant's options.
+
+Gangs and fleets:
+
+- ``gang_domains``: upstream gang scheduling against gpuplane, which NVLink domain each gang gets;
+  ``gang_objects`` the gang sequences and the objects one gang is written as in each API.
+- ``fleet_scale``: gpuplane's ResourceSlices for a KWOK fleet against the real scheduler, API
+  server, etcd and controller; ``fleet_steps`` one run's state and steps, its measurements
+  ``fleet_sched`` (scheduler throughput), ``fleet_api`` (apiserver and etcd cost) and
+  ``fleet_controller`` (the controller at scale), ``fleet_before`` the code before the fleet-scale
+  fixes run beside it, ``fleet_probe`` read-only probes of the running cluster.
+"""

@@ -1,1 +1,32 @@
-"""gpuplane controller: a kopf operator for claims, gangs and NVLink-aware placement."""
+"""gpuplane controller: a kopf operator for claims, gangs and NVLink-aware placement.
+
+Packages, each with its own index:
+
+- ``placement``: the pure placement module (request + immutable snapshot -> decision; no I/O).
+- ``node``: what the nodes offer, read from the driver's ResourceSlices; pure.
+- ``claim``: ResourceClaims of gpuplane's DeviceClasses checked before they reach a node.
+- ``gang``: GpuGangs from member pods to an all-or-nothing placement, queued and followed to the end.
+- ``steer``: gate-and-steer, gpuplane's node choice for gated pods (kube-scheduler still allocates).
+- ``rightsize``: a GpuRequest becomes a ResourceClaimTemplate of ordered alternatives.
+- ``rebalance``: a noisy neighbour moved off a GPU it shares with a higher tier.
+
+The operator around them (these modules do I/O unless marked pure):
+
+- ``main``: ``gpuplane-controller``: configuration read once, logging once, the leader, kopf.
+- ``config``: flags with ``GPUPLANE_*`` environment fallbacks, read once in ``main``.
+- ``supervisor``: runs kopf in a thread under a supervisor that owns signals and the way out.
+- ``leader``: leader election on a ``coordination.k8s.io/v1`` Lease, client-go's semantics.
+- ``handlers``: the kopf registrations: indexes of what the controller reads, thin handlers.
+- ``indexed``: what those indexes keep of a ResourceClaim and a Node; pure.
+- ``kopf_decoding``: kopf reads the API through the bounded JSON decoder, so no object crashes it.
+- ``rejects``: objects that decoder quarantined (nested too deeply), refused with an Event.
+- ``runtime``: the operator's memo (shared clients and state) and the orchestration each handler
+  delegates to.
+- ``steering``: one gate-and-steer pass under the process lock (the handler's side of ``steer``).
+- ``failfast``: pods of a claim the node driver is sure to refuse are failed at once.
+- ``kube``: the API writes: one client built once, plain dicts, idempotent by construction.
+- ``events``: Kubernetes Events for every decision, what they refer to, how they are recorded.
+- ``names``: names the controller owns (the GpuGang API, labels, the gate, annotations, reasons); pure.
+- ``metrics``: Prometheus metrics (placement decisions, gang wait time, queue depth).
+- ``probes``: liveness and readiness: kopf's health endpoint with a probe of our own.
+"""

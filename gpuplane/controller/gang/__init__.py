@@ -14,5 +14,9 @@
 - ``writes``: the idempotent API steps that apply a placement or a release, in order; pure.
 - ``reconciler``: one gang's reconcile, ``decide`` (pure) and ``apply`` (the ordered API writes,
   through :mod:`gpuplane.controller.kube`).
+- ``outcome``: what one reconcile decides (``Outcome``), the gang as read (``GangRead``), ``finish``; pure.
+- ``unbound``: a placement the scheduler does not follow (members still unbound long after the
+  gates were lifted); pure.
+- ``deleted``: a deleted GpuGang: its placement released and every member pod told (API writes).
 - ``status``: gang status as merge patches of changed fields, coalesced per gang; pure.
 """

@@ -9,6 +9,7 @@
   (configuration, deterministic UUIDs; pure), ``sim_store`` (the state file and its lock, read
   fresh on every call) and ``sim_controls`` (reset, reboot, injected events, processes and
   telemetry); ``sim_profiles`` the node profiles it simulates; ``sim_cli`` the command that
-  injects faults.
+  injects faults; ``sim_devnodes`` the placeholder device nodes (``/dev/nvidia*`` numbers) under
+  its state directory, for a real container runtime (writes them).
 - ``caps``: /dev/nvidia-caps minors of MIG instances; pure.
 """

@@ -15,6 +15,8 @@
 - ``noisy_watch``: bandwidth shares on MPS-shared GPUs into ``noisy``, alerts into Events and counters.
 - ``noisy``: noisy-neighbour detection on MPS-shared GPUs; pure.
 - ``noisy_taints``: the active alerts as device taints for the publisher (the controller's signal).
+- ``claim_notices``: a Warning Event on each prepared claim that holds a device on a newly
+  tainted (unhealthy) GPU, once per claim, GPU and taint.
 - ``cost``: GPU time per claim into a ledger file, and the ``python -m
   gpuplane.driver.observe.cost`` summary.
 """

@@ -12,5 +12,7 @@
 - ``cdi_assembly``: the claim's CDI spec from its record; pure.
 - ``cdi``: one CDI spec file per prepared claim (writes under the CDI root).
 - ``recovery``: start-up rollback and rebuild, the periodic cleanup of claims that are gone.
+- ``owed``: MIG instances owed after their GPU fell off the bus at unprepare, recorded in the
+  checkpoint and destroyed (or found gone) before the next discovery (changes the GPU, Events).
 - ``checkpoint``: the crash-safe, versioned, locked record of what is prepared (writes one file).
 """

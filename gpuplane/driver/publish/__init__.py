@@ -3,5 +3,7 @@
 - ``inventory``: discovery, the hardware backend's answers turned into the node's device inventory
   (whole GPUs, MIG placements, NVLink domains); reads the backend, nothing else.
 - ``slices``: inventory -> ResourceSlices (resource.k8s.io/v1) within every API limit; pure.
+- ``steering``: the steered layout: each MIG profile's placements in one slice, listed in the
+  order gpuplane's policy prefers for the node's state (``placement.preference``); pure.
 - ``publisher``: keeps the node's ResourceSlices equal to the desired pool (API writes).
 """

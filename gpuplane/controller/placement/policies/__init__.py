@@ -1,7 +1,9 @@
 """Placement policies: gpuplane and the first-fit, best-fit and spread baselines.
 
 All of them obey the same NVLink-domain rule (``place`` enforces it); they
-differ only in how they rank candidates (see ``base.Policy``).
+differ only in how they rank candidates (see ``base.Policy``): ``gpuplane``
+(fragmentation gradient over MIG slots, nodes and domains), ``firstfit``,
+``bestfit`` (the tightest first) and ``spread`` (the emptiest first).
 """
 
 from __future__ import annotations
