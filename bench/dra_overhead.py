@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import datetime
 import json
 import os
@@ -54,6 +53,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from bench import fleet_probe  # noqa: E402
 from bench.dra_setup import NAMESPACE, claim_template, pod  # noqa: E402
 from bench.dra_stages import (  # noqa: E402
     Stages,
@@ -136,13 +136,7 @@ def summary(values: Sequence[float]) -> dict[str, float]:
 
 def markdown(args: argparse.Namespace, plain: dict[str, float], dra: dict[str, float], rounds: int) -> str:
     """The section appended to the benchmarks file."""
-    cpu = "unknown CPU"
-    with contextlib.suppress(OSError, StopIteration):
-        cpu = next(
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        )
+    cpu = fleet_probe.cpu_model()
     claim = {
         "mig": "one `1g.10gb` MIG device per pod (ResourceClaimTemplate, class `mig.gpuplane.dev`)",
         "mps": "a 50 % MPS share per pod (class `mps-bronze.gpu.gpuplane.dev`, `sharePercent: 50`)",

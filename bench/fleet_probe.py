@@ -124,16 +124,21 @@ def machine_busy_s() -> float:
     return 0.0
 
 
-def machine() -> str:
-    """CPU model, CPU count, memory and Python version."""
-    cpu = "unknown CPU"
-    mem = "?"
+def cpu_model() -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` ("unknown CPU" when it is not there)."""
     with contextlib.suppress(OSError, StopIteration):
-        cpu = next(
+        return next(
             line.split(":", 1)[1].strip()
             for line in Path("/proc/cpuinfo").read_text().splitlines()
             if line.startswith("model name")
         )
+    return "unknown CPU"
+
+
+def machine() -> str:
+    """CPU model, CPU count, memory and Python version."""
+    cpu = cpu_model()
+    mem = "?"
     with contextlib.suppress(OSError, StopIteration, ValueError):
         kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if "MemTotal" in line)
         mem = f"{kb / 2**20:.0f} GiB"

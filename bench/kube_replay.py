@@ -37,6 +37,7 @@ from typing import Any
 from kubernetes import client
 
 from bench import trace
+from bench.dra_watch import wait
 from bench.kube_record import NAMESPACE, PodRecord, Recorder, apiserver_slice_requests, slice_writes
 from e2e.cluster import build, controlplane
 from e2e.cluster import handle as cluster
@@ -133,7 +134,7 @@ def run_mode(mode: str, work: trace.Workload, compression: float, args: argparse
             {fragmentation.shape_of(r) for r in work.requests} | {fragmentation.shape_of(r) for r, _ in work.prefill}
         ):
             handle.apply(template(s))
-        _wait(lambda: _service_account(handle), 60, "the namespace's default ServiceAccount")
+        wait(lambda: _service_account(handle), 60, "the namespace's default ServiceAccount")
         w0 = slice_writes(sim)
         a0 = apiserver_slice_requests(handle)
         record = replay(handle, work, compression, say, mode)
@@ -158,14 +159,6 @@ def _service_account(handle: cluster.Cluster) -> bool:
         return True
     except client.exceptions.ApiException:
         return False
-
-
-def _wait(probe: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not probe():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 def replay(handle: cluster.Cluster, work: trace.Workload, compression: float, say: Say, mode: str) -> dict[str, Any]:

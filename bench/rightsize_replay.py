@@ -28,6 +28,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from bench.placement_report import percentile
 from bench.rightsize_needs import Option
 from gpuplane.controller.placement import model, place, snapshot
 from gpuplane.controller.placement.policies import base
@@ -74,13 +75,6 @@ class _Held:
     share: int = 0
     held: float = 0.0
     need: float = 0.0
-
-
-def _percentile(xs: Sequence[float], q: float) -> float:
-    if not xs:
-        return 0.0
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
 
 
 class _Fleet:
@@ -226,7 +220,7 @@ def replay(
     res.placed = sum(1 for i in started if i >= npre)
     res.waiting_end = sum(1 for i in waiting if i >= npre)
     res.wait_mean = statistics.fmean(waits)
-    res.wait_p99 = _percentile(waits, 0.99)
+    res.wait_p99 = percentile(waits, 0.99)
     res.waste, res.used, res.served, res.fractional_waiting = (a / SAMPLES for a in acc)
     res.seconds = time.perf_counter() - t0
     return res

@@ -25,8 +25,16 @@ T0 = 1_700_000_000.0
 CLUSTER = "6a1c4a2e-9a53-4a44-9a3c-3a1c4a2e9a53"
 
 
-def node_slices(tmp: Path, node: str, profile: str, clique: int | None = None) -> list[dict[str, Any]]:
-    """The ResourceSlices the real driver publishes for a simulated node."""
+def node_slices(
+    tmp: Path,
+    node: str,
+    profile: str,
+    clique: int | None = None,
+    *,
+    taints: Mapping[str, Sequence[slices.DeviceTaint]] | None = None,
+    generation: int = 1,
+) -> list[dict[str, Any]]:
+    """The ResourceSlices the real driver publishes for a simulated node (``taints``: GPU name -> taints)."""
     cfg = SimConfig(
         profile=profile,
         state_dir=tmp / node,
@@ -38,7 +46,7 @@ def node_slices(tmp: Path, node: str, profile: str, clique: int | None = None) -
     (tmp / node).mkdir(parents=True, exist_ok=True)
     with Simulator(cfg) as sim:
         inv = inventory.discover(node, sim)
-    return slices.render_slices(slices.build_pool(inv), 1)
+    return slices.render_slices(slices.build_pool(inv, taints=taints), generation)
 
 
 def cluster_slices(tmp: Path) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from gpuplane.driver.host import proc_running
 from gpuplane.driver.sharing import mps, mps_spec
 from tests.driverkit import mps_processes_under
 
@@ -65,9 +66,4 @@ def standin_record(daemon: mps_spec.MpsDaemon) -> dict[str, Any]:
     return data
 
 
-def is_running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
+is_running = proc_running  # the driver's own /proc reader: exists, neither zombie nor dead

@@ -16,7 +16,8 @@ from gpuplane.controller.gang import membership, owners, placement_record, queue
 from gpuplane.controller.gang import reconciler as gang_reconciler
 from gpuplane.controller.placement import model
 from gpuplane.controller.placement.policies import make as make_policy
-from tests.controllerkit import GB200, GPU_CLASS, T0, gang_body, node_slices
+from tests import controllerkit
+from tests.controllerkit import GB200, GPU_CLASS, T0, gang_body
 
 NS = "team-a"
 
@@ -24,13 +25,7 @@ NS = "team-a"
 @pytest.fixture(scope="module", name="cluster_slices")
 def cluster_slices_fixture(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     """Two HGX H100 nodes and four GB200 trays of one rack, as the real driver publishes them."""
-    tmp = tmp_path_factory.mktemp("sim")
-    out: list[dict[str, Any]] = []
-    for i in range(2):
-        out += node_slices(tmp, f"hgx-{i}", "hgx-h100")
-    for i in range(4):
-        out += node_slices(tmp, f"nvl-{i}", "gb200-nvl72", clique=1)
-    return out
+    return controllerkit.cluster_slices(tmp_path_factory.mktemp("sim"))
 
 
 def job_pod(

@@ -183,12 +183,14 @@ def check_go(environ: Mapping[str, str]) -> str:
     return go
 
 
-def _fmt(seconds: float) -> str:
+def fmt_seconds(seconds: float, decimals: int = 0) -> str:
+    """``75.2`` -> ``1m15s``; under a minute ``12s`` (with ``decimals``: ``12.3s``)."""
     minutes, secs = divmod(int(seconds), 60)
-    return f"{minutes}m{secs:02d}s" if minutes else f"{seconds:.0f}s"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{seconds:.{decimals}f}s"
 
 
-def _tail(path: Path, lines: int = 25) -> str:
+def tail(path: Path, lines: int = 25) -> str:
+    """The last ``lines`` lines of ``path`` (or a note that there is none)."""
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
@@ -233,7 +235,7 @@ def build_one(
                         proc.wait(timeout=HEARTBEAT_S)
                         break
                     except subprocess.TimeoutExpired:
-                        out(f"  ... still building {name} ({_fmt(time.monotonic() - started)} so far)")
+                        out(f"  ... still building {name} ({fmt_seconds(time.monotonic() - started)} so far)")
             finally:
                 if proc.poll() is None:
                     proc.kill()
@@ -241,14 +243,14 @@ def build_one(
         if proc.returncode != 0:
             raise BuildError(
                 f"`{' '.join(cmd)}` (in {module_dir}) failed with exit code {proc.returncode}; "
-                f"last output ({log}):\n{_tail(log)}"
+                f"last output ({log}):\n{tail(log)}"
             )
         os.chmod(tmp, 0o755)
         os.replace(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
     elapsed = time.monotonic() - started
-    out(f"built {name} in {_fmt(elapsed)}")
+    out(f"built {name} in {fmt_seconds(elapsed)}")
     return elapsed
 
 
@@ -297,7 +299,7 @@ def ensure_binaries(
                 out=out,
                 linker_flags=ldflags(package, pins),
             )
-        out(f"built {len(todo)} binaries in {_fmt(total)}")
+        out(f"built {len(todo)} binaries in {fmt_seconds(total)}")
     return bins
 
 

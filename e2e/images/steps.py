@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from e2e.cluster import build
+
 Printer = Callable[[str], None]
 
 HEARTBEAT_S = 30.0
@@ -28,17 +30,8 @@ class StepError(RuntimeError):
 
 
 def fmt_seconds(seconds: float) -> str:
-    """``75.2`` -> ``1m15s``; under a minute -> ``12.3s``."""
-    minutes, secs = divmod(int(seconds), 60)
-    return f"{minutes}m{secs:02d}s" if minutes else f"{seconds:.1f}s"
-
-
-def tail(path: Path, lines: int = 30) -> str:
-    """The last ``lines`` lines of ``path`` (or a note that there is none)."""
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no output)"
+    """``75.2`` -> ``1m15s``; under a minute -> ``12.3s`` (:func:`e2e.cluster.build.fmt_seconds`)."""
+    return build.fmt_seconds(seconds, decimals=1)
 
 
 def run(
@@ -95,6 +88,6 @@ def run(
         raise StepError(
             f"{label}: `{' '.join(cmd)}` failed with exit code {proc.returncode}"
             + (f"; {hint}" if hint else "")
-            + f"\nlast output ({log}):\n{tail(log)}"
+            + f"\nlast output ({log}):\n{build.tail(log, 30)}"
         )
     return time.monotonic() - started

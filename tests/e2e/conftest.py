@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import signal
 import subprocess
 import time
@@ -42,6 +41,7 @@ import pytest
 from e2e.cluster import addon_build, addons, build, controlplane
 from e2e.cluster import handle as cluster
 from e2e.plane import components, nodes, simnodes
+from e2e.plane.realnode import teardown
 from gpuplane.driver.prepare import checkpoint
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -145,19 +145,11 @@ def pod(name: str, claim_name: str) -> dict[str, Any]:
 
 def node_processes(markers: list[str]) -> list[str]:
     """Processes of this user whose command line or environment mentions one of ``markers``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            environ = (entry / "environ").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and any(m in cmdline or m in environ for m in markers):
-            found.append(f"{entry.name}: {cmdline[:200]}")
-    return found
+    return [
+        f"{pid}: {cmdline[:200]}"
+        for pid, cmdline, environ in teardown.live_processes(environ=True)
+        if any(m in cmdline or m in environ for m in markers)
+    ]
 
 
 @dataclasses.dataclass

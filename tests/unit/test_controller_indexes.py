@@ -15,27 +15,14 @@ from gpuplane.controller import indexed, names
 from gpuplane.controller.node import labels as nodelabels
 from gpuplane.controller.node import slice_index, snapshot_builder
 from gpuplane.driver.api import names as dn
-from gpuplane.driver.hw.sim import SimConfig, Simulator
-from gpuplane.driver.publish import inventory, slices
 from gpuplane.driver.publish.slices import DeviceTaint
+from tests.controllerkit import CLUSTER, node_slices
 
-CLUSTER = "6f1c2d3e-4b5a-4978-8a9b-0c1d2e3f4a5b"
+TAINTS = {"gpu-1": [DeviceTaint(key="gpu.gpuplane.dev/xid", value="xid-94", effect="NoSchedule")]}
 
 
 def pool(tmp: Path, node: str, profile: str, clique: int | None = None) -> list[dict[str, Any]]:
-    cfg = SimConfig(
-        profile=profile,
-        state_dir=tmp / node,
-        node_name=node,
-        durable=False,
-        cluster_uuid=CLUSTER if clique is not None else None,
-        clique_id=clique,
-    )
-    (tmp / node).mkdir(parents=True, exist_ok=True)
-    with Simulator(cfg) as sim:
-        inv = inventory.discover(node, sim)
-    taints = {"gpu-1": [DeviceTaint(key="gpu.gpuplane.dev/xid", value="xid-94", effect="NoSchedule")]}
-    return slices.render_slices(slices.build_pool(inv, taints=taints), 3)
+    return node_slices(tmp, node, profile, clique, taints=TAINTS, generation=3)
 
 
 @pytest.fixture(scope="module")

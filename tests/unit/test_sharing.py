@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpuplane.driver.api import names
+from gpuplane.driver.host import proc_running as running
 from gpuplane.driver.prepare import cdi
 from gpuplane.driver.sharing import mps_spec
 from gpuplane.mig import geometry
@@ -72,14 +72,6 @@ def record(daemon: mps_spec.MpsDaemon) -> dict[str, Any]:
 def cdi_doc(drv: DriverUnderTest, claim: Mapping[str, Any]) -> dict[str, Any]:
     doc: dict[str, Any] = json.loads(cdi.spec_path(drv.cdi_root, claim["metadata"]["uid"]).read_text())
     return doc
-
-
-def running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
 
 
 def assert_nothing_started(drv: DriverUnderTest, claim: Mapping[str, Any]) -> None:

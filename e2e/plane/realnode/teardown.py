@@ -20,7 +20,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from e2e.cluster import procs
@@ -34,20 +34,28 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 MPS_STANDIN = REPO_ROOT / "tests" / "fakes" / "nvidia-cuda-mps-control"
 
 
-def processes_mentioning(needle: str) -> list[int]:
-    """Pids (not zombies) whose command line contains ``needle``."""
-    found = []
+def live_processes(environ: bool = False) -> Iterator[tuple[int, str, str]]:
+    """(pid, command line, environment) of every readable process but this one that is not a zombie.
+
+    Arguments and variables are joined by spaces; the environment is read only when ``environ``
+    (else ""), so a process whose environment is not readable still counts without it.
+    """
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            env = (entry / "environ").read_bytes().replace(b"\0", b" ").decode(errors="replace") if environ else ""
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
             continue
-        if state != "Z" and needle in cmdline:
-            found.append(int(entry.name))
-    return found
+        if state != "Z":
+            yield int(entry.name), cmdline, env
+
+
+def processes_mentioning(needle: str) -> list[int]:
+    """Pids (not zombies) whose command line contains ``needle``."""
+    return [pid for pid, cmdline, _ in live_processes() if needle in cmdline]
 
 
 def kill_shims(node: RealNode, timeout: float = 5.0) -> int:
