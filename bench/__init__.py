@@ -22,8 +22,9 @@ Placement on the Alibaba GPU trace (2023, "openb"):
 - ``frag_bound``: how far each policy is from the best packing of what it runs (a lower bound).
 - ``kube_replay``: the trace replayed on the real control plane, kube-scheduler allocating, and
   recorded (``kube_record``: lifecycles from two watches, slice-write counters);
-  ``kube_compare`` compares those records with ``kube_model`` (a model of kube-scheduler v1.36
-  on gpuplane's slices; ``kube_walk`` the order its DRA allocator meets a node's devices in).
+  ``kube_compare`` compares those records (their layout on the model's GPUs: ``kube_layout``) with
+  ``kube_model`` (a model of kube-scheduler v1.36 on gpuplane's slices; ``kube_walk`` the order
+  its DRA allocator meets a node's devices in).
 - ``rightsize_bench``: fixed MIG profiles against GpuRequests; ``rightsize_replay`` one replay
   with right-sizing, ``rightsize_needs`` trace pods as needs and each variant's options.
 

@@ -17,6 +17,8 @@ steered slices) it rebuilds the same workload, then compares:
   what the model decides there (node: the highest LeastAllocated score, ties listed; device: the
   walk on the node the scheduler chose) against what the scheduler did.
 * Waiting (bound - arrival, trace s), slice writes (driver counters, apiserver requests), gate time.
+
+The record's layout on the model's GPUs (names mapped, timeline, samples) is ``bench.kube_layout``.
 """
 
 from __future__ import annotations
@@ -30,129 +32,23 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import kube_model, placement_deciders, placement_report, trace
-from bench import placement_bench as pb
-from gpuplane.controller.node import snapshot_builder
+from bench import kube_model, placement_report, trace
+from bench.kube_layout import (
+    Mapper,
+    mapper_node,
+    model_samples,
+    overlap,
+    real_samples,
+    real_timeline,
+    rebuild,
+    states,
+    utilisation,
+)
 from gpuplane.controller.placement import fragmentation, geometry, model, place, preference, snapshot
 from gpuplane.controller.placement.policies import gpuplane
 from gpuplane.mig.geometry import HOPPER
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-class Mapper:
-    """Real (pool, device) names -> the model's GPU ids and placements (nodes by the replay's order)."""
-
-    def __init__(self, slices: Sequence[Mapping[str, Any]], node_names: Sequence[str]) -> None:
-        self.view = snapshot_builder.build_view(slices)
-        self.index = {n: i for i, n in enumerate(node_names)}
-
-    def gpu_id(self, real: str) -> str:
-        node, dev = real.split("/", 1)
-        return f"d{self.index[node]}-n0-g{dev.split('-')[1]}"
-
-    def placement(self, devices: Sequence[Sequence[str]]) -> model.MemberPlacement | None:
-        gpus: list[str] = []
-        mig: list[model.MigSlot] = []
-        node = ""
-        for pool, dev in devices:
-            key = f"{pool}/{dev}"
-            node = pool
-            if key in self.view.by_id:
-                gpus.append(self.gpu_id(key))
-            elif key in self.view.mig:
-                info = self.view.mig[key]
-                mig.append(model.MigSlot(self.gpu_id(info.parent), info.profile, info.start))
-            else:
-                return None
-        if node not in self.index:
-            return None
-        name = f"d{self.index[node]}-n0"
-        return model.MemberPlacement(0, name, f"d{self.index[node]}", gpus=tuple(gpus), mig=tuple(mig))
-
-
-def states(snap: snapshot.Snapshot) -> Counter[int]:
-    """Multiset of GPU occupancy states."""
-    return Counter(snap.state(g) for g in snap.gpus())
-
-
-def overlap(a: Counter[int], b: Counter[int]) -> tuple[float, float, float]:
-    """Share of GPU states paired with an equal state on the other side: all GPUs, used GPUs, MIG GPUs.
-
-    "Used" leaves empty GPUs out, "MIG" also whole ones: the layouts device choice decides.
-    """
-    total = max(sum(a.values()), 1)
-    every = sum(min(a[k], b[k]) for k in a.keys() | b.keys()) / total
-
-    def part(skip: tuple[int, ...]) -> float:
-        ua = {k: v for k, v in a.items() if k not in skip}
-        ub = {k: v for k, v in b.items() if k not in skip}
-        size = max(sum(ua.values()), sum(ub.values()), 1)
-        return sum(min(ua.get(k, 0), ub.get(k, 0)) for k in ua.keys() | ub.keys()) / size
-
-    return every, part((geometry.EMPTY,)), part((geometry.EMPTY, geometry.WHOLE))
-
-
-def rebuild(meta: Mapping[str, Any], trace_dir: Path) -> tuple[trace.Topology, trace.Workload, fragmentation.SizeMix]:
-    """The workload the replay ran (same file, load, seed, claims, nodes)."""
-    pods, _ = trace.load_pods(trace_dir / f"openb_pod_list_{meta['file']}.csv")
-    topo = trace.Topology(f"HGX {meta['nodes']}x8", int(meta["nodes"]), 1, 8)
-    work = trace.load_workload(pods, topo, float(meta["load"]), int(meta["seed"]), int(meta["claims"]))
-    return topo, work, trace.size_mix(pods, topo)
-
-
-def real_timeline(rec: Mapping[str, Any], mapper: Mapper) -> list[tuple[float, int, str, model.MemberPlacement]]:
-    """(wall time, +1 allocate / -1 release, pod, placement), in time order."""
-    out = []
-    for c in rec["claims"].values():
-        if c["allocated"] is None or c["pod"] not in rec["pods"]:
-            continue
-        mp = mapper.placement(c["devices"])
-        if mp is None:
-            continue
-        out.append((c["allocated"], 1, c["pod"], mp))
-        if c["gone"] is not None:
-            out.append((c["gone"], -1, c["pod"], mp))
-    out.sort(key=lambda e: (e[0], e[1]))
-    return out
-
-
-def real_samples(
-    rec: Mapping[str, Any],
-    topo: trace.Topology,
-    timeline: Sequence[tuple[float, int, str, model.MemberPlacement]],
-    end: float,
-) -> list[snapshot.Snapshot]:
-    """The real layout at the benchmark's sample times (trace seconds mapped to wall time)."""
-    times = [rec["t0"] + end * (i + 0.5) / pb.SAMPLES / rec["compression"] for i in range(pb.SAMPLES)]
-    snap = snapshot.uniform_cluster(topo.domains, topo.nodes_per_domain, topo.gpus_per_node)
-    live: dict[str, model.Decision] = {}
-    out = []
-    k = 0
-    for t in times:
-        while k < len(timeline) and timeline[k][0] <= t:
-            _, sign, pod, mp = timeline[k]
-            k += 1
-            try:
-                if sign > 0 and pod not in live:
-                    d = model.Decision(pod, (mp,))
-                    snap = snap.with_allocation(d)
-                    live[pod] = d
-                elif sign < 0 and pod in live:
-                    snap = snap.with_release(live.pop(pod))
-            except ValueError:
-                continue  # the two watches disagree for an instant: skip the event
-        out.append(snap)
-    return out
-
-
-def model_samples(
-    topo: trace.Topology, work: trace.Workload, mix: fragmentation.SizeMix, name: str
-) -> tuple[list[snapshot.Snapshot], placement_report.Run]:
-    """The model's layout at the same sample times (open loop: same arrivals, its own queue)."""
-    got: list[snapshot.Snapshot] = []
-    run = pb.replay(topo, placement_deciders.make_policy(name, mix, topo), work, mix, probe=lambda s, _d: got.append(s))
-    return got, run
 
 
 def one_step(
@@ -237,12 +133,6 @@ def one_step(
     }
 
 
-def mapper_node(rec: Mapping[str, Any], real: str) -> str:
-    """The model's name of a real node (by the replay's node order)."""
-    names = list(rec["nodes"])
-    return f"d{names.index(real)}-n0" if real in names else ""
-
-
 def waits(rec: Mapping[str, Any]) -> dict[str, float]:
     """Wait (bound - arrival) of the measured pods, in trace seconds; unbound ones count until the end."""
     c = rec["compression"]
@@ -314,8 +204,8 @@ def compare(rec: Mapping[str, Any], trace_dir: Path) -> list[str]:
         fr_s = [frag.of(s) for s in real]
         fm_s = [frag.of(s) for s in snaps]
         diff = statistics.fmean(abs(x - y) for x, y in zip(fr_s, fm_s, strict=True))
-        ur = statistics.fmean(_util(s) for s in real)
-        um = statistics.fmean(_util(s) for s in snaps)
+        ur = statistics.fmean(utilisation(s) for s in real)
+        um = statistics.fmean(utilisation(s) for s in snaps)
         vals = [f"{100 * statistics.fmean(o[k] for o in ov):.1f}%" for k in range(3)]
         vals += [f"{statistics.fmean(fr_s):.2f}", f"{statistics.fmean(fm_s):.2f}", f"{diff:.2f}"]
         vals += [f"{ur:.1f}%", f"{um:.1f}%", f"{run.wait_mean:.0f}"]
@@ -327,13 +217,6 @@ def compare(rec: Mapping[str, Any], trace_dir: Path) -> list[str]:
     lines.append("real waiting and gate: " + json.dumps({k: round(v, 1) for k, v in waits(rec).items()}))
     lines.append("slice writes: " + json.dumps({k: round(v, 3) for k, v in writes(rec).items()}))
     return lines
-
-
-def _util(s: snapshot.Snapshot) -> float:
-    free = sum(sum(d.signature) for d in s.domains) + sum(
-        n * s.slots.free_units(st) for di in range(len(s.domains)) for st, n in s.state_counts(di).items()
-    )
-    return 100.0 * (1 - free / max(1, s.gpu_total()))
 
 
 def side_by_side(recs: Mapping[str, Mapping[str, Any]], trace_dir: Path) -> list[str]:
@@ -350,7 +233,7 @@ def side_by_side(recs: Mapping[str, Mapping[str, Any]], trace_dir: Path) -> list
         sw = writes(rec)
         rows[mode] = [
             f"{statistics.fmean(frag.of(s) for s in real):.2f}",
-            f"{statistics.fmean(_util(s) for s in real):.1f}",
+            f"{statistics.fmean(utilisation(s) for s in real):.1f}",
             f"{sum(1 for p in pods if p['bound'] is not None)}/{len(pods)}",
             f"{w['mean wait (trace s)']:.0f}",
             f"{statistics.fmean(wall):.1f}",
