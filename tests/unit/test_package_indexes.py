@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-TOPS = ("gpuplane", "e2e", "bench")
+TOPS = ("gpuplane", "e2e", "bench", "tests")
 LISTED_IN = re.compile(r"listed\s+in\s+:mod:`([\w.]+)`")
 # Modules whose package index is being edited on another branch this session (its owner adds them
 # there); each must still be unlisted, so an entry cannot outlive its reason.
