@@ -17,9 +17,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 TOPS = ("gpuplane", "e2e", "bench", "tests")
 LISTED_IN = re.compile(r"listed\s+in\s+:mod:`([\w.]+)`")
-# Modules whose package index is being edited on another branch this session (its owner adds them
-# there); each must still be unlisted, so an entry cannot outlive its reason.
-PENDING = {"gpuplane/driver/sharing/mps_pods.py"}
+# Modules whose package index is being edited on another branch (its owner adds them there); each
+# must still be unlisted, so an entry cannot outlive its reason. Empty when no such branch is open.
+PENDING: set[str] = set()
 
 
 def _doc(init: Path) -> str:
