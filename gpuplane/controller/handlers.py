@@ -21,7 +21,7 @@ import kopf
 
 from gpuplane.controller import config, indexed, names, rejects, runtime, steering
 from gpuplane.controller.claim import checks
-from gpuplane.controller.gang import owners
+from gpuplane.controller.gang import leaderworkersets, owners
 from gpuplane.controller.node import slice_index
 from gpuplane.controller.rebalance import act, decide, loop
 from gpuplane.controller.rightsize import apply as rightsize
@@ -137,11 +137,25 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
         memo.touched()
         return {key: _plain(body, "spec", "status")}
 
+    def makes_lws_members(body: kopf.Body, **_: Any) -> bool:
+        return leaderworkersets.gang_of(body) is not None
+
+    lws_resource = (leaderworkersets.GROUP, leaderworkersets.VERSION, leaderworkersets.PLURAL)
+
+    @kopf.index(*lws_resource, id="gang_lws_idx", when=makes_lws_members, registry=reg)
+    def gang_lws_idx(body: kopf.Body, memo: runtime.Runtime, **_: Any) -> dict[str, Any] | None:
+        key = leaderworkersets.gang_of(body)
+        if key is None:
+            return None
+        memo.touched()
+        return {key: _plain(body, "spec", "status")}
+
     def world_of(memo: runtime.Runtime, kw: Mapping[str, Any]) -> Any:
         return runtime.make_world(
             memo,
             gang_idx=kw["gang_idx"],
             job_idx=kw["gang_job_idx"],
+            lws_idx=kw["gang_lws_idx"],
             pod_idx=kw["member_pod_idx"],
             claim_idx=kw["claim_idx"],
             slice_idx=kw["slice_idx"],

@@ -147,6 +147,7 @@ def make_world(
     class_idx: Mapping[Any, Iterable[Any]],
     now: float,
     job_idx: Mapping[Any, Iterable[Any]] | None = None,
+    lws_idx: Mapping[Any, Iterable[Any]] | None = None,
 ) -> world.World:
     """Copy the indexes into a World (synchronously: one consistent instant), with the write overlay."""
     gangs_ = single(gang_idx)
@@ -170,6 +171,7 @@ def make_world(
         nodes={k: bool(v.get("schedulable")) for k, v in single(node_idx).items()},
         classes=single(class_idx),
         jobs={key: tuple(store) for key, store in (job_idx or {}).items()},
+        leaderworkersets={key: tuple(store) for key, store in (lws_idx or {}).items()},
     )
 
 

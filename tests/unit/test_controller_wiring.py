@@ -26,7 +26,7 @@ def test_lease_defaults_follow_client_go_and_the_pod_namespace() -> None:
 
 
 def test_registry_declares_exactly_the_indexes_the_handlers_read() -> None:
-    """Every index a handler reads (the World's seven, the claims' consumers, the GpuRequests' templates, and the
+    """Every index a handler reads (the World's eight, the claims' consumers, the GpuRequests' templates, and the
     steering loop's gated pods and claim templates) is declared.
 
     kopf passes each index to a handler as the keyword named by its id; a missing one is a KeyError
@@ -35,7 +35,16 @@ def test_registry_declares_exactly_the_indexes_the_handlers_read() -> None:
     """
     reg = handlers.make_registry(config.parse_args(["--identity", "x"], {}))
     ids = {h.id for h in reg._indexing.get_all_handlers()}
-    read_by_world = {"gang_idx", "gang_job_idx", "member_pod_idx", "claim_idx", "slice_idx", "node_idx", "class_idx"}
+    read_by_world = {
+        "gang_idx",
+        "gang_job_idx",
+        "gang_lws_idx",
+        "member_pod_idx",
+        "claim_idx",
+        "slice_idx",
+        "node_idx",
+        "class_idx",
+    }
     assert ids == read_by_world | {"claim_consumer_idx", "template_idx", "pending_pod_idx", "claim_template_idx"}
 
 

@@ -24,7 +24,14 @@ A template pod's member index, first rule that applies:
    ``jobset.sigs.k8s.io/global-replicas``): ``global index x pods per Job +
    completion index``, where pods per Job is ``members / global-replicas`` (so
    every Job of the JobSet has as many pods);
-3. an Indexed Job pod: label or annotation ``batch.kubernetes.io/job-completion-index``.
+3. a LeaderWorkerSet pod (label ``leaderworkerset.sigs.k8s.io/worker-index``, which
+   LWS sets to 0 on the leader and to the ordinal on each worker): the worker index.
+   One GpuGang is one LWS group: every group's pods carry the same template label,
+   so a pod of group (``leaderworkerset.sigs.k8s.io/group-index``) other than 0 is a
+   problem (give the LWS ``replicas: 1``, one LWS and one GpuGang per group), and so
+   is a group size (annotation ``leaderworkerset.sigs.k8s.io/size``) other than the
+   gang's ``members``;
+4. an Indexed Job pod: label or annotation ``batch.kubernetes.io/job-completion-index``.
 
 :func:`members_of` reads a gang's pods into :class:`Members` (live members by
 index, failed ones whose index nobody took again, and why some pods count not).
@@ -45,6 +52,10 @@ COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 JOBSET_GLOBAL_INDEX = "jobset.sigs.k8s.io/job-global-index"
 JOBSET_GLOBAL_REPLICAS = "jobset.sigs.k8s.io/global-replicas"
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
+LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
+LWS_SIZE = "leaderworkerset.sigs.k8s.io/size"
+LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
 
 MODE_NAMED = "named-claim"
 MODE_TEMPLATE = "template"
@@ -109,12 +120,35 @@ def identity(gang: str, members: int, pod: Mapping[str, Any]) -> Identity:
                 f"({members} members over {jobs} Jobs)"
             )
         return Identity(job * per_job + local, MODE_TEMPLATE)
+    if LWS_WORKER_INDEX in labels:
+        return _lws_identity(name, members, labels, annotations)
     if completion is not None:
         return Identity(completion, MODE_TEMPLATE)
     return Identity(
         problem=f"pod {name} says no member index: give it resourceClaimName {gang}-<index>, the label "
-        f"{names.LABEL_MEMBER_INDEX}, or make it from an Indexed Job or a JobSet"
+        f"{names.LABEL_MEMBER_INDEX}, or make it from an Indexed Job, a JobSet or a LeaderWorkerSet"
     )
+
+
+def _lws_identity(name: str, members: int, labels: Mapping[str, Any], annotations: Mapping[str, Any]) -> Identity:
+    """A LeaderWorkerSet pod's member index: its worker index (the leader is 0), in group 0 of a group as big."""
+    worker = _int(labels.get(LWS_WORKER_INDEX))
+    if worker is None:
+        return Identity(problem=f"pod {name}: label {LWS_WORKER_INDEX}={labels.get(LWS_WORKER_INDEX)!r} unreadable")
+    lws = labels.get(LWS_NAME, "?")
+    group = labels.get(LWS_GROUP_INDEX)
+    if group is not None and str(group) != "0":
+        return Identity(
+            problem=f"pod {name}: LeaderWorkerSet {lws} group {group}: a GpuGang places one LWS group; give the "
+            "LWS replicas: 1 (one LeaderWorkerSet and one GpuGang per group)"
+        )
+    size = annotations.get(LWS_SIZE)
+    if size is not None and _int(size) != members:
+        return Identity(
+            problem=f"pod {name}: LeaderWorkerSet {lws} has size {size} (leader and workers), the gang "
+            f"{members} members; make leaderWorkerTemplate.size and the GpuGang agree"
+        )
+    return Identity(worker, MODE_TEMPLATE)
 
 
 def claim_names(pod: Mapping[str, Any]) -> tuple[str, ...]:

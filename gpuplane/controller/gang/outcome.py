@@ -4,7 +4,7 @@
 :class:`GangRead` (spec, members, claims, the Jobs whose template makes its pods)
 and each of its phases ends with :func:`finish`, which turns a phase, a reason and
 a message into the status to write, the Events on the gang and, when asked, the
-same Event on the gang's owners (each Job and its JobSet), where a user of a
+same Event on the gang's owners (each Job and its JobSet, each LeaderWorkerSet), where a user of a
 Job looks. Pure.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuplane.controller import events
-from gpuplane.controller.gang import membership, owners, status, world, writes
+from gpuplane.controller.gang import leaderworkersets, membership, owners, status, world, writes
 from gpuplane.controller.gang.desired import GangRef
 from gpuplane.controller.gang.spec import GangSpec
 
@@ -51,6 +51,7 @@ class GangRead:
     base: Mapping[str, Any]  # the status fields every outcome carries (counts, problems)
     events: tuple[EventTuple, ...] = ()  # raised before the phase is known (new member problems)
     jobs: tuple[Mapping[str, Any], ...] = ()  # the Jobs whose pod template joins the gang
+    leaderworkersets: tuple[Mapping[str, Any], ...] = ()  # the LeaderWorkerSets whose templates join it
     owner: owners.Verdict = owners.STILL_TRYING  # whether those Jobs gave the gang up
     shape: tuple[str, ...] = ()  # template members whose claim does not ask what the gang places
 
@@ -111,7 +112,8 @@ def finish(
         out_events.append((etype, reason, message))
         if tell_owners:
             gang = g.ref.name
-            told = tuple((ref, etype, tell_owners, f"gang {gang}: {message}") for ref in owners.event_targets(g.jobs))
+            targets = (*owners.event_targets(g.jobs), *leaderworkersets.event_targets(g.leaderworkersets))
+            told = tuple((ref, etype, tell_owners, f"gang {gang}: {message}") for ref in targets)
     return Outcome(
         status=st,
         steps=tuple(steps),

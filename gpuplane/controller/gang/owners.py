@@ -35,6 +35,7 @@ class Verdict:
     reason: str = ""
     message: str = ""
     active: bool = False  # some Job has not finished: it may still make (or replace) member pods
+    severity: events.EventType = "Warning"  # Normal when the owner ended the gang by no failure (deleted)
 
 
 STILL_TRYING = Verdict(False)

@@ -12,7 +12,8 @@ member bound) -> ``Running``. Side exits: ``TimedOut`` (not scheduled within
 ``timeoutSeconds``: claims and member pods are released), ``Preempted``
 (evicted for a higher-priority gang; re-queues if its pods come back),
 ``Released`` (every member pod finished or was deleted, the Job making them
-failed or was suspended, or a member nobody replaces failed: what is left of the
+failed or was suspended, the LeaderWorkerSet making them is being deleted, or a
+member nobody replaces failed: what is left of the
 gang is deleted, see :mod:`gpuplane.controller.gang.release`), ``Invalid`` (spec refused).
 
 :func:`decide` reads the gang once (:func:`_read`: spec, members, claims) and asks its phases in
@@ -37,6 +38,7 @@ import structlog
 from gpuplane.controller import events, kube, names
 from gpuplane.controller.gang import (
     desired,
+    leaderworkersets,
     membership,
     owners,
     placement_record,
@@ -110,6 +112,7 @@ def _read(key: str, body: Mapping[str, Any], w: world.World, now: float) -> Gang
         return Outcome(status=st, events=evs)
     members = w.members(key, spec.members)
     jobs = w.jobs.get(key, ())
+    lws = w.leaderworkersets.get(key, ())
     shape = release.shape_problems(spec, members, w.claims, ns)
     problems = sorted({*members.problems, *shape})
     base: dict[str, Any] = {
@@ -134,7 +137,8 @@ def _read(key: str, body: Mapping[str, Any], w: world.World, now: float) -> Gang
         base=base,
         events=new_problems,
         jobs=jobs,
-        owner=owners.verdict(jobs),
+        leaderworkersets=lws,
+        owner=leaderworkersets.combined(owners.verdict(jobs), leaderworkersets.verdict(lws)),
         shape=tuple(shape),
     )
 

@@ -5,11 +5,13 @@ died is stuck, and its other ranks hold GPUs for nothing. :func:`verdict` says
 when a placed gang is over and its devices go back (the reconciler then deletes
 what is left of it: member pods, the claims the controller made):
 
-* its Job (or a Job of its JobSet) failed or was suspended: the owner gave up;
+* its Job (or a Job of its JobSet) failed or was suspended, or its LeaderWorkerSet
+  is being deleted: the owner gave up;
 * a member failed, or was deleted after the gang started, and no controller
   owns the pods to replace it (hand-written pods): nothing will bring it back;
 * every member pod finished or was deleted (and no Job that makes them is still
-  active: one about to fail deletes the other pods before it says so).
+  active: one about to fail deletes the other pods before it says so; nor a
+  LeaderWorkerSet, which recreates a whole group when one of its pods restarts).
 
 While a Job still retries, a failed or deleted member is *not* the end: the Job
 makes a replacement pod (gated, from its template), and the reconciler narrows
@@ -62,7 +64,7 @@ def verdict(
     """The end of a placed gang, or None while it lives (or waits for its owner to replace a member)."""
     released = "the gang's devices are released"
     if owner.gave_up:
-        return Ending(owner.reason, f"{owner.message}; {released}")
+        return Ending(owner.reason, f"{owner.message}; {released}", owner.severity)
     orphans = sorted((i, p.name) for i, p in members.failed.items() if not p.controlled)
     if orphans:
         who = ", ".join(f"member {i} (pod {n})" for i, n in orphans)

@@ -38,6 +38,7 @@ class World:
     nodes: Mapping[str, bool]  # node -> schedulable
     classes: Mapping[str, Mapping[str, Any]]  # DeviceClass name -> body
     jobs: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)  # gang key -> its Jobs
+    leaderworkersets: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)  # gang key -> LWSs
 
     def members(self, key: str, count: int) -> membership.Members:
         """The gang's member pods (:func:`membership.members_of`)."""
