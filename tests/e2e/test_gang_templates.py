@@ -1,7 +1,7 @@
-"""Gangs whose pods come from one template: an Indexed Job and a JobSet, TP=8 across two GB200 trays.
+"""Gangs whose pods come from one template: an Indexed Job, a JobSet and a LeaderWorkerSet, TP=8 across two trays.
 
-The examples ``gang-indexed-job`` and ``gang-jobset`` are applied as their
-READMEs say. Their pods carry the gang label and gate from the template, get
+The examples ``gang-indexed-job``, ``gang-jobset`` and ``gang-leaderworkerset``
+are applied as their READMEs say. Their pods carry the gang label and gate from the template, get
 their claims from a ResourceClaimTemplate, and are placed by gpuplane-controller
 all or nothing in one NVLink domain by narrowing each pod's node affinity; the
 real kube-scheduler allocates the claims on the chosen trays and the node
@@ -11,6 +11,9 @@ and gets them back when resumed; a member deleted while the Job still retries is
 replaced and rejoins on its node; a gang that can never fit is refused, with the
 reason on the GpuGang and as an Event on its Job; one that times out has its
 Job suspended (nothing left waiting gated) and a GangTimedOut Event on the Job.
+A LeaderWorkerSet's group (leader and worker) is one gang; a deleted worker makes
+LWS recreate the whole group, which rejoins the gang's trays; deleting the LWS
+releases the gang.
 """
 
 from __future__ import annotations
@@ -207,6 +210,52 @@ def test_suspended_job_releases_the_gang_and_a_replaced_member_rejoins(gpu_clust
     (replacement,) = [p for p in now if p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == index]
     assert replacement["spec"]["nodeName"] == gone["spec"]["nodeName"]
     print(f"member {index} deleted -> {replacement['metadata']['name']} rejoined on {replacement['spec']['nodeName']}")
+
+
+LWS_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
+
+
+@pytest.mark.parametrize("applied", ["gang-leaderworkerset"], indirect=True)
+def test_leaderworkerset_tp8_gang_in_one_domain_rejoins_its_recreated_group_and_is_released_with_it(
+    gpu_cluster: GpuCluster, workload_controllers: dict[str, addons.Addon], applied: str
+) -> None:
+    ns, gang, handle = "gpuplane-ex-gang-leaderworkerset", "tp8-lws", gpu_cluster.cluster
+    first = wait_phase(gpu_cluster, ns, gang, "Running", 180)
+    pods = gpu_cluster.running_pods(ns, 2)
+    print("\n" + "\n".join(assert_one_domain_gang(gpu_cluster, ns, gang, pods)))
+    placed = first["placement"]["members"]
+    by_index = {p["metadata"]["labels"][LWS_INDEX]: p for p in pods}
+    assert sorted(by_index) == ["0", "1"], "a leader (worker-index 0) and one worker"
+    for index, pod in by_index.items():
+        assert placed[index] == pod["spec"]["nodeName"]  # member index = worker index
+    print(
+        f"leader {by_index['0']['metadata']['name']} = member 0, worker {by_index['1']['metadata']['name']} = member 1"
+    )
+    # A deleted worker: LWS (RecreateGroupOnPodRestart) deletes the leader and makes the whole group again,
+    # gated from its templates; the gang keeps its decision and narrows the new pods to the same trays.
+    old = {p["metadata"]["uid"] for p in pods}
+    handle.kubectl("delete", "pod", "-n", ns, by_index["1"]["metadata"]["name"], "--wait=false")
+
+    def recreated() -> list[dict[str, Any]] | None:
+        now = [p for p in gpu_cluster.pods(ns) if p["status"].get("phase") == "Running"]
+        return now if len(now) == 2 and not {p["metadata"]["uid"] for p in now} & old else None
+
+    again = eventually(recreated, 180, "the recreated group (new leader and worker) running")
+    st = wait_phase(gpu_cluster, ns, gang, "Running")
+    assert st["placement"]["id"] == first["placement"]["id"] and st["domain"] == first["domain"]
+    for pod in again:
+        assert pod["spec"]["nodeName"] == placed[pod["metadata"]["labels"][LWS_INDEX]]
+    print("\n".join(assert_one_domain_gang(gpu_cluster, ns, gang, again)))
+    print(f"worker deleted -> group recreated, gang {st['phase']} with the same decision {st['placement']['id']}")
+    # Deleting the LWS releases the gang (foreground: the LWS is being deleted while its pods go).
+    handle.kubectl("delete", "leaderworkerset", "-n", ns, gang, "--cascade=foreground", "--wait=false")
+    gone = wait_phase(gpu_cluster, ns, gang, "Released", 120)
+    assert gone["reason"] in ("OwnerDeleted", "MembersGone"), gone
+    assert not gone.get("placement")
+    eventually(lambda: not gpu_cluster.kubectl_json("get", "resourceclaims", "-n", ns)["items"], 60, "every claim gone")
+    eventually(lambda: not gpu_cluster.pods(ns), 90, "every pod gone")
+    eventually(gpu_cluster.nodes_are_clean, 60, "nodes clean: every GPU of the gang unprepared")
+    print(f"LeaderWorkerSet deleted -> gang {gone['phase']} ({gone['reason']}): {gone['message']}")
 
 
 def never_fits(ns: str, **gang: Any) -> str:

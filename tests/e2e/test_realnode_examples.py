@@ -48,7 +48,12 @@ RUNNING = {
 # Examples that landed on main after the real-node tests were written and have not run on real nodes yet
 # (they are proven on stand-in nodes by the tests named). Each is a gap, listed so that it is seen; an example
 # in neither table fails the test below.
-NOT_YET_ON_REAL_NODES: dict[str, str] = {}
+NOT_YET_ON_REAL_NODES: dict[str, str] = {
+    # Landed late in the session with no time left for a real-node run; the LWS manager would have to be
+    # started for it as for gang-jobset (NEEDS_ADDONS), and a group recreated by LWS checked on real trays.
+    "gang-leaderworkerset": "test_gang_templates::test_leaderworkerset_tp8_gang_in_one_domain_rejoins_its_"
+    "recreated_group_and_is_released_with_it",
+}
 NEEDS_ADDONS = {"gang-jobset"}
 """Examples whose objects only an add-on controller turns into pods (JobSet): the session's managers are started."""
 
