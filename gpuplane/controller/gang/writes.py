@@ -84,7 +84,12 @@ def apply_steps(
         cname = names.claim_name(gang.name, placement.member)
         have = claims.get(cname)
         pod = members.by_index.get(placement.member)
-        if pod is not None and pod.templated:
+        if pod is None:
+            # Nothing for it until its pod is back: only then is its mode known (a template member's claims
+            # come with its pod; a claim made now would be a stray <gang>-<i> holding nothing, never used).
+            blocked = blocked or f"member {placement.member} has no pod"
+            continue
+        if pod.templated:
             pass  # its claims come with the pod (template or extended resource); the scheduler allocates them
         elif have is not None and (have.decision != did or not have.owned):
             if not have.owned:
@@ -98,9 +103,6 @@ def apply_steps(
         elif have is None:
             body = desired_claim(gang, spec, placement, did, driver_profile)
             claim_steps.append(Step("create-claim", cname, body, why=f"member {placement.member} on {placement.node}"))
-        if pod is None:
-            blocked = blocked or f"member {placement.member} has no pod"
-            continue
         if pod.node and pod.node != placement.node:
             problems.append(f"pod {pod.name} is bound to {pod.node}, the decision says {placement.node}")
             continue
