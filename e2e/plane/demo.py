@@ -5,7 +5,7 @@ and started the node drivers and the controller (``e2e.plane.components``).
 ``run(state_dir, kubeconfig)``:
 
 0. the examples that each need the demo's whole GB200 rack (``TAKES_TURNS``:
-   the Job, JobSet and Workload API gangs) one after another: apply, wait until
+   the Job, JobSet, LeaderWorkerSet and Workload API gangs) one after another: apply, wait until
    their pods run, print their lines, delete;
 1. ``kubectl apply -f manifests/examples/<scenario>/`` for every other scenario
    folder; folders with a GpuGang first, each waited for until the controller
@@ -41,7 +41,13 @@ EXAMPLES = MANIFESTS / "examples"
 GANG_GROUP, GANG_VERSION, GANG_PLURAL = "gpuplane.dev", "v1alpha1", "gpugangs"
 PLACED_PHASES = ("Placed", "Scheduled", "Running")
 # Gang examples that each take both GB200 trays of the demo's rack (8 GPUs): shown one at a time, before the rest.
-TAKES_TURNS = ("gang-indexed-job", "gang-jobset", "gang-workload-api", "gang-workload-steered")
+TAKES_TURNS = (
+    "gang-indexed-job",
+    "gang-jobset",
+    "gang-leaderworkerset",
+    "gang-workload-api",
+    "gang-workload-steered",
+)
 
 
 def example_dirs(root: Path = EXAMPLES) -> list[Path]:
