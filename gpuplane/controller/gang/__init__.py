@@ -4,9 +4,12 @@
 - ``world``: one consistent read of the kopf indexes for a queue pass, plus the placement view; pure.
 - ``queue_runner``: the gang queue over :mod:`gpuplane.controller.placement.queue` (order,
   fairness, preemption): gangs in, one action per gang out; pure.
-- ``membership``: which member a pod is (named claim, label, Job completion index, JobSet index),
+- ``membership``: which member a pod is (named claim, label, Job completion index, JobSet index,
+  LeaderWorkerSet worker index),
   where its claims come from, the gang's member pods by index and why a pod was not counted; pure.
 - ``owners``: the Jobs (and JobSets) whose template makes a gang's pods: failed, suspended, Event targets; pure.
+- ``leaderworkersets``: the LeaderWorkerSets whose templates make a gang's pods: still there (the gang
+  waits for a recreated group) or being deleted (released), Event targets; pure.
 - ``release``: when a placed gang is over (owner gave up, a member nobody replaces failed) and
   template claims that do not match the gang; pure.
 - ``placement_record``: the placement decision in the gang's status, and back; pure.
