@@ -339,6 +339,30 @@ def leaks(install: Install, keep: list[SteadyPod]) -> list[str]:
     return found
 
 
+def explain_daemon_pods(install: Install, leaks: list[str]) -> list[str]:
+    """For each leaked daemon pod: its phase, container state, probe, claim dir and Events (for the log)."""
+    lines: list[str] = []
+    for leak in leaks:
+        if ": MPS daemon pod " not in leak:
+            continue
+        node_name, name = leak.split(": MPS daemon pod ")
+        pod = install.kubectl_json("get", "pod", "-n", "gpuplane-system", name)
+        (status,) = pod["status"].get("containerStatuses") or [{}]
+        uid = pod["metadata"].get("annotations", {}).get("gpuplane.dev/claim-uid", "")
+        claim_dir = install.real.node(node_name).mps_root / uid
+        probe = pod["spec"]["containers"][0].get("livenessProbe")
+        lines.append(
+            f"{name}: phase {pod['status'].get('phase')}, created {pod['metadata'].get('creationTimestamp')}, "
+            f"state {status.get('state')}, restarts {status.get('restartCount')}, probe {probe}, "
+            f"claim dir {claim_dir} exists {claim_dir.exists()} "
+            f"(record {(claim_dir / 'daemon.json').exists()})"
+        )
+        selector = f"--field-selector=involvedObject.name={name}"
+        events = install.kubectl_json("get", "events", "-n", "gpuplane-system", selector)
+        lines += [f"  event {e['reason']}: {e['message']}" for e in events["items"]]
+    return lines
+
+
 def daemon_pods(install: Install, node: str, keep: set[str]) -> list[str]:
     """This node's MPS daemon pods (``--mps-daemons=pod``) not ended whose claim is not in ``keep``.
 

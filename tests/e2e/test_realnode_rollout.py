@@ -143,6 +143,8 @@ def _roll(
         eventually(lambda: rolloutkit.leaks(install, steady) == [], with_cleanup, f"{what}: churn state cleaned up")
     except AssertionError:
         step.leaks = rolloutkit.leaks(install, steady)
+        for line in rolloutkit.explain_daemon_pods(install, step.leaks):
+            install.say(f"  {line}")
     step.sockets_after = realinstall.registration_sockets(node)
     install.say(
         f"{what}: {'rollout' if rolls else 'no pod replaced (identical images and objects)'} {step.seconds:.1f}s, "
