@@ -168,7 +168,7 @@ def test_the_template_is_copied_from_the_driver_pod_and_the_claim_dir_keeps_its_
         "gpuplane.dev/node": NODE,
         "gpuplane.dev/claim-uid": CLAIM_A,
     }
-    assert container["command"] == ["nvidia-cuda-mps-control", "-f"]
+    assert container["command"] == ["nvidia-cuda-mps-control", "-f"] and container["workingDir"] == "/"
     got_env = {e["name"]: e["value"] for e in container["env"]}
     assert got_env["CUDA_MPS_PIPE_DIRECTORY"] == str(paths.pipe) and "PATH" not in got_env
     assert got_env["NVIDIA_VISIBLE_DEVICES"] == GPU  # the runtime injects the claim's GPUs only

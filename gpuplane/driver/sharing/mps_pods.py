@@ -172,7 +172,9 @@ def daemon_pod(template: PodTemplate, paths: DaemonPaths, env: Mapping[str, str]
         "image": template.image,
         "imagePullPolicy": template.image_pull_policy,
         "command": [binary, "-f"],
-        "workingDir": str(paths.root),
+        # Not the claim dir: runc refuses every exec (the liveness probe) whose working dir is gone,
+        # so a probe run after the directory was removed would error ("unknown") instead of failing.
+        "workingDir": "/",
         "env": [{"name": k, "value": v} for k, v in sorted(pod_env.items())],
         "volumeMounts": [
             {"name": "claim", "mountPath": str(paths.root)},
