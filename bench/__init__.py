@@ -36,5 +36,6 @@ Gangs and fleets:
   server, etcd and controller; ``fleet_steps`` one run's state and steps, its measurements
   ``fleet_sched`` (scheduler throughput), ``fleet_api`` (apiserver and etcd cost) and
   ``fleet_controller`` (the controller at scale), ``fleet_before`` the code before the fleet-scale
-  fixes run beside it, ``fleet_probe`` read-only probes of the running cluster.
+  fixes run beside it, ``fleet_probe`` read-only probes of the running cluster, ``newer_scheduler``
+  the newer kube-scheduler (1.37) swapped in for the (a+) rounds, built once into the cache.
 """

@@ -302,12 +302,15 @@ class PeakSampler:
                     self.step_peaks[name] = max(self.step_peaks.get(name, 0.0), rss)
 
 
-def replace_scheduler(state_dir: Path, binary: Path, timeout: float = 120.0) -> tuple[subprocess.Popen[bytes], str]:
+def replace_scheduler(
+    state_dir: Path, binary: Path, timeout: float = 120.0, gates: Mapping[str, bool] | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
     """Swap the cluster's kube-scheduler for ``binary`` with the same flags (for a newer release's allocator).
 
     Only the ``DRA*`` feature gates are kept (a newer release removes or renames others, and a
-    gate it does not know stops it at start). Returns the new process and its ``/version``.
-    The pidfile keeps the name ``kube-scheduler``, so stopping the cluster stops it too.
+    gate it does not know stops it at start); ``gates`` overrides some of them. Returns the new
+    process and its ``/version``. The pidfile keeps the name ``kube-scheduler``, so stopping the
+    cluster stops it too.
     """
     pid_dir = state_dir / "pids"
     old = procs.read_records(pid_dir)["kube-scheduler"]
@@ -315,8 +318,9 @@ def replace_scheduler(state_dir: Path, binary: Path, timeout: float = 120.0) -> 
     argv = [str(binary)]
     for arg in old.argv[1:]:
         if arg.startswith("--feature-gates="):
-            gates = [g for g in arg.split("=", 1)[1].split(",") if g.startswith("DRA")]
-            argv.append("--feature-gates=" + ",".join(gates))
+            kept = dict(g.split("=", 1) for g in arg.split("=", 1)[1].split(",") if g.startswith("DRA"))
+            kept |= {name: str(on).lower() for name, on in (gates or {}).items()}
+            argv.append("--feature-gates=" + ",".join(f"{k}={v}" for k, v in sorted(kept.items())))
         else:
             argv.append(arg)
     proc, _ = procs.spawn("kube-scheduler", argv, log=old.log, pid_dir=pid_dir, cwd=state_dir, die_with_parent=True)

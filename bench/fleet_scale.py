@@ -19,7 +19,8 @@ Then, in one run:
 
 1. kube-scheduler (``bench.fleet_sched``): ``--pods`` pods per round without claims (c), with a MIG
    1g, a whole-GPU and a 4-GPU ``matchAttribute`` claim on the slices as published (a), and the
-   whole-GPU kinds again after every node republished whole GPUs only (b);
+   whole-GPU kinds again after every node republished whole GPUs only (b); with ``--newer-scheduler``
+   the (a) kinds again on that kube-scheduler binary (a+), swapped in and back in the same run;
 2. the API server and etcd (``bench.fleet_api``): slice objects, devices and bytes as served and as
    stored for (a) and (b); one fleet-wide republish after a health change and one after it clears,
    with watch events and bytes per second; resident memory of every component;
@@ -52,7 +53,16 @@ if str(REPO_ROOT) not in sys.path:
 
 from kubernetes import client, config  # noqa: E402
 
-from bench import dra_watch, fleet_api, fleet_before, fleet_controller, fleet_probe, fleet_sched, fleet_steps  # noqa: E402
+from bench import (  # noqa: E402
+    dra_watch,
+    fleet_api,
+    fleet_before,
+    fleet_controller,
+    fleet_probe,
+    fleet_sched,
+    fleet_steps,
+    newer_scheduler,
+)
 from e2e.cluster import build, controlplane, kwok  # noqa: E402
 from e2e.cluster import handle as cluster  # noqa: E402
 from e2e.plane import components, fleet, fleetslices  # noqa: E402
@@ -89,6 +99,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="run this kube-scheduler binary instead of the cluster's (e.g. a newer release's allocator; "
         "a scheduler newer than the API server is outside the supported version skew)",
     )
+    p.add_argument(
+        "--newer-scheduler",
+        help="after the (a) rounds, swap in this kube-scheduler binary, or 'build' for the release "
+        "e2e/cluster/schedbuild pins (1.37, whose allocator keeps node-local counter slices node-local; "
+        "built once into the cache), repeat the (a) rounds on it (rows a+), and swap the cluster's back",
+    )
     args = p.parse_args(argv)
     args.pods_a = args.pods if args.pods_a is None else args.pods_a
     args.pods_a0 = args.pods_a if args.pods_a0 is None else args.pods_a0
@@ -104,6 +120,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(f"busiest other processes (CPUs): {busy_before}")
     bins = build.ensure_binaries(out=say)
     kwok_bin = kwok.ensure_kwok(out=say)
+    newer = Path(args.newer_scheduler).resolve() if args.newer_scheduler else None
+    if args.newer_scheduler == "build":
+        newer = newer_scheduler.ensure(out=say)
     tmp = None if args.state_dir else tempfile.mkdtemp(prefix="fleet-bench-")
     state_dir = (args.state_dir or Path(str(tmp))).resolve()
     plane = controlplane.ControlPlane(
@@ -176,6 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         fleet_sched.ensure_namespace(run.api)
         if "sched" not in skip:
             fleet_steps.scheduler_rounds_a(run)
+            if newer is not None:
+                fleet_steps.newer_scheduler_rounds(run, state_dir, newer)
         if "sched" not in skip or measure_controller:
             fleet_steps.to_whole_gpus(run)
         detail = ""
@@ -260,7 +281,7 @@ Busiest other processes before (CPUs busy): {busy_before}; after: {busy_after}.
 Fleet built in {fleet_built:.0f} s (control plane, KWOK, {len(nodes)} nodes, identities, first publish of
 {first.slices} slices / {first.devices} devices in {first.seconds:.0f} s). {identity_line}.
 kube-scheduler and kube-controller-manager run with `--kube-api-qps={args.api_qps}`; scheduler:
-{scheduler_version}.
+{scheduler_version}.{run.newer_version}
 """
         with args.write.open("a") as f:
             f.write(header + "".join(run.report))

@@ -141,7 +141,8 @@ class BindWatch(dra_watch._Watch):
 class Round:
     """One measured round."""
 
-    fleet: str  # "a" gpuplane's slices as published, "b" whole GPUs only, "c" (pods without claims)
+    fleet: str  # "a" gpuplane's slices as published, "a+" the same on --newer-scheduler, "b" whole GPUs only,
+    # "a0" the layout before counter sets were packed, "c" (pods without claims)
     kind: str
     pods: int
     bound: int
@@ -364,6 +365,7 @@ def ratios(rounds: Sequence[Round]) -> str:
             ("(a)/(c) DRA cost", after, plain),
             ("(a)/(b) cost of MIG placements", after, by.get(("b", kind))),
             ("(a0)/(a) one counter slice per GPU (before) over packed (after)", by.get(("a0", kind)), after),
+            ("(a)/(a+) the cluster's kube-scheduler over the newer one", after, by.get(("a+", kind))),
         ):
             if a is None or base is None:
                 continue

@@ -13,10 +13,12 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from bench import fleet_api, fleet_before, fleet_controller, fleet_probe, fleet_sched
 from e2e.cluster import handle as cluster
+from e2e.cluster import procs
 from e2e.plane import components, fleet, fleetslices
 
 
@@ -49,6 +51,7 @@ class Run:
     ctl_pid: int = 0
     followers: fleet_before.Followers | None = None
     before_commit: str = ""
+    newer_version: str = ""  # the report's line on the (a+) rounds' kube-scheduler ('' without them)
 
     def section(self, title: str, body: str) -> None:
         """Print a report section and keep it for ``--write``."""
@@ -121,6 +124,37 @@ def scheduler_rounds_a(run: Run) -> None:
     run.passes.append(
         fleet_api.republish(run.slices, run.api, run.probe, what="(a0) -> (a): counter sets packed", taints=_none)
     )
+
+
+NEWER_SCHEDULER_GATES = {"DRADeviceTaintRules": False}
+
+
+def newer_scheduler_rounds(run: Run, state_dir: Path, binary: Path) -> None:
+    """The (a) kinds again (rows a+) on ``binary``, swapped in for the cluster's kube-scheduler; then swapped back.
+
+    Same fleet, same slices, same pods, minutes apart: the (a+)/(a) ratios are the newer allocator's
+    effect alone. The scheduler's flags are the cluster's (DRA feature gates only, see
+    ``fleet_probe.replace_scheduler``).
+    """
+    a = run.args
+    original = Path(procs.read_records(state_dir / "pids")["kube-scheduler"].argv[0])
+    # A 1.37 scheduler watches DeviceTaintRules at resource.k8s.io/v1, which a 1.36 API server does not
+    # serve (v1beta2): its informers would never sync. The fleet has no DeviceTaintRule; slice taints stay on.
+    _, version = fleet_probe.replace_scheduler(state_dir, binary, gates=NEWER_SCHEDULER_GATES)
+    run.say(f"kube-scheduler swapped for {version} ({binary}) ...")
+    run.newer_version = (
+        f" Rows a+: the (a) rounds again on {version} ({binary}), swapped in for them, with "
+        + ", ".join(f"{k}={str(v).lower()}" for k, v in NEWER_SCHEDULER_GATES.items())
+        + " (its DeviceTaintRule API version is newer than the 1.36 API server's; the fleet has none)."
+    )
+    try:
+        for r in range(a.rounds):
+            for kind in fleet_sched.KINDS[1:] if a.pods_a else ():
+                run.round("a+", kind, a.pods_a, f"an-{kind}-{r}")
+    finally:
+        fleet_probe.replace_scheduler(state_dir, original)
+        run.say(f"kube-scheduler swapped back to {original}")
+    run.remember_memory("after rounds (a+)")
 
 
 def _none(_: str) -> dict[str, Any]:
