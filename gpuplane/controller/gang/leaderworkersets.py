@@ -58,12 +58,7 @@ def gang_of(lws: Mapping[str, Any]) -> str | None:
 
 def by_gang(items: Iterable[Mapping[str, Any]]) -> dict[str, tuple[Mapping[str, Any], ...]]:
     """Group LeaderWorkerSets by the gang their templates join."""
-    out: dict[str, list[Mapping[str, Any]]] = {}
-    for lws in items:
-        key = gang_of(lws)
-        if key:
-            out.setdefault(key, []).append(lws)
-    return {k: tuple(sorted(v, key=lambda o: (o.get("metadata") or {}).get("name", ""))) for k, v in out.items()}
+    return owners.group_by_gang(items, gang_of)
 
 
 def verdict(items: Sequence[Mapping[str, Any]]) -> owners.Verdict:

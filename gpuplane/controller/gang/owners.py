@@ -20,7 +20,7 @@ Pure: Job dicts in, a verdict and object references out.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,14 +61,21 @@ def gang_of_job(job: Mapping[str, Any]) -> str | None:
     return f"{(job.get('metadata') or {}).get('namespace', '')}/{gang}"
 
 
+def group_by_gang(
+    items: Iterable[Mapping[str, Any]], gang_of: Callable[[Mapping[str, Any]], str | None]
+) -> dict[str, tuple[Mapping[str, Any], ...]]:
+    """Group owner objects by the gang ("ns/gang") ``gang_of`` finds in them, each group sorted by name."""
+    out: dict[str, list[Mapping[str, Any]]] = {}
+    for item in items:
+        key = gang_of(item)
+        if key:
+            out.setdefault(key, []).append(item)
+    return {k: tuple(sorted(v, key=lambda o: (o.get("metadata") or {}).get("name", ""))) for k, v in out.items()}
+
+
 def jobs_by_gang(jobs: Iterable[Mapping[str, Any]]) -> dict[str, tuple[Mapping[str, Any], ...]]:
     """Group Jobs by the gang their template joins."""
-    out: dict[str, list[Mapping[str, Any]]] = {}
-    for job in jobs:
-        key = gang_of_job(job)
-        if key:
-            out.setdefault(key, []).append(job)
-    return {k: tuple(sorted(v, key=lambda j: (j.get("metadata") or {}).get("name", ""))) for k, v in out.items()}
+    return group_by_gang(jobs, gang_of_job)
 
 
 def _condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
