@@ -27,8 +27,10 @@ import pytest
 import yaml
 
 from e2e.cluster import addons
+from e2e.cluster.handle import KubectlError
 from e2e.plane import report
 from gpuplane.controller import events, names
+from tests.e2e import gangkit
 from tests.e2e.conftest import EXAMPLES, GpuCluster, eventually
 from tests.e2e.test_scenarios import assert_prepared, attr, results
 
@@ -233,14 +235,40 @@ def test_leaderworkerset_tp8_gang_in_one_domain_rejoins_its_recreated_group_and_
     )
     # A deleted worker: LWS (RecreateGroupOnPodRestart) deletes the leader and makes the whole group again,
     # gated from its templates; the gang keeps its decision and narrows the new pods to the same trays.
+    # The worker is held terminating until LWS has acted, as a real one is for its grace period: LWS v0.9.0
+    # misses a worker that is gone and replaced before it reconciles (gangkit.held_deletion, lws#998).
     old = {p["metadata"]["uid"] for p in pods}
-    handle.kubectl("delete", "pod", "-n", ns, by_index["1"]["metadata"]["name"], "--wait=false")
+    leader = by_index["0"]["metadata"]
+    began = time.monotonic()
+
+    def explain() -> str:
+        return gangkit.namespace_report(gpu_cluster, ns, gang)
+
+    def leader_going() -> bool:
+        try:
+            now = gpu_cluster.pod(ns, leader["name"])["metadata"]
+        except KubectlError:
+            return True  # gone already
+        return now["uid"] != leader["uid"] or bool(now.get("deletionTimestamp"))
+
+    with gangkit.held_deletion(gpu_cluster, ns, by_index["1"]) as release:
+        gangkit.eventually_explained(
+            leader_going, 90, "LWS to delete the leader of the group whose worker is deleted", report=explain
+        )
+        release()
+    told = time.monotonic() - began
 
     def recreated() -> list[dict[str, Any]] | None:
         now = [p for p in gpu_cluster.pods(ns) if p["status"].get("phase") == "Running"]
         return now if len(now) == 2 and not {p["metadata"]["uid"] for p in now} & old else None
 
-    again = eventually(recreated, 180, "the recreated group (new leader and worker) running")
+    again = gangkit.eventually_explained(
+        recreated, 180, "the recreated group (new leader and worker) running", report=explain
+    )
+    print(
+        f"worker deleted -> LWS deleted the leader after {told:.1f}s, new group running after "
+        f"{time.monotonic() - began:.1f}s"
+    )
     st = wait_phase(gpu_cluster, ns, gang, "Running")
     assert st["placement"]["id"] == first["placement"]["id"] and st["domain"] == first["domain"]
     for pod in again:

@@ -97,6 +97,19 @@ class TestOwner:
         assert leaderworkersets.gang_of({"metadata": {"namespace": NS}, "spec": {"leaderWorkerTemplate": "x"}}) is None
         assert list(leaderworkersets.by_gang([lws("g"), lws("")])) == [f"{NS}/g"]
 
+    def test_grouped_like_jobs_one_tuple_per_gang_sorted_by_name(self) -> None:
+        def named(gang: str, name: str) -> dict[str, Any]:
+            item = lws(gang)
+            item["metadata"]["name"] = name
+            return item
+
+        grouped = leaderworkersets.by_gang([named("g", "b"), named("h", "c"), named("g", "a"), lws("")])
+        assert {k: [o["metadata"]["name"] for o in v] for k, v in grouped.items()} == {
+            f"{NS}/g": ["a", "b"],
+            f"{NS}/h": ["c"],
+        }
+        assert grouped == owners.group_by_gang(grouped[f"{NS}/g"] + grouped[f"{NS}/h"], leaderworkersets.gang_of)
+
     def test_an_lws_that_exists_keeps_the_gang_one_being_deleted_gives_it_up(self) -> None:
         assert leaderworkersets.verdict([]) == owners.STILL_TRYING
         assert leaderworkersets.verdict([lws("g")]) == owners.Verdict(False, active=True)
