@@ -95,9 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--write", type=Path, help="append the report as a Markdown section to this file")
     p.add_argument(
         "--scheduler",
-        type=Path,
-        help="run this kube-scheduler binary instead of the cluster's (e.g. a newer release's allocator; "
-        "a scheduler newer than the API server is outside the supported version skew)",
+        help="run this kube-scheduler binary instead of the cluster's for the whole run, or 'build' for the "
+        "release e2e/cluster/schedbuild pins (a newer release's allocator; a scheduler newer than the API "
+        "server is outside the supported version skew)",
     )
     p.add_argument(
         "--newer-scheduler",
@@ -134,8 +134,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     kubeconfig = plane.start()
     scheduler_version = "kube-scheduler v1.36.3 (the cluster's)"
     if args.scheduler:
-        _, scheduler_version = fleet_probe.replace_scheduler(state_dir, args.scheduler.resolve())
-        scheduler_version += f" ({args.scheduler}, DRA feature gates only)"
+        chosen = newer_scheduler.ensure(out=say) if args.scheduler == "build" else Path(args.scheduler).resolve()
+        _, scheduler_version = fleet_probe.replace_scheduler(state_dir, chosen, gates=fleet_steps.NEWER_SCHEDULER_GATES)
+        scheduler_version += f" ({chosen}, DRA feature gates only, " + fleet_steps.gates_text() + ")"
         say(f"kube-scheduler replaced: {scheduler_version}")
     handle = cluster.Cluster.connect(kubeconfig, bins, state_dir=state_dir)
     api_cfg = client.Configuration()

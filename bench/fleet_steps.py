@@ -129,6 +129,12 @@ def scheduler_rounds_a(run: Run) -> None:
 NEWER_SCHEDULER_GATES = {"DRADeviceTaintRules": False}
 
 
+def gates_text() -> str:
+    """What the report says about the newer scheduler's gate overrides."""
+    gates = ", ".join(f"{k}={str(v).lower()}" for k, v in NEWER_SCHEDULER_GATES.items())
+    return f"{gates} (its DeviceTaintRule API version is newer than the 1.36 API server's; the fleet has none)"
+
+
 def newer_scheduler_rounds(run: Run, state_dir: Path, binary: Path) -> None:
     """The (a) kinds again (rows a+) on ``binary``, swapped in for the cluster's kube-scheduler; then swapped back.
 
@@ -142,11 +148,7 @@ def newer_scheduler_rounds(run: Run, state_dir: Path, binary: Path) -> None:
     # serve (v1beta2): its informers would never sync. The fleet has no DeviceTaintRule; slice taints stay on.
     _, version = fleet_probe.replace_scheduler(state_dir, binary, gates=NEWER_SCHEDULER_GATES)
     run.say(f"kube-scheduler swapped for {version} ({binary}) ...")
-    run.newer_version = (
-        f" Rows a+: the (a) rounds again on {version} ({binary}), swapped in for them, with "
-        + ", ".join(f"{k}={str(v).lower()}" for k, v in NEWER_SCHEDULER_GATES.items())
-        + " (its DeviceTaintRule API version is newer than the 1.36 API server's; the fleet has none)."
-    )
+    run.newer_version = f" Rows a+: the (a) rounds again on {version} ({binary}), swapped in, with {gates_text()}."
     try:
         for r in range(a.rounds):
             for kind in fleet_sched.KINDS[1:] if a.pods_a else ():
