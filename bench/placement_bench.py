@@ -35,6 +35,7 @@ from bench.placement_report import (
     checks_for,
     compact,
     percentile,
+    shape_table,
     steering_checks,
     table,
 )
@@ -66,7 +67,8 @@ Fragmentation (after FGD, ATC '23): draw a request shape r from the file's own s
   partly used GPUs plus empty GPUs on nodes too small for a member. Reported: the expectation over the
   mix, time-averaged over 200 evenly spaced samples, in GPUs (and as % of free capacity).
 Slivers = free capacity on partly used GPUs (GPU units). TP8 domains = domains able to take a TP8 group.
-Wait = time from arrival to placement; requests still waiting at the end count with their wait so far."""
+Wait = time from arrival to placement; requests still waiting at the end count with their wait so far.
+  "incl. warm start" adds the warm-start requests that did not fit at time 0, waiting from 0."""
 
 
 # --- one replay --------------------------------------------------------------
@@ -236,6 +238,13 @@ def replay(
         k: (len(v), sum(1 for ok, _ in v if ok), statistics.fmean(w for _, w in v)) for k, v in sorted(groups.items())
     }
     run.wait_units = sum(a * b for a, b in zip(u, waits, strict=True)) / sum(u) if u else 0.0
+    # The warm-start requests that did not fit at time 0 queue like any other (from 0: a lower bound).
+    late = [i for i in range(npre) if started.get(i, end) > 0.0]
+    run.prefill_waiting_end = sum(1 for i in late if i not in started)
+    all_w = waits + [started.get(i, end) for i in late]
+    all_u = u + [units(reqs[i]) for i in late]
+    run.wait_all = statistics.fmean(all_w) if all_w else 0.0
+    run.wait_all_units = sum(a * b for a, b in zip(all_u, all_w, strict=True)) / sum(all_u) if all_u else 0.0
     run.frag, run.frag_pct = fr, 100.0 * fr / free if free else 0.0
     run.slivers, run.tp8, run.util = sliv, tp8, 100.0 * used / topo.gpus
     run.gpu_waiting = 100.0 * gpu_waiting / SAMPLES
@@ -319,6 +328,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 emit()
                 scen = f"{fname} / {topo.name} / load {load}"
                 for line in (compact if args.compact else table)(f"### {scen} ({args.seeds} seeds)", runs):
+                    emit(line)
+                for line in [] if args.compact else shape_table(runs):
                     emit(line)
                 emit(
                     f"(prefill dropped: {avg(runs['gpuplane'], lambda r: r.dropped_prefill):.0f};"

@@ -37,6 +37,9 @@ class Run:
     wait_mig: float = 0.0  # mean wait of MIG requests
     wait_whole: float = 0.0  # mean wait of whole-GPU requests (1 GPU and TP groups)
     wait_units: float = 0.0  # mean wait weighted by the capacity each request asks for
+    prefill_waiting_end: int = 0  # warm-start requests that never got placed (not in the waits above)
+    wait_all: float = 0.0  # mean wait incl. the warm-start requests that had to queue (waiting from 0)
+    wait_all_units: float = 0.0  # the same, weighted by the capacity each request asks for
     by_shape: dict[str, tuple[int, int, float]] = field(default_factory=dict)  # label -> (requests, placed, mean wait)
     frag: float = 0.0
     frag_pct: float = 0.0
@@ -68,6 +71,9 @@ METRICS: tuple[tuple[str, str, Callable[[Run], float]], ...] = (
     ("mean wait, MIG requests (s)", "{:.0f}", lambda r: r.wait_mig),
     ("mean wait, whole GPUs (s)", "{:.0f}", lambda r: r.wait_whole),
     ("mean wait per GPU asked (s)", "{:.0f}", lambda r: r.wait_units),
+    ("warm start waiting at end", "{:.1f}", lambda r: r.prefill_waiting_end),
+    ("mean wait incl. warm start (s)", "{:.0f}", lambda r: r.wait_all),
+    ("  per GPU asked (s)", "{:.0f}", lambda r: r.wait_all_units),
     ("fragmentation (GPUs)", "{:.1f}", lambda r: r.frag),
     ("fragmentation (% free)", "{:.1f}", lambda r: r.frag_pct),
     ("slivers on partial GPUs", "{:.1f}", lambda r: r.slivers),
@@ -97,6 +103,22 @@ def table(title: str, runs: dict[str, list[Run]]) -> list[str]:
             cell = fmt.format(m) + (" ± " + fmt.format(sd) if len(runs[n]) > 1 else "")
             cells.append(f"{cell:>{w}}")
         lines.append(f"{label:<32}" + "".join(cells))
+    return lines
+
+
+def shape_table(runs: dict[str, list[Run]]) -> list[str]:
+    """Mean wait (s) and requests placed / asked by request shape, policy columns, mean over seeds."""
+    names = list(runs)
+    widths = [max(20, len(n) + 2) for n in names]
+    shapes = sorted({k for rs in runs.values() for r in rs for k in r.by_shape})
+    lines = [f"{'wait by shape (placed/asked)':<32}" + "".join(f"{n:>{w}}" for n, w in zip(names, widths, strict=True))]
+    for k in shapes:
+        cells = []
+        for n, w in zip(names, widths, strict=True):
+            got = [r.by_shape[k] for r in runs[n] if k in r.by_shape]
+            asked, placed, wait = (statistics.fmean(x[j] for x in got) if got else 0.0 for j in range(3))
+            cells.append(f"{f'{wait:.0f} ({placed:.0f}/{asked:.0f})':>{w}}")
+        lines.append(f"{'  ' + k:<32}" + "".join(cells))
     return lines
 
 
@@ -191,10 +213,11 @@ def steering_checks(scenario: str, runs: dict[str, list[Run]]) -> list[Check]:
 
 
 def compact(title: str, runs: dict[str, list[Run]]) -> list[str]:
-    """One line per column: fragmentation, mean wait, wait per GPU asked, placed (mean ± sd)."""
+    """One line per column: fragmentation, mean wait, wait per GPU asked, the two incl. the warm start, placed."""
     lines = [
         title,
-        f"{'policy':<40}{'fragmentation (GPUs)':>22}{'mean wait (s)':>16}{'wait/GPU (s)':>16}{'placed':>12}",
+        f"{'policy':<40}{'fragmentation (GPUs)':>22}{'mean wait (s)':>16}{'wait/GPU (s)':>16}"
+        f"{'incl. warm start':>18}{'/GPU':>14}{'placed':>12}",
     ]
     for name, rs in runs.items():
         cells = []
@@ -202,6 +225,8 @@ def compact(title: str, runs: dict[str, list[Run]]) -> list[str]:
             (lambda r: r.frag, "{:.1f}", 22),
             (lambda r: r.wait_mean, "{:.0f}", 16),
             (lambda r: r.wait_units, "{:.0f}", 16),
+            (lambda r: r.wait_all, "{:.0f}", 18),
+            (lambda r: r.wait_all_units, "{:.0f}", 14),
             (lambda r: float(r.placed), "{:.0f}", 12),
         ):
             m, sd = mean_sd([get(r) for r in rs])
