@@ -18,7 +18,8 @@ Placement on the Alibaba GPU trace (2023, "openb"):
 - ``trace``: the trace as placement requests (pods, fleets, replayed workloads).
 - ``placement_bench``: gpuplane against first-fit, best-fit and spread; ``placement_deciders`` the
   columns as decision makers (with the kube-scheduler model), ``placement_report`` what a replay
-  measured and the tables, ``placement_latency`` decision latency on large filled clusters.
+  measured and the tables, ``placement_latency`` decision latency on large filled clusters,
+  ``placement_waits`` the default path's waits at saturation against counterfactuals.
 - ``frag_bound``: how far each policy is from the best packing of what it runs (a lower bound).
 - ``kube_replay``: the trace replayed on the real control plane, kube-scheduler allocating, and
   recorded (``kube_record``: lifecycles from two watches, slice-write counters);

@@ -48,3 +48,17 @@ def test_shape_table_shows_wait_and_placed_of_asked_per_column() -> None:
     lines = shape_table({"first-fit": [run], "other": [Run(by_shape={"1gpu": (2, 1, 3.0)})]})
     assert lines[0].split()[-2:] == ["first-fit", "other"]
     assert lines[1].split() == ["1gpu", "8", "(2/2)", "3", "(1/2)"]
+
+
+def test_split_tp_keeps_the_offered_work() -> None:
+    from bench.placement_waits import split_tp
+
+    tp8 = model.Request(id="t", gpus_per_member=8, tp_size=8)
+    mig = model.Request(id="m", mig_profile="3g")
+    work = Workload(requests=[tp8, mig], arrivals=[1.0, 2.0], durations=[10.0, 20.0], prefill=[(tp8, 5.0)])
+    got = split_tp(work)
+    assert [r.total_gpus for r in got.requests] == [1] * 8 + [0]  # a MIG request asks no whole GPU
+    assert got.requests[-1] is mig
+    assert got.arrivals == [1.0] * 8 + [2.0] and got.durations == [10.0] * 8 + [20.0]
+    assert [res for _, res in got.prefill] == [5.0] * 8
+    assert len({r.id for r in got.requests}) == 9
