@@ -19,8 +19,6 @@ The operator around them (these modules do I/O unless marked pure):
 - ``handlers``: the kopf registrations: indexes of what the controller reads, thin handlers.
 - ``indexed``: what those indexes keep of a ResourceClaim and a Node; pure.
 - ``kopf_decoding``: kopf reads the API through the bounded JSON decoder, so no object crashes it.
-- ``list_pacing``: kopf's first listing of a resource waits for its handlers, so a fleet's slices
-  are never all in memory at once.
 - ``rejects``: objects that decoder quarantined (nested too deeply), refused with an Event.
 - ``runtime``: the operator's memo (shared clients and state) and the orchestration each handler
   delegates to.

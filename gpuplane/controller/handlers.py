@@ -22,7 +22,6 @@ import kopf
 from gpuplane.controller import config, indexed, names, rejects, runtime, steering
 from gpuplane.controller.claim import checks
 from gpuplane.controller.gang import leaderworkersets, owners
-from gpuplane.controller.list_pacing import ListPacer
 from gpuplane.controller.node import slice_index
 from gpuplane.controller.rebalance import act, decide, loop
 from gpuplane.controller.rightsize import apply as rightsize
@@ -32,21 +31,16 @@ from gpuplane.controller.steer import gate as steer_gate
 from gpuplane.driver.api import names as dn
 
 RESOURCE = ("resource.k8s.io", "v1")
-LIST_CHUNK = 50  # objects per page of a first listing; also the pacer's bound (list_pacing)
-
-
-def _ignore(_: str) -> None:
-    """No pacer: nothing to count."""
+LIST_CHUNK = 100
 
 
 def _plain(body: Mapping[str, Any], *keys: str) -> dict[str, Any]:
     return {k: copy.deepcopy(body[k]) for k in ("apiVersion", "kind", "metadata", *keys) if k in body}
 
 
-def make_registry(cfg: config.ControllerConfig, pacer: ListPacer | None = None) -> kopf.OperatorRegistry:
-    """Every index and handler of the controller on a fresh registry (``pacer``: see list_pacing)."""
+def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
+    """Every index and handler of the controller on a fresh registry."""
     reg = kopf.OperatorRegistry()
-    seen = pacer.seen if pacer is not None else _ignore
 
     @kopf.on.startup(registry=reg)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -77,7 +71,6 @@ def make_registry(cfg: config.ControllerConfig, pacer: ListPacer | None = None) 
 
     @kopf.index("pods", id="claim_consumer_idx", registry=reg)
     def claim_consumer_idx(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[str, str] | None:
-        seen("pods")  # the unconditional pod index: it paces the pods' first listing
         refs = [r.get("resourceClaimName") for r in (body.get("spec") or {}).get("resourceClaims") or []]
         refs += [s.get("resourceClaimName") for s in (body.get("status") or {}).get("resourceClaimStatuses") or []]
         out = {f"{namespace}/{r}": name for r in refs if r}
@@ -85,7 +78,6 @@ def make_registry(cfg: config.ControllerConfig, pacer: ListPacer | None = None) 
 
     @kopf.index(*RESOURCE, "resourceclaims", id="claim_idx", registry=reg)
     def claim_idx(body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any) -> dict[str, Any] | None:
-        seen("resourceclaims")
         if rejects.rejected(body):
             return None
         memo.touched()
@@ -95,7 +87,6 @@ def make_registry(cfg: config.ControllerConfig, pacer: ListPacer | None = None) 
 
     @kopf.index(*RESOURCE, "resourceslices", id="slice_idx", registry=reg)
     def slice_idx(body: kopf.Body, name: str, memo: runtime.Runtime, **_: Any) -> dict[str, Any] | None:
-        seen("resourceslices")
         if rejects.rejected(body):  # nested too deeply to read: no decision may see it
             return None
         digest = slice_index.digest(name, body.get("spec") or {}, interner)
@@ -106,7 +97,6 @@ def make_registry(cfg: config.ControllerConfig, pacer: ListPacer | None = None) 
 
     @kopf.index("nodes", id="node_idx", registry=reg)
     def node_idx(body: kopf.Body, name: str, memo: runtime.Runtime, **_: Any) -> dict[str, Any] | None:
-        seen("nodes")
         if rejects.rejected(body):
             return None
         memo.touched()

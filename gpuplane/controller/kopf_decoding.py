@@ -11,7 +11,6 @@ call through (``api.stream``, ``api.get``, looked up at call time): the stream's
 and the four request helpers decode with :func:`gpuplane.driver.api.boundedjson.decode_list`.
 An object deeper than the bound reaches the handlers cut and marked with
 :data:`gpuplane.driver.api.boundedjson.REJECTED`, which they refuse with an Event.
-The same ``get`` paces kopf's paged first listing (:mod:`gpuplane.controller.list_pacing`).
 ``tests/unit/test_kopf_decoding.py`` drives kopf's own stream and fetch functions
 against an HTTP server, so a kopf release that moves these calls fails the tests
 instead of silently bypassing the bound.
@@ -24,11 +23,9 @@ from typing import Any
 
 from kopf._cogs.clients import api as kopf_api
 
-from gpuplane.controller.list_pacing import ListPacer
 from gpuplane.driver.api import boundedjson
 
 _MARK = "_gpuplane_bounded_json"
-_PACER = "_gpuplane_list_pacer"
 
 
 class _StreamJson:
@@ -42,39 +39,27 @@ class _StreamJson:
         return boundedjson.decode_event(text, self.max_depth)
 
 
-def _bounded(method: str, max_depth: int, pacer: ListPacer | None) -> Callable[..., Coroutine[Any, Any, Any]]:
+def _bounded(method: str, max_depth: int) -> Callable[..., Coroutine[Any, Any, Any]]:
     async def call(url: str, **kwargs: Any) -> Any:
-        plural = ListPacer.plural_of(url) if pacer is not None and method == "get" else None
-        if pacer is not None and plural is not None:
-            await pacer.before_page(plural)  # the previous page's objects reached their handlers first
         response = await kopf_api.request(method, url, **kwargs)
         async with response:
             raw = await response.read()
         if not raw.strip():
             return None  # as aiohttp's response.json() answers an empty body
-        value = boundedjson.decode_list(raw, max_depth)
-        if pacer is not None and plural is not None and isinstance(value, dict):
-            items = value.get("items")
-            pacer.listed(plural, len(items) if isinstance(items, list) else 0)
-        return value
+        return boundedjson.decode_list(raw, max_depth)
 
     call.__name__ = call.__qualname__ = method
     return call
 
 
-def install(max_depth: int = boundedjson.MAX_OBJECT_DEPTH, pacer: ListPacer | None = None) -> None:
-    """Route kopf's response decoding through the bounded decoder (idempotent for one bound and pacer).
-
-    With ``pacer``, kopf's paged first listing of each paced resource waits for its handlers
-    (:mod:`gpuplane.controller.list_pacing`), so a fleet's slices are never all in memory at once.
-    """
-    if getattr(kopf_api, _MARK, None) == max_depth and getattr(kopf_api, _PACER, None) is pacer:
+def install(max_depth: int = boundedjson.MAX_OBJECT_DEPTH) -> None:
+    """Route kopf's response decoding through the bounded decoder (idempotent)."""
+    if getattr(kopf_api, _MARK, None) == max_depth:
         return
     setattr(kopf_api, "json", _StreamJson(max_depth))  # noqa: B010 - replacing a module attribute of kopf
     for method in ("get", "post", "patch", "delete"):
-        setattr(kopf_api, method, _bounded(method, max_depth, pacer))
+        setattr(kopf_api, method, _bounded(method, max_depth))
     setattr(kopf_api, _MARK, max_depth)
-    setattr(kopf_api, _PACER, pacer)
 
 
 def installed() -> int | None:

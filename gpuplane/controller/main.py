@@ -32,18 +32,7 @@ import kopf
 import structlog
 from kopf._core.engines import peering  # kopf.run takes its Identity type (a NewType of str)
 
-from gpuplane.controller import (
-    config,
-    handlers,
-    kopf_decoding,
-    kube,
-    leader,
-    list_pacing,
-    metrics,
-    probes,
-    runtime,
-    supervisor,
-)
+from gpuplane.controller import config, handlers, kopf_decoding, kube, leader, metrics, probes, runtime, supervisor
 from gpuplane.driver import logs
 
 log = structlog.get_logger(__name__)
@@ -79,8 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``gpuplane-controller`` console script (ends the process with its exit code)."""
     cfg = config.parse_args(argv, os.environ)
     logs.configure(cfg.log_level, cfg.log_format)
-    pacer = list_pacing.ListPacer(bound=handlers.LIST_CHUNK)  # first listings wait for their handlers
-    kopf_decoding.install(pacer=pacer)  # before kopf reads anything: no watched object can crash the watchers
+    kopf_decoding.install()  # before kopf reads anything: no watched object can crash the watchers
     api = kube.make_api_client(cfg.kubeconfig)
     m = metrics.ControllerMetrics()
     if cfg.metrics_port:
@@ -89,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     leadership: leader.Leadership = elector if elector is not None else leader.AlwaysLeader()
     m.is_leader.set_function(lambda: float(leadership.is_leader()))
     memo = runtime.Runtime.create(cfg, kube.KubeWriter(api, guard=leadership.is_leader), m, leadership)
-    registry = handlers.make_registry(cfg, pacer)
+    registry = handlers.make_registry(cfg)
     probes.add_probes(registry, elector)
 
     @kopf.on.login(registry=registry)

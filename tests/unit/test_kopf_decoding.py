@@ -88,9 +88,8 @@ def pristine_kopf() -> Any:
 
     def reset() -> None:
         importlib.reload(kopf_api)
-        for mark in (kopf_decoding._MARK, kopf_decoding._PACER):
-            if hasattr(kopf_api, mark):
-                delattr(kopf_api, mark)
+        if hasattr(kopf_api, kopf_decoding._MARK):
+            delattr(kopf_api, kopf_decoding._MARK)
 
     reset()
     yield kopf_api
