@@ -19,7 +19,7 @@ from typing import Any
 
 import kopf
 
-from gpuplane.controller import config, indexed, names, rejects, runtime, steering
+from gpuplane.controller import config, indexed, names, rejects, runtime, slim, steering
 from gpuplane.controller.claim import checks
 from gpuplane.controller.gang import leaderworkersets, owners
 from gpuplane.controller.node import slice_index
@@ -89,7 +89,9 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
     def slice_idx(body: kopf.Body, name: str, memo: runtime.Runtime, **_: Any) -> dict[str, Any] | None:
         if rejects.rejected(body):  # nested too deeply to read: no decision may see it
             return None
-        digest = slice_index.digest(name, body.get("spec") or {}, interner)
+        slimmed, digest = slim.digest_of(body)  # kopf_decoding digested it as it was decoded
+        if not slimmed:
+            digest = slice_index.digest(name, body.get("spec") or {}, interner)
         if digest is None:
             return None
         memo.touched()

@@ -32,7 +32,18 @@ import kopf
 import structlog
 from kopf._core.engines import peering  # kopf.run takes its Identity type (a NewType of str)
 
-from gpuplane.controller import config, handlers, kopf_decoding, kube, leader, metrics, probes, runtime, supervisor
+from gpuplane.controller import (
+    config,
+    handlers,
+    kopf_decoding,
+    kube,
+    leader,
+    metrics,
+    probes,
+    runtime,
+    slim,
+    supervisor,
+)
 from gpuplane.driver import logs
 
 log = structlog.get_logger(__name__)
@@ -68,7 +79,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``gpuplane-controller`` console script (ends the process with its exit code)."""
     cfg = config.parse_args(argv, os.environ)
     logs.configure(cfg.log_level, cfg.log_format)
-    kopf_decoding.install()  # before kopf reads anything: no watched object can crash the watchers
+    # Before kopf reads anything: no watched object can crash the watchers, and kopf keeps only what
+    # the controller reads of each (a slice as its digest).
+    kopf_decoding.install(transform=slim.Slimmer())
     api = kube.make_api_client(cfg.kubeconfig)
     m = metrics.ControllerMetrics()
     if cfg.metrics_port:

@@ -88,8 +88,9 @@ def pristine_kopf() -> Any:
 
     def reset() -> None:
         importlib.reload(kopf_api)
-        if hasattr(kopf_api, kopf_decoding._MARK):
-            delattr(kopf_api, kopf_decoding._MARK)
+        for mark in (kopf_decoding._MARK, kopf_decoding._TRANSFORM):
+            if hasattr(kopf_api, mark):
+                delattr(kopf_api, mark)
 
     reset()
     yield kopf_api
