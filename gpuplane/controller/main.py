@@ -36,6 +36,7 @@ from gpuplane.controller import (
     config,
     handlers,
     kopf_decoding,
+    kopf_indexing,
     kube,
     leader,
     metrics,
@@ -82,6 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Before kopf reads anything: no watched object can crash the watchers, and kopf keeps only what
     # the controller reads of each (a slice as its digest).
     kopf_decoding.install(transform=slim.Slimmer())
+    kopf_indexing.install()  # kopf's start-up barrier without O(objects²) wake-ups
     api = kube.make_api_client(cfg.kubeconfig)
     m = metrics.ControllerMetrics()
     if cfg.metrics_port:
