@@ -14,7 +14,8 @@ function:
 
 * ``metadata.managedFields`` is dropped from every object (nothing in the controller reads it);
 * a ResourceSlice is reduced at once to its :class:`~gpuplane.controller.node.slice_index.SliceDigest`
-  (what the slice index stores), kept under :data:`DIGEST`, beside ``spec.driver``, ``spec.nodeName``
+  (what the slice index stores), kept under :data:`DIGEST` (in a :class:`Held`, which kopf's deep copy
+  of the body for its diff base copies as itself), beside ``spec.driver``, ``spec.nodeName``
   and ``spec.pool``; the devices and counter sets are not kept. ``handlers.slice_idx`` indexes the
   digest as it finds it, so the index is the same as from the full body (``tests/unit/test_slim.py``).
 
@@ -33,6 +34,31 @@ from gpuplane.controller.node import slice_index
 DIGEST = "gpuplaneSliceDigest"  # top-level key of a slimmed ResourceSlice: its SliceDigest (or None)
 SLICE_KIND = "ResourceSlice"
 _KEPT_SLICE_SPEC = ("driver", "nodeName", "pool")
+
+
+class Held:
+    """A slice's digest inside a raw body: kopf deep-copies bodies (its diff base), and the digest is
+    immutable and holds read-only mappings, so a copy is the same object."""
+
+    __slots__ = ("digest",)
+
+    def __init__(self, digest: slice_index.SliceDigest | None) -> None:
+        self.digest = digest
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Held:
+        return self
+
+    def __copy__(self) -> Held:
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Held) and other.digest == self.digest
+
+    def __hash__(self) -> int:
+        return hash(self.digest)
+
+    def __repr__(self) -> str:
+        return f"Held({self.digest.name if self.digest is not None else None})"
 
 
 class Slimmer:
@@ -56,7 +82,7 @@ class Slimmer:
         digest = slice_index.digest(name if isinstance(name, str) else "", spec, self.interner)
         slim: dict[str, Any] = {k: v for k, v in obj.items() if k != "spec"}
         slim["spec"] = {k: spec[k] for k in _KEPT_SLICE_SPEC if k in spec}
-        slim[DIGEST] = digest
+        slim[DIGEST] = Held(digest)
         return slim
 
 
@@ -65,4 +91,4 @@ def digest_of(body: Mapping[str, Any]) -> tuple[bool, slice_index.SliceDigest | 
     if DIGEST not in body:
         return False, None
     got = body.get(DIGEST)
-    return True, got if isinstance(got, slice_index.SliceDigest) else None
+    return True, got.digest if isinstance(got, Held) else None
