@@ -133,8 +133,14 @@ def test_driver_restart_keeps_running_pods_and_new_pods_prepare(lifecycle: RealC
 
     seconds = real.real.restart(node, "driver")
     print(f"\ndriver restarted; kubelet registered it again after {seconds:.1f}s")
-    after_restart = realchecks.kubelet_calls(driver_log(real, node))[calls_before:]
-    # kubelet: GetInfo, then (concurrently) the health stream and NotifyRegistrationStatus.
+    # kubelet: GetInfo, then (concurrently) the health stream and NotifyRegistrationStatus. The restart
+    # returns once kubelet registered the plugin; the health stream's call may reach the log a moment later.
+
+    def registered() -> list[Any] | None:
+        calls = realchecks.kubelet_calls(driver_log(real, node))[calls_before:]
+        return calls if {c.method for c in calls[1:3]} >= {"NodeWatchResources", "NotifyRegistrationStatus"} else None
+
+    after_restart = eventually(registered, 30, "kubelet's GetInfo, NodeWatchResources and NotifyRegistrationStatus")
     assert after_restart[0].method == "GetInfo"
     assert {c.method for c in after_restart[1:3]} == {"NodeWatchResources", "NotifyRegistrationStatus"}
     (notify,) = [c for c in after_restart if c.method == "NotifyRegistrationStatus"]
