@@ -10,7 +10,6 @@ the deep claim arrives as a quarantined stub and its neighbours intact.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -25,6 +24,7 @@ from kopf._cogs.structs import credentials, references
 from gpuplane.controller import kopf_decoding
 from gpuplane.driver.api import boundedjson
 from tests.hostile import claim_text, wrap
+from tests.kopfkit import pristine_kopf  # noqa: F401 - the fixture
 
 SHAPES = ((5, "a"), (3000, "deep"), (5, "c"))
 LIST = wrap(
@@ -82,22 +82,8 @@ async def _watch(settings: configuration.OperatorSettings) -> list[Any]:
     return [event async for event in stream]
 
 
-@pytest.fixture
-def pristine_kopf() -> Any:
-    """kopf's API module as released (no bounded decoder), restored afterwards for the other tests."""
-
-    def reset() -> None:
-        importlib.reload(kopf_api)
-        for mark in (kopf_decoding._MARK, kopf_decoding._TRANSFORM):
-            if hasattr(kopf_api, mark):
-                delattr(kopf_api, mark)
-
-    reset()
-    yield kopf_api
-    reset()
-
-
-def test_kopf_alone_crashes_on_a_deep_claim(pristine_kopf: Any) -> None:
+@pytest.mark.usefixtures("pristine_kopf")
+def test_kopf_alone_crashes_on_a_deep_claim() -> None:
     assert kopf_decoding.installed() is None
     with pytest.raises(RecursionError):
         asyncio.run(_with_kopf(_list))
@@ -105,7 +91,8 @@ def test_kopf_alone_crashes_on_a_deep_claim(pristine_kopf: Any) -> None:
         asyncio.run(_with_kopf(_watch))
 
 
-def test_installed_kopf_lists_the_deep_claim_as_a_stub(pristine_kopf: Any) -> None:
+@pytest.mark.usefixtures("pristine_kopf")
+def test_installed_kopf_lists_the_deep_claim_as_a_stub() -> None:
     kopf_decoding.install()
     assert kopf_decoding.installed() == boundedjson.MAX_OBJECT_DEPTH
     items = asyncio.run(_with_kopf(_list))
@@ -115,7 +102,8 @@ def test_installed_kopf_lists_the_deep_claim_as_a_stub(pristine_kopf: Any) -> No
     assert items[1]["kind"] == "ResourceClaim"  # kopf fills kind/apiVersion from the list as usual
 
 
-def test_installed_kopf_watches_past_the_deep_claim(pristine_kopf: Any) -> None:
+@pytest.mark.usefixtures("pristine_kopf")
+def test_installed_kopf_watches_past_the_deep_claim() -> None:
     kopf_decoding.install()
     events = asyncio.run(_with_kopf(_watch))
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [
@@ -127,14 +115,16 @@ def test_installed_kopf_watches_past_the_deep_claim(pristine_kopf: Any) -> None:
     assert reason is not None and "spec.devices.config[0].opaque.parameters" in reason
 
 
-def test_install_is_idempotent(pristine_kopf: Any) -> None:
+@pytest.mark.usefixtures("pristine_kopf")
+def test_install_is_idempotent() -> None:
     kopf_decoding.install()
     first = kopf_api.get
     kopf_decoding.install()
     assert kopf_api.get is first
 
 
-def test_an_empty_body_reads_as_none(pristine_kopf: Any) -> None:
+@pytest.mark.usefixtures("pristine_kopf")
+def test_an_empty_body_reads_as_none() -> None:
     kopf_decoding.install()
 
     async def empty(_settings: configuration.OperatorSettings) -> Any:

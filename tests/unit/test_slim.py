@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import importlib
 import json
 import logging
 import sys
@@ -29,6 +28,7 @@ from gpuplane.controller import config, handlers, kopf_decoding, slim
 from gpuplane.controller.node import slice_index
 from gpuplane.driver.api import boundedjson
 from tests import indexkit
+from tests.kopfkit import pristine_kopf  # noqa: F401 - the fixture
 
 MANAGED = [{"manager": "gpuplane-driver", "operation": "Update", "fieldsV1": {"f:spec": {"f:devices": {}}}}]
 
@@ -151,20 +151,8 @@ async def _via_kopf(tmp: Path) -> tuple[list[Any], list[Any], list[Any]]:
     return listed, listed_pods, watched
 
 
-@pytest.fixture
-def fresh_kopf() -> Any:
-    def reset() -> None:
-        importlib.reload(kopf_api)
-        for mark in (kopf_decoding._MARK, kopf_decoding._TRANSFORM):
-            if hasattr(kopf_api, mark):
-                delattr(kopf_api, mark)
-
-    reset()
-    yield
-    reset()
-
-
-def test_kopf_lists_and_watches_slimmed_slices(fresh_kopf: Any, tmp_path: Path) -> None:
+@pytest.mark.usefixtures("pristine_kopf")
+def test_kopf_lists_and_watches_slimmed_slices(tmp_path: Path) -> None:
     kopf_decoding.install(transform=slim.Slimmer())
     listed, pods, watched = asyncio.run(_via_kopf(tmp_path))
     assert listed and len(watched) == len(listed)
@@ -180,7 +168,8 @@ def test_kopf_lists_and_watches_slimmed_slices(fresh_kopf: Any, tmp_path: Path) 
     ]
 
 
-def test_without_the_transform_kopf_keeps_the_whole_slice(fresh_kopf: Any, tmp_path: Path) -> None:
+@pytest.mark.usefixtures("pristine_kopf")
+def test_without_the_transform_kopf_keeps_the_whole_slice(tmp_path: Path) -> None:
     kopf_decoding.install()
     listed, _, watched = asyncio.run(_via_kopf(tmp_path))
     assert all(("devices" in o["spec"] or "sharedCounters" in o["spec"]) for o in listed)
