@@ -14,7 +14,6 @@ server is outside Kubernetes' supported skew, which is why this is a benchmark t
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 from e2e.cluster import build
@@ -25,10 +24,7 @@ PACKAGE = "k8s.io/kubernetes/cmd/kube-scheduler"
 
 def release(go_mod: Path = MODULE_DIR / "go.mod") -> str:
     """The ``k8s.io/kubernetes`` release ``go_mod`` requires, e.g. ``v1.37.2``."""
-    match = re.search(rf"^\s*(?:require\s+)?{re.escape(build.KUBERNETES_MODULE)}\s+(v\S+)", go_mod.read_text(), re.M)
-    if match is None:
-        raise build.BuildError(f"{go_mod} does not require {build.KUBERNETES_MODULE}")
-    return match.group(1)
+    return build.required_version(go_mod, build.KUBERNETES_MODULE)
 
 
 def ensure(out: build.Printer = print) -> Path:

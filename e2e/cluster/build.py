@@ -127,15 +127,21 @@ def ldflags(package: str, pins: ModulePins) -> str:
     return " ".join(flags)
 
 
+def required_version(go_mod: Path, module: str, text: str | None = None) -> str:
+    """The version of ``module`` that ``go_mod`` requires (``text``: its content, when already read)."""
+    text = go_mod.read_text() if text is None else text
+    match = re.search(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)", text, re.MULTILINE)
+    if match is None:
+        raise BuildError(f"{go_mod} does not require {module}")
+    return match.group(1)
+
+
 def read_pins(go_mod: Path) -> ModulePins:
     """Read the Kubernetes and etcd requirements and the Go version from a go.mod."""
     text = go_mod.read_text()
 
     def required(module: str) -> str:
-        match = re.search(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)", text, re.MULTILINE)
-        if match is None:
-            raise BuildError(f"{go_mod} does not require {module}")
-        return match.group(1)
+        return required_version(go_mod, module, text)
 
     go_match = re.search(r"^go\s+(\S+)", text, re.MULTILINE)
     return ModulePins(
