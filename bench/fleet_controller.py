@@ -21,6 +21,9 @@ CPU seconds come from ``/proc/<pid>/stat``.
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -52,9 +55,14 @@ class Moment:
     detail: str
 
 
-def start_controller(cluster: Cluster, state_dir: Path, out: Printer) -> tuple[components.Controllers, int]:
-    """One controller replica; returns it and its pid."""
-    ctl = components.Controllers(state_dir, cluster, replicas=1, token_seconds=6 * 3600, die_with_parent=True, out=out)
+def start_controller(
+    cluster: Cluster, state_dir: Path, out: Printer, *, trace_frames: int = 0
+) -> tuple[components.Controllers, int]:
+    """One controller replica; returns it and its pid (``trace_frames``: run it with allocation tracing)."""
+    env = {"PYTHONTRACEMALLOC": str(trace_frames)} if trace_frames else None
+    ctl = components.Controllers(
+        state_dir, cluster, replicas=1, token_seconds=6 * 3600, die_with_parent=True, env=env, out=out
+    )
     ctl.start()
     record = procs.read_records(state_dir / "pids")[f"{components.CONTROLLER_PREFIX}0"]
     return ctl, record.pid
@@ -259,6 +267,19 @@ def place_gangs(api: client.ApiClient, count: int, timeout: float, out: Printer)
         one_domain=_one_domain(gangs, pods, node_domain),
         create_s=create_s,
     )
+
+
+def memory_report(pid: int, timeout: float = 300.0) -> str:
+    """The controller's own memory report (``kill -USR2``, :mod:`gpuplane.controller.memdump`), as text."""
+    path = Path(tempfile.gettempdir()) / f"gpuplane-controller-memory-{pid}.txt"
+    path.unlink(missing_ok=True)
+    os.kill(pid, signal.SIGUSR2)
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            return f"(no memory report from pid {pid} within {timeout:.0f} s)"
+        time.sleep(0.5)
+    return path.read_text()
 
 
 def moments_table(moments: Sequence[Moment], target_mb: float) -> str:

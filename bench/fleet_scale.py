@@ -92,6 +92,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds any one wait may take")
     p.add_argument("--skip", default="", help="comma-separated: sched, api, controller")
     p.add_argument("--state-dir", type=Path, help="keep the cluster's state here (default: a temporary directory)")
+    p.add_argument(
+        "--trace-memory",
+        type=int,
+        default=0,
+        metavar="FRAMES",
+        help="diagnosis run: the controller traces its allocations (PYTHONTRACEMALLOC=FRAMES; its memory and CPU "
+        "figures are then not the product's), and its memory report lists where the memory was allocated",
+    )
     p.add_argument("--write", type=Path, help="append the report as a Markdown section to this file")
     p.add_argument(
         "--scheduler",
@@ -178,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         measure_controller = "controller" not in skip
         if measure_controller:
             t0 = time.monotonic()
-            ctl, run.ctl_pid = fleet_controller.start_controller(handle, state_dir, say)
+            ctl, run.ctl_pid = fleet_controller.start_controller(handle, state_dir, say, trace_frames=args.trace_memory)
             cpu0 = fleet_probe.cpu_s(run.ctl_pid)
             dra_watch.wait(lambda: fleet_controller.unlabelled(run.api, nodes) == 0, args.timeout, "node labels")
             fp = run.footprints[0][1]
@@ -238,6 +246,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             run.remember_memory(f"{gangs} gangs")
         if measure_controller:
             run.section("3. gpuplane-controller", fleet_controller.moments_table(run.moments, RSS_TARGET_MB))
+            say("asking the controller for its memory report (kill -USR2) ...")
+            memory = fleet_controller.memory_report(run.ctl_pid)
+            run.section("3. what the controller's memory holds (its own report)", f"```text\n{memory}```")
         if run.followers is not None:
             run.section("3. controller before/after (followers)", run.followers.table(run.before_commit))
         run.memory.append(("peak over the run", dict(peaks.peaks)))

@@ -27,10 +27,11 @@ needs ``down`` and ``up`` again.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from kubernetes import client
@@ -149,11 +150,13 @@ class Controllers:
         replicas: int = DEFAULT_REPLICAS,
         token_seconds: int = identity.TOKEN_SECONDS,
         die_with_parent: bool = False,
+        env: Mapping[str, str] | None = None,
         out: Printer = print,
     ) -> None:
         self.state_dir = state_dir.resolve()
         self.cluster = cluster
         self.replicas = replicas
+        self.env = None if not env else {**os.environ, **env}  # extra environment (a diagnosis run's tracing)
         self.token_seconds = token_seconds
         self.die_with_parent = die_with_parent
         self._out = out
@@ -198,6 +201,7 @@ class Controllers:
                     argv,
                     log=self.log(index),
                     pid_dir=self.state_dir / "pids",
+                    env=self.env,
                     cwd=REPO_ROOT,
                     die_with_parent=self.die_with_parent,
                 )

@@ -39,6 +39,7 @@ from gpuplane.controller import (
     kopf_indexing,
     kube,
     leader,
+    memdump,
     metrics,
     probes,
     runtime,
@@ -84,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the controller reads of each (a slice as its digest).
     kopf_decoding.install(transform=slim.Slimmer())
     kopf_indexing.install()  # kopf's start-up barrier without O(objects²) wake-ups
+    memdump.install()  # kill -USR2: what the memory is made of ($TMPDIR/gpuplane-controller-memory-<pid>.txt)
     api = kube.make_api_client(cfg.kubeconfig)
     m = metrics.ControllerMetrics()
     if cfg.metrics_port:

@@ -1,0 +1,118 @@
+"""A memory report on demand: ``kill -USR2 <pid>`` writes what the controller's memory is made of.
+
+For an operator asking "why is the controller this big on my fleet" without a debugger: the
+report (``gpuplane-controller-memory-<pid>.txt`` in the directory given at start, by default the
+system's temporary directory) holds
+
+* resident and peak resident memory (``/proc/self/status``);
+* the live objects the garbage collector tracks, by type: count and shallow bytes (the types
+  name what holds the memory: kopf's per-object bookkeeping, index entries, decoded bodies);
+* where the live memory was allocated, by source line and by call path, when the process runs
+  with allocation tracing (``PYTHONTRACEMALLOC=<frames>`` in its environment; it costs CPU and
+  memory, so it is for a diagnosis run, never on by default).
+
+The report is written by the signal handler in the main thread (the supervisor's thread, which
+only waits); the operator's event loop thread shares the interpreter with it meanwhile, so it runs
+slower, not stopped, for the seconds a report takes at fleet scale.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import signal
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from types import FrameType
+
+import structlog
+
+log = structlog.get_logger(__name__)
+TOP_TYPES = 30
+TOP_SITES = 40
+
+
+def _status_kb(field: str) -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def type_table(objects: Iterable[object], top: int = TOP_TYPES) -> list[str]:
+    """Rows ``count  shallow-MB  type`` for the ``top`` types by shallow bytes."""
+    counts: Counter[str] = Counter()
+    sizes: Counter[str] = Counter()
+    for o in objects:
+        t = type(o)
+        key = f"{t.__module__}.{t.__qualname__}"
+        counts[key] += 1
+        with contextlib.suppress(TypeError):  # an object whose __sizeof__ refuses: counted, not sized
+            sizes[key] += sys.getsizeof(o)
+    return [f"{counts[k]:>10}  {sizes[k] / 1e6:9.2f} MB  {k}" for k, _ in sizes.most_common(top)]
+
+
+def site_tables(snapshot: tracemalloc.Snapshot, top: int = TOP_SITES) -> list[str]:
+    """The live allocations by source line, then by call path (as deep as the tracing keeps)."""
+    rows = ["## allocated at (by line)"]
+    for s in snapshot.statistics("lineno")[:top]:
+        rows.append(f"{s.size / 1e6:9.2f} MB {s.count:>9}  {s.traceback[0]}")
+    rows.append("")
+    rows.append("## allocated at (by call path, innermost first)")
+    for s in snapshot.statistics("traceback")[: top // 2]:
+        rows.append(f"{s.size / 1e6:9.2f} MB {s.count:>9}")
+        rows.extend(f"      {frame}" for frame in s.traceback)
+    return rows
+
+
+def report() -> str:
+    """The whole report as text."""
+    t0 = time.monotonic()
+    gc.collect()
+    rows = [
+        f"# gpuplane-controller memory, pid {os.getpid()}, {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}",
+        f"RSS {_status_kb('VmRSS') / 1024:.1f} MB, peak {_status_kb('VmHWM') / 1024:.1f} MB",
+        "",
+        "## live objects by type (gc-tracked; count, shallow size)",
+        *type_table(gc.get_objects()),
+        "",
+    ]
+    if tracemalloc.is_tracing():
+        current, peak = tracemalloc.get_traced_memory()
+        rows.append(f"traced: {current / 1e6:.1f} MB now, {peak / 1e6:.1f} MB peak")
+        rows.extend(site_tables(tracemalloc.take_snapshot()))
+    else:
+        rows.append("allocation sites: not traced (start the process with PYTHONTRACEMALLOC=<frames> for them)")
+    rows.append(f"(report took {time.monotonic() - t0:.1f} s)")
+    return "\n".join(rows) + "\n"
+
+
+def write(directory: Path) -> Path:
+    """Write the report into ``directory`` (atomically) and return its path."""
+    path = directory / f"gpuplane-controller-memory-{os.getpid()}.txt"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(report())
+    tmp.replace(path)
+    return path
+
+
+def install(directory: Path | None = None) -> None:
+    """SIGUSR2 writes the report (main thread only)."""
+    where = Path(tempfile.gettempdir()) if directory is None else directory
+
+    def on_signal(_signum: int, _frame: FrameType | None) -> None:
+        try:
+            log.info("memory report written", path=str(write(where)))
+        except Exception as exc:  # a report must never take the controller down
+            log.warning("memory report failed", error=repr(exc), directory=str(where))
+
+    signal.signal(signal.SIGUSR2, on_signal)

@@ -1,0 +1,82 @@
+"""The controller's on-demand memory report (SIGUSR2)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from gpuplane.controller import memdump
+
+
+class Marker:
+    """A type only this test creates, so its row can be found."""
+
+
+def test_type_table_counts_and_sizes_by_type() -> None:
+    objs = [Marker() for _ in range(7)] + [[1], [2]]
+    rows = memdump.type_table(objs, top=5)
+    marker = next(r for r in rows if r.endswith("test_memdump.Marker"))
+    assert marker.split()[0] == "7"
+    lists = next(r for r in rows if r.endswith("builtins.list"))
+    assert lists.split()[0] == "2"
+
+
+def test_report_without_tracing_says_how_to_get_sites() -> None:
+    was = tracemalloc.is_tracing()
+    if was:
+        tracemalloc.stop()
+    try:
+        text = memdump.report()
+    finally:
+        if was:
+            tracemalloc.start()
+    assert text.splitlines()[1].startswith("RSS ")
+    assert "## live objects by type" in text
+    assert "PYTHONTRACEMALLOC" in text
+
+
+def test_report_with_tracing_names_the_allocating_line() -> None:
+    was = tracemalloc.is_tracing()
+    tracemalloc.start(3)
+    try:
+        hoard = [bytearray(64 * 1024) for _ in range(64)]  # 4 MB from this line
+        text = memdump.report()
+        del hoard
+    finally:
+        if not was:
+            tracemalloc.stop()
+    by_line = text.split("## allocated at (by line)")[1].split("## allocated at (by call path")[0]
+    first = by_line.strip().splitlines()[0]
+    assert "test_memdump.py" in first
+    assert float(first.split()[0]) >= 4.0
+
+
+def test_sigusr2_writes_the_report(tmp_path: Path) -> None:
+    old = signal.getsignal(signal.SIGUSR2)
+    try:
+        memdump.install(tmp_path)
+        os.kill(os.getpid(), signal.SIGUSR2)
+        path = tmp_path / f"gpuplane-controller-memory-{os.getpid()}.txt"
+        deadline = time.monotonic() + 10
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert path.read_text().startswith(f"# gpuplane-controller memory, pid {os.getpid()}")
+    finally:
+        signal.signal(signal.SIGUSR2, old)
+
+
+def test_a_failing_report_does_not_raise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    old = signal.getsignal(signal.SIGUSR2)
+    missing = tmp_path / "gone"
+    try:
+        memdump.install(missing)  # the directory does not exist: the write fails, the process lives
+        os.kill(os.getpid(), signal.SIGUSR2)
+        time.sleep(0.05)
+        assert not missing.exists()
+    finally:
+        signal.signal(signal.SIGUSR2, old)
