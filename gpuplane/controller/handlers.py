@@ -20,7 +20,7 @@ from typing import Any
 import kopf
 
 from gpuplane.controller import config, indexed, names, rejects, runtime, slim, steering
-from gpuplane.controller.claim import checks
+from gpuplane.controller.claim import checks, explainer
 from gpuplane.controller.gang import leaderworkersets, owners
 from gpuplane.controller.node import slice_index
 from gpuplane.controller.rebalance import act, decide, loop
@@ -254,20 +254,22 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
             return
         await runtime.check_claim(memo, _plain(body, "spec", "status"), classes, consumers)
 
-    def unallocated(body: kopf.Body, **_: Any) -> bool:
-        return not (body.get("status") or {}).get("allocation")
+    # Pending claims are explained by a loop over the claim index, not a kopf timer: kopf would keep
+    # the last body of every claim for a timer on claims (gpuplane.controller.claim.explainer).
+    @kopf.on.startup(registry=reg)
+    async def start_claim_explainer(memo: runtime.Runtime, **kw: Any) -> None:
+        async def explain(claim: Mapping[str, Any], now: float) -> None:
+            classes = runtime.single(kw["class_idx"])
+            if rejects.rejected(claim) or not checks.is_ours(claim, classes):
+                return
+            async with memo.lock():
+                await runtime.explain_claim(memo, claim, classes, world_of(memo, kw), now)
 
-    @kopf.timer(
-        *RESOURCE, "resourceclaims", interval=max(cfg.claim_explain_after_s, 5.0), when=unallocated, registry=reg
-    )
-    async def claim_timer(body: kopf.Body, memo: runtime.Runtime, **kw: Any) -> None:
-        classes = runtime.single(kw["class_idx"])
-        plain = _plain(body, "spec", "status")
-        if not memo.leading() or rejects.rejected(body) or not checks.is_ours(plain, classes):
-            return
-        async with memo.lock():
-            now = time.time()
-            await runtime.explain_claim(memo, plain, classes, world_of(memo, kw), now)
+        memo.shared.tasks.append(
+            asyncio.create_task(
+                explainer.run(kw["claim_idx"], explain, memo.leading, max(cfg.claim_explain_after_s, 5.0))
+            )
+        )
 
     # --- GpuRequests (right-sizing) -----------------------------------------------------------
     @kopf.index(

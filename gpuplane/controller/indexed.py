@@ -32,7 +32,7 @@ from gpuplane.controller import names
 from gpuplane.driver.api import names as dn
 
 REBALANCE_ANNOTATION = "gpuplane.dev/noisy-neighbour-decision"  # rebalance.act.ANNOTATION (a test checks)
-_ANNOTATIONS = (names.ANNOTATION_DECISION, REBALANCE_ANNOTATION)
+_ANNOTATIONS = (names.ANNOTATION_DECISION, REBALANCE_ANNOTATION, names.ANNOTATION_EXPLAINED)
 
 
 def _result(r: Mapping[str, Any]) -> dict[str, Any]:
@@ -73,10 +73,12 @@ def claim(body: Mapping[str, Any], driver: str = dn.DRIVER_NAME) -> dict[str, An
         out_meta["ownerReferences"] = owners
     if meta.get("deletionTimestamp"):
         out_meta["deletionTimestamp"] = meta["deletionTimestamp"]
+    allocation = (body.get("status") or {}).get("allocation")
+    if not allocation and meta.get("creationTimestamp"):  # how long it has waited (claim.explainer)
+        out_meta["creationTimestamp"] = meta["creationTimestamp"]
     # Requests as written: small (the API caps them), and steering reads any field of them.
     requests = copy.deepcopy(list(((body.get("spec") or {}).get("devices") or {}).get("requests") or []))
     status: dict[str, Any] = {}
-    allocation = (body.get("status") or {}).get("allocation")
     if allocation:
         results = [
             _result(r) for r in (allocation.get("devices") or {}).get("results") or [] if r.get("driver") == driver

@@ -113,3 +113,54 @@ def test_the_write_overlay_keeps_the_placement_a_status_write_left_out() -> None
     stale = {"metadata": {"name": "g", "namespace": "ns"}, "status": {"phase": "Pending"}}
     overlaid = world.overlay({"ns/g": stale}, {"ns/g": entry})["ns/g"]
     assert overlaid["status"]["phase"] == "Placed" and overlaid["status"]["placement"] == placement
+
+
+def test_no_timer_or_daemon_on_a_resource_a_fleet_has_thousands_of() -> None:
+    """kopf keeps the last body of every object of a resource with a timer or daemon (its
+    ``live_fresh_body``), whatever the timer's filter: a timer on claims held every claim's body
+    (10,000 on a fleet). Timers and daemons hang only on the controller's own, few, objects."""
+    reg = handlers.make_registry(config.parse_args(["--identity", "x"], {}))
+    on = {h.selector.any_name for h in reg._spawning.get_all_handlers() if h.selector is not None}
+    assert on == {names.GANG_PLURAL, "gpurequests"}
+
+
+def test_the_explainer_looks_only_at_pending_claims_and_explains_each() -> None:
+    from gpuplane.controller.claim import explainer
+
+    def entry(name: str, allocated: bool) -> dict[str, Any]:
+        status: dict[str, Any] = {"allocation": {"devices": {"results": []}}} if allocated else {}
+        return {"metadata": {"name": name, "namespace": "ns"}, "status": status}
+
+    index = {
+        "ns/a": [entry("a", False)],
+        "ns/b": [entry("b", True)],
+        "ns/c": [entry("c", False)],
+    }
+    seen: list[str] = []
+
+    async def explain(claim: Any, now: float) -> None:
+        assert now > 0
+        seen.append(claim["metadata"]["name"])
+
+    assert asyncio.run(explainer.explain_pass(index, explain)) == 2
+    assert seen == ["a", "c"]
+
+
+def test_the_claim_index_keeps_what_explaining_a_pending_claim_reads() -> None:
+    from gpuplane.controller import indexed
+
+    body = {
+        "metadata": {
+            "name": "c",
+            "namespace": "ns",
+            "uid": "u",
+            "creationTimestamp": "2026-12-02T00:00:00Z",
+            "annotations": {names.ANNOTATION_EXPLAINED: "no room", "other": "x"},
+        },
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.gpuplane.dev"}}]}},
+    }
+    got = indexed.claim(body)
+    assert got["metadata"]["creationTimestamp"] == "2026-12-02T00:00:00Z"
+    assert got["metadata"]["annotations"] == {names.ANNOTATION_EXPLAINED: "no room"}
+    allocated = {**body, "status": {"allocation": {"devices": {"results": []}}}}
+    assert "creationTimestamp" not in indexed.claim(allocated)["metadata"]  # an allocated claim is never explained
