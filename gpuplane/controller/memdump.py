@@ -1,8 +1,9 @@
 """A memory report on demand: ``kill -USR2 <pid>`` writes what the controller's memory is made of.
 
 For an operator asking "why is the controller this big on my fleet" without a debugger: the
-report (``gpuplane-controller-memory-<pid>.txt`` in the directory given at start, by default the
-system's temporary directory) holds
+report goes to the log (event ``memory report``) and, where the file system is writable, to
+``gpuplane-controller-memory-<pid>.txt`` in the directory given at start (by default the system's
+temporary directory). It holds
 
 * resident and peak resident memory (``/proc/self/status``);
 * the live objects the garbage collector tracks, by type: count and shallow bytes (the types
@@ -96,23 +97,33 @@ def report() -> str:
     return "\n".join(rows) + "\n"
 
 
-def write(directory: Path) -> Path:
-    """Write the report into ``directory`` (atomically) and return its path."""
+def write(directory: Path, text: str | None = None) -> Path:
+    """Write the report (or ``text``) into ``directory`` (atomically) and return its path."""
     path = directory / f"gpuplane-controller-memory-{os.getpid()}.txt"
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(report())
+    tmp.write_text(report() if text is None else text)
     tmp.replace(path)
     return path
 
 
 def install(directory: Path | None = None) -> None:
-    """SIGUSR2 writes the report (main thread only)."""
+    """SIGUSR2 logs the report and writes it to a file where the file system allows (main thread only).
+
+    In the Deployment the root file system is read-only, so there the log (``kubectl logs``) has it.
+    """
     where = Path(tempfile.gettempdir()) if directory is None else directory
 
     def on_signal(_signum: int, _frame: FrameType | None) -> None:
         try:
-            log.info("memory report written", path=str(write(where)))
+            text = report()
         except Exception as exc:  # a report must never take the controller down
-            log.warning("memory report failed", error=repr(exc), directory=str(where))
+            log.warning("memory report failed", error=repr(exc))
+            return
+        try:
+            path: str | None = str(write(where, text))
+        except OSError as exc:
+            path = None
+            log.info("memory report not written to a file", directory=str(where), error=repr(exc))
+        log.info("memory report", path=path, report=text)
 
     signal.signal(signal.SIGUSR2, on_signal)

@@ -70,13 +70,27 @@ def test_sigusr2_writes_the_report(tmp_path: Path) -> None:
         signal.signal(signal.SIGUSR2, old)
 
 
-def test_a_failing_report_does_not_raise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unwritable_directory_still_logs_the_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    logged: list[tuple[str, dict[str, object]]] = []
+
+    class Log:
+        def info(self, event: str, **kw: object) -> None:
+            logged.append((event, kw))
+
+        def warning(self, event: str, **kw: object) -> None:
+            logged.append((event, kw))
+
+    monkeypatch.setattr(memdump, "log", Log())
     old = signal.getsignal(signal.SIGUSR2)
     missing = tmp_path / "gone"
     try:
-        memdump.install(missing)  # the directory does not exist: the write fails, the process lives
+        memdump.install(missing)  # the directory does not exist (a read-only root): the process lives
         os.kill(os.getpid(), signal.SIGUSR2)
-        time.sleep(0.05)
-        assert not missing.exists()
+        deadline = time.monotonic() + 10
+        while not any(e == "memory report" for e, _ in logged) and time.monotonic() < deadline:
+            time.sleep(0.01)
     finally:
         signal.signal(signal.SIGUSR2, old)
+    assert not missing.exists()
+    report = dict(logged)["memory report"]
+    assert report["path"] is None and str(report["report"]).startswith("# gpuplane-controller memory")
