@@ -269,6 +269,22 @@ def place_gangs(api: client.ApiClient, count: int, timeout: float, out: Printer)
     )
 
 
+def settle(pid: int, timeout: float, *, window_s: float = 10.0, busy_below: float = 0.1) -> float:
+    """Seconds until ``pid`` used under ``busy_below`` of a CPU over ``window_s`` (at least 20 s in; nan: timeout)."""
+    started = time.monotonic()
+    samples: list[tuple[float, float]] = []
+    while time.monotonic() - started < timeout:
+        now = time.monotonic()
+        samples.append((now, fleet_probe.cpu_s(pid)))
+        old = [x for x in samples if x[0] <= now - window_s]
+        if old and now - started >= 20:
+            t_old, c_old = old[-1]
+            if (samples[-1][1] - c_old) / (now - t_old) < busy_below:
+                return now - started
+        time.sleep(1.0)
+    return float("nan")
+
+
 def memory_report(pid: int, timeout: float = 300.0) -> str:
     """The controller's own memory report (``kill -USR2``, :mod:`gpuplane.controller.memdump`), as text."""
     path = Path(tempfile.gettempdir()) / f"gpuplane-controller-memory-{pid}.txt"

@@ -90,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=8, help="client threads creating objects")
     p.add_argument("--api-qps", type=int, default=500, help="client QPS of kube-scheduler and -controller-manager")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds any one wait may take")
-    p.add_argument("--skip", default="", help="comma-separated: sched, api, controller")
+    p.add_argument("--skip", default="", help="comma-separated: sched, api, controller, restart")
     p.add_argument("--state-dir", type=Path, help="keep the cluster's state here (default: a temporary directory)")
     p.add_argument(
         "--trace-memory",
@@ -244,6 +244,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "nodes the placement named",
             )
             run.remember_memory(f"{gangs} gangs")
+        if measure_controller and "restart" not in skip:
+            say("restarting the controller with the fleet, the claims, their pods and the gangs in place ...")
+            if ctl is not None:
+                ctl.stop()
+            run.peaks.reset(f"{components.CONTROLLER_PREFIX}0")  # the new process's peak alone
+            t0 = time.monotonic()
+            ctl, run.ctl_pid = fleet_controller.start_controller(handle, state_dir, say, trace_frames=args.trace_memory)
+            quiet = fleet_controller.settle(run.ctl_pid, args.timeout)
+            run.moment(
+                "restarted with everything in place (an upgrade)",
+                t0,
+                0.0,
+                f"settled (under 10 % of a CPU for 10 s) {quiet:.0f}s after the start; {len(nodes)} nodes, "
+                f"{args.claims} claims and pods, {gangs} gangs",
+            )
         if measure_controller:
             run.section("3. gpuplane-controller", fleet_controller.moments_table(run.moments, RSS_TARGET_MB))
             say("asking the controller for its memory report (kill -USR2) ...")

@@ -19,7 +19,7 @@ from typing import Any
 
 import kopf
 
-from gpuplane.controller import config, indexed, names, rejects, runtime, slim, steering
+from gpuplane.controller import config, indexed, kopf_barrier, names, rejects, runtime, slim, startup, steering
 from gpuplane.controller.claim import checks, explainer
 from gpuplane.controller.gang import leaderworkersets, owners
 from gpuplane.controller.node import slice_index
@@ -203,6 +203,7 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
     async def steer_loop(memo: runtime.Runtime) -> None:
         """One loop per process: a pass whenever a gated pod changed, and every resync period while any is."""
         shared = memo.shared
+        await kopf_barrier.wait_indexed()  # no decision on half-built indexes
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(shared.steer_wake.wait(), timeout=cfg.resync_s)
@@ -228,6 +229,9 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
 
     # --- NVLink domain labels --------------------------------------------------------------------
     async def label(node: str, memo: runtime.Runtime, kw: Mapping[str, Any]) -> None:
+        if not kopf_barrier.indexed():  # start-up: labelled once from the complete indexes (startup.replay)
+            memo.shared.deferred.node(node)
+            return
         entry = next(iter(kw["node_idx"].get(node, ())), None)
         await runtime.sync_node_label(memo, node, entry, list(kw["slice_idx"].get(node, ())))
 
@@ -242,10 +246,30 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
         if type in ("ADDED", "MODIFIED", None):
             await label(name, memo, kw)
 
+    @kopf.on.startup(registry=reg)
+    async def start_replay(memo: runtime.Runtime, **kw: Any) -> None:
+        async def check(key: str, body: dict[str, Any], rejected: bool) -> None:
+            consumers = list(kw["claim_consumer_idx"].get(key, []))
+            classes = runtime.single(kw["class_idx"])
+            if rejected:
+                await rejects.refuse_claim(memo, body, classes, consumers)
+            else:
+                await runtime.check_claim(memo, body, classes, consumers)
+
+        replay = startup.replay(
+            memo.shared.deferred, lambda n: label(n, memo, kw), check, startup.exists_in(kw["claim_idx"])
+        )
+        memo.shared.tasks.append(asyncio.create_task(replay))
+
     # --- ResourceClaims --------------------------------------------------------------------------
     @kopf.on.event(*RESOURCE, "resourceclaims", registry=reg)
     async def claim_event(body: kopf.Body, namespace: str | None, name: str, type: str, memo: Any, **kw: Any) -> None:
         if type == "DELETED":
+            return
+        if not kopf_barrier.indexed():  # start-up: checked once the indexes are complete (startup.replay)
+            rejected = rejects.rejected(body)
+            kept = dict(body) if rejected else _plain(body, "spec", "status")
+            memo.shared.deferred.claim(f"{namespace}/{name}", kept, rejected=rejected)
             return
         consumers = [p for store in [kw["claim_consumer_idx"].get(f"{namespace}/{name}", [])] for p in store]
         classes = runtime.single(kw["class_idx"])

@@ -35,6 +35,7 @@ from kopf._core.engines import peering  # kopf.run takes its Identity type (a Ne
 from gpuplane.controller import (
     config,
     handlers,
+    kopf_barrier,
     kopf_decoding,
     kopf_indexing,
     kube,
@@ -85,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the controller reads of each (a slice as its digest).
     kopf_decoding.install(transform=slim.Slimmer())
     kopf_indexing.install()  # kopf's start-up barrier without O(objects²) wake-ups
+    kopf_barrier.install()  # ... and without a parked worker per pod, claim, slice and node
     memdump.install()  # kill -USR2: what the memory is made of ($TMPDIR/gpuplane-controller-memory-<pid>.txt)
     api = kube.make_api_client(cfg.kubeconfig)
     m = metrics.ControllerMetrics()

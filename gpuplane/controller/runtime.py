@@ -23,7 +23,7 @@ from typing import Any
 
 import structlog
 
-from gpuplane.controller import config, events, failfast, kube, leader, names
+from gpuplane.controller import config, events, failfast, kube, leader, names, startup
 from gpuplane.controller import metrics as metrics_mod
 from gpuplane.controller.claim import checks, review
 from gpuplane.controller.gang import deleted, desired, queue_runner, reconciler, status, world
@@ -55,8 +55,9 @@ class Shared:
     steer_task: asyncio.Task[None] | None = None
     term: int = 0  # the leadership term the caches above belong to
     templates: dict[str, tuple[dict[str, Any], float]] = field(default_factory=dict)  # right-sizing writes in flight
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)  # background loops (rebalancing)
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)  # background loops (rebalancing, replay)
     claim_notes: dict[str, dict[str, str | None]] = field(default_factory=dict)  # uid -> annotations written
+    deferred: startup.Deferred = field(default_factory=startup.Deferred)  # until kopf's start-up barrier opens
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import Any
 
 import structlog
 
-from gpuplane.controller import kube
+from gpuplane.controller import kopf_barrier, kube
 
 log = structlog.get_logger(__name__)
 
@@ -50,7 +50,8 @@ async def run(
     leading: Callable[[], bool],
     interval_s: float,
 ) -> None:
-    """Forever: wait, then one pass if ``leading()``."""
+    """Forever: wait, then one pass if ``leading()`` (never before kopf's start-up barrier opened)."""
+    await kopf_barrier.wait_indexed()
     while True:
         await asyncio.sleep(interval_s)
         if not leading():

@@ -14,7 +14,7 @@ from typing import Any
 
 import structlog
 
-from gpuplane.controller import kube
+from gpuplane.controller import kopf_barrier, kube
 from gpuplane.controller.node import slice_index
 from gpuplane.controller.rebalance.act import Rebalancer
 
@@ -42,7 +42,8 @@ async def run(
     claim_idx: Mapping[Any, Iterable[Any]],
     interval_s: float,
 ) -> None:
-    """Forever: wait, then one pass if ``leading()``."""
+    """Forever: wait, then one pass if ``leading()`` (never before kopf's start-up barrier opened)."""
+    await kopf_barrier.wait_indexed()
     while True:
         await asyncio.sleep(interval_s)
         if not leading():
