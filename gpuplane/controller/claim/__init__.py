@@ -7,4 +7,5 @@
 - ``selectors``: the subset of CEL device selectors the controller evaluates itself; pure.
 - ``no_match``: why a request's selectors admit no GPU at all (an attribute no GPU publishes, or a
   filter nothing passes); pure.
+- ``explainer``: a pass over the claim index every few seconds: why each pending claim waits.
 """
