@@ -164,3 +164,44 @@ def test_the_claim_index_keeps_what_explaining_a_pending_claim_reads() -> None:
     assert got["metadata"]["annotations"] == {names.ANNOTATION_EXPLAINED: "no room"}
     allocated = {**body, "status": {"allocation": {"devices": {"results": []}}}}
     assert "creationTimestamp" not in indexed.claim(allocated)["metadata"]  # an allocated claim is never explained
+
+
+def test_before_kopfs_barrier_opens_node_slice_and_claim_events_defer_and_write_nothing() -> None:
+    """While kopf's start-up barrier is closed (kopf_barrier), the handlers of the fleet-sized resources
+    record what to do and return: a leader whose every write would reach the API (Boom) writes nothing."""
+    from kopf._cogs.aiokits import aiotoggles
+
+    from gpuplane.controller import kopf_barrier
+
+    writer = kube.KubeWriter.__new__(kube.KubeWriter)
+    writer.core, writer.custom, writer.component, writer.guard = Boom(), Boom(), "x", lambda: True
+    rt = runtime.Runtime.create(
+        config.parse_args(["--identity", "b"], {}), writer, metrics.ControllerMetrics(), Flag(True)
+    )
+    reg = handlers.make_registry(config.parse_args(["--identity", "b"], {}))
+    fns = {h.id.rsplit(".", 1)[-1]: h.fn for h in reg._watching.get_all_handlers()}
+    node = {"metadata": {"name": "n1", "uid": "u1"}}
+    kw: dict[str, Any] = {
+        "node_idx": {"n1": [{"metadata": {"name": "n1", "uid": "u1"}, "schedulable": True}]},
+        "slice_idx": {},
+        "claim_consumer_idx": {},
+        "class_idx": {},
+    }
+    claim = {"metadata": {"name": "c", "namespace": "ns", "uid": "cu"}, "spec": {}, "status": {}}
+
+    async def run() -> None:
+        toggles = aiotoggles.ToggleSet(all)
+        await toggles.make_toggle(name="not listed yet")
+        kopf_barrier.reset()
+        kopf_barrier._STATE.active, kopf_barrier._STATE.toggles = True, toggles
+        try:
+            await fns["node_event"](name="n1", type=None, memo=rt, body=node, **kw)
+            slice_body = {"spec": {"driver": "gpu.gpuplane.dev", "nodeName": "n2"}}
+            await fns["slice_event"](body=slice_body, memo=rt, **kw)
+            await fns["claim_event"](body=claim, namespace="ns", name="c", type=None, memo=rt, **kw)
+        finally:
+            kopf_barrier.reset()
+
+    asyncio.run(run())
+    assert rt.shared.deferred.nodes == {"n1", "n2"}
+    assert rt.shared.deferred.claims == {"ns/c": (False, claim)}
