@@ -106,12 +106,20 @@ def write(directory: Path, text: str | None = None) -> Path:
     return path
 
 
+def _default_directory() -> Path | None:
+    """The system's temporary directory, or None where there is none (a read-only root file system)."""
+    try:
+        return Path(tempfile.gettempdir())
+    except OSError:  # tempfile found no writable directory: the report goes to the log only
+        return None
+
+
 def install(directory: Path | None = None) -> None:
     """SIGUSR2 logs the report and writes it to a file where the file system allows (main thread only).
 
     In the Deployment the root file system is read-only, so there the log (``kubectl logs``) has it.
+    Nothing is looked up at install: a process with no writable directory must start as any other.
     """
-    where = Path(tempfile.gettempdir()) if directory is None else directory
 
     def on_signal(_signum: int, _frame: FrameType | None) -> None:
         try:
@@ -119,11 +127,13 @@ def install(directory: Path | None = None) -> None:
         except Exception as exc:  # a report must never take the controller down
             log.warning("memory report failed", error=repr(exc))
             return
-        try:
-            path: str | None = str(write(where, text))
-        except OSError as exc:
-            path = None
-            log.info("memory report not written to a file", directory=str(where), error=repr(exc))
+        where = directory if directory is not None else _default_directory()
+        path: str | None = None
+        if where is not None:
+            try:
+                path = str(write(where, text))
+            except OSError as exc:
+                log.info("memory report not written to a file", directory=str(where), error=repr(exc))
         log.info("memory report", path=path, report=text)
 
     signal.signal(signal.SIGUSR2, on_signal)

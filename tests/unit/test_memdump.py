@@ -94,3 +94,19 @@ def test_an_unwritable_directory_still_logs_the_report(tmp_path: Path, monkeypat
     assert not missing.exists()
     report = dict(logged)["memory report"]
     assert report["path"] is None and str(report["report"]).startswith("# gpuplane-controller memory")
+
+
+def test_install_needs_no_writable_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Deployment's root file system is read-only: tempfile finds no directory, and the controller
+    must still start (the first image run on a real node crashed here), the report going to the log."""
+
+    def none_usable() -> str:
+        raise FileNotFoundError(2, "No usable temporary directory found")
+
+    monkeypatch.setattr(memdump.tempfile, "gettempdir", none_usable)
+    old = signal.getsignal(signal.SIGUSR2)
+    try:
+        memdump.install()
+        assert memdump._default_directory() is None
+    finally:
+        signal.signal(signal.SIGUSR2, old)
