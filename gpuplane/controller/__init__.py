@@ -22,6 +22,7 @@ The operator around them (these modules do I/O unless marked pure):
 - ``kopf_indexing``: kopf's start-up barrier (every object indexed) without a wake-up per object.
 - ``kopf_barrier``: ... and without a parked worker per pod, claim, slice and node (their handlers defer).
 - ``startup``: what those handlers deferred, done once when the barrier opens.
+- ``periodic``: a leader's background loop (one pass per interval, after the barrier): explaining, rebalancing.
 - ``memdump``: ``kill -USR2``: a memory report (live objects by type; allocation sites when traced).
 - ``slim``: what kopf keeps of each decoded object (a ResourceSlice as its digest, no managedFields).
 - ``rejects``: objects that decoder quarantined (nested too deeply), refused with an Event.

@@ -15,11 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
-import structlog
-
-from gpuplane.controller import kopf_barrier, kube
-
-log = structlog.get_logger(__name__)
+from gpuplane.controller import periodic
 
 Explain = Callable[[Mapping[str, Any], float], Awaitable[None]]
 
@@ -51,16 +47,4 @@ async def run(
     interval_s: float,
 ) -> None:
     """Forever: wait, then one pass if ``leading()`` (never before kopf's start-up barrier opened)."""
-    await kopf_barrier.wait_indexed()
-    while True:
-        await asyncio.sleep(interval_s)
-        if not leading():
-            continue
-        try:
-            await explain_pass(claim_idx, explain)
-        except kube.NotLeader:
-            continue
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("unallocated-claim pass failed; the next one runs in a moment")
+    await periodic.every(interval_s, leading, lambda: explain_pass(claim_idx, explain), "unallocated-claim")

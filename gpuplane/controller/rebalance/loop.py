@@ -8,17 +8,12 @@ and the next one runs; a lost leadership ends a pass at its next write (NotLeade
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import structlog
-
-from gpuplane.controller import kopf_barrier, kube
+from gpuplane.controller import periodic
 from gpuplane.controller.node import slice_index
 from gpuplane.controller.rebalance.act import Rebalancer
-
-log = structlog.get_logger(__name__)
 
 
 def _values(index: Mapping[Any, Iterable[Any]]) -> list[Any]:
@@ -43,16 +38,6 @@ async def run(
     interval_s: float,
 ) -> None:
     """Forever: wait, then one pass if ``leading()`` (never before kopf's start-up barrier opened)."""
-    await kopf_barrier.wait_indexed()
-    while True:
-        await asyncio.sleep(interval_s)
-        if not leading():
-            continue
-        try:
-            await rebalancer.run_pass(noisy_slices(slice_idx), _values(claim_idx))
-        except kube.NotLeader:
-            continue
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("rebalancing pass failed; the next one runs in a moment")
+    await periodic.every(
+        interval_s, leading, lambda: rebalancer.run_pass(noisy_slices(slice_idx), _values(claim_idx)), "rebalancing"
+    )
