@@ -1,7 +1,7 @@
 """Fleet scale: gpuplane's ResourceSlices for a KWOK fleet against the real scheduler, API server, etcd and controller.
 
     python -m bench.fleet_scale [--hgx 800] [--gb200 200] [--pods 300] [--claims 10000] [--gangs 100]
-        [--skip sched,api,controller] [--write docs/benchmarks.md]
+        [--skip sched,api,controller,restart,publisher-before] [--write docs/benchmarks.md]
 
 Builds, in its own loopback cluster (etcd, kube-apiserver, kube-scheduler,
 kube-controller-manager v1.36.3 and KWOK v0.8.0, all built from their Go modules and cached):
@@ -90,7 +90,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=8, help="client threads creating objects")
     p.add_argument("--api-qps", type=int, default=500, help="client QPS of kube-scheduler and -controller-manager")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds any one wait may take")
-    p.add_argument("--skip", default="", help="comma-separated: sched, api, controller, restart")
+    p.add_argument(
+        "--skip",
+        default="",
+        help="comma-separated: sched, api, controller, restart, publisher-before (the health passes again with "
+        "every change rewriting the pool, the publisher before the in-place fix)",
+    )
     p.add_argument("--state-dir", type=Path, help="keep the cluster's state here (default: a temporary directory)")
     p.add_argument(
         "--trace-memory",
