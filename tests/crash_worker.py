@@ -185,8 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.stdout.write(json.dumps(ready) + "\n")
     sys.stdout.flush()
     try:
-        while not stop.wait(0.2):
-            pass
+        while not stop.is_set():  # not stop.wait(): _term sets it on this thread, maybe mid-wait
+            time.sleep(0.2)
     finally:
         server.stop(grace=2.0)
         if args.noop_plugin:

@@ -6,7 +6,9 @@ Runs :class:`gpuplane.controller.supervisor.Supervisor` exactly as ``gpuplane.co
 (signal handlers, ``exit_now``) around an operator that: ``ok`` stops when asked; ``fail``
 raises after 1 s; ``report`` reports a failure after 1 s and lingers (kopf retrying on a
 closed session after a watcher failed); ``stall`` blocks its event loop after 1 s and never
-returns; ``deaf`` ignores the stop flag (keeps running, loop healthy). MARKER_DIR/started
+returns; ``deaf`` ignores the stop flag (keeps running, loop healthy); ``spin`` is ``ok``
+with a main loop that polls without pause (a signal then lands mid-poll, wherever a lock
+would be held, most of the time). MARKER_DIR/started
 appears once the operator's loop runs, MARKER_DIR/released when the Lease is released,
 MARKER_DIR/stopped when the ``ok`` operator saw the stop flag.
 """
@@ -31,7 +33,7 @@ def main() -> None:
         (markers / "started").write_text("1")
         while True:
             await asyncio.sleep(0.05)
-            if mode == "ok" and stop.is_set():
+            if mode in ("ok", "spin") and stop.is_set():
                 (markers / "stopped").write_text("1")
                 return
             if time.monotonic() - started > 1.0:
@@ -46,7 +48,9 @@ def main() -> None:
     sup = supervisor.Supervisor(
         operator,
         release=lambda: (markers / "released").write_text("1"),
-        timing=supervisor.Timing(beat_s=0.2, stall_exit_s=3.0, stop_grace_s=2.0),
+        timing=supervisor.Timing(
+            beat_s=0.2, stall_exit_s=3.0, stop_grace_s=2.0, poll_s=0.0 if mode == "spin" else 0.25
+        ),
     )
     sup.install_signal_handlers()
     supervisor.exit_now(sup.run())

@@ -138,7 +138,8 @@ class KubeletStandIn:
         watcher = threading.Thread(target=self._watch_pods, name="pod-watch", daemon=True)
         watcher.start()
         _log.info("kubelet stand-in for node %s running", self.settings.node_name)
-        stop.wait()
+        while not stop.is_set():  # never stop.wait() here: the SIGTERM handler sets it on this thread
+            time.sleep(0.2)
         _log.info("stopping")
         self._wake_all()
         with self._lock:

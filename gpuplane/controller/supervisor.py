@@ -20,6 +20,12 @@ keeps what must work even then:
   it, release the Lease and exit 0 (1 when the operator did not stop in time);
   a second signal exits at once.
 
+The signal handler takes no lock: Python runs it in the main thread between two
+bytecodes, possibly while that thread holds the very lock the handler would take
+(``threading.Event.set`` from a handler deadlocked against the main loop's own
+``Event.wait`` between two polls: the process then ignored SIGTERM and its stall
+check for good). It counts the signal; the main loop sleeps and reads the count.
+
 The process ends with ``os._exit`` once the Lease is released and the logs are
 flushed: a thread stuck in a blocking call (an executor job, a hung socket)
 cannot keep it alive.
@@ -69,8 +75,7 @@ class Supervisor:
         self.timing = timing
         self.stop_flag = threading.Event()  # kopf's stop flag (kopf accepts a threading.Event)
         self.started = threading.Event()  # the operator's loop beat once
-        self._signalled = threading.Event()
-        self._signals = 0
+        self._signals = 0  # written by the signal handler only; read by the main loop (no lock: see the module doc)
         self._beat = time.monotonic()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -109,8 +114,10 @@ class Supervisor:
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self._signals += 1
         if self._signals > 1:
-            self._exit(EXIT_FAILED, f"second {signal.Signals(signum).name}: exiting at once", release=False)
-        self._signalled.set()
+            # No logger here either (structlog's writer holds a lock the main thread may own): a raw write.
+            with contextlib.suppress(OSError):
+                os.write(2, f"second {signal.Signals(signum).name}: exiting at once\n".encode())
+            os._exit(EXIT_FAILED)
 
     def install_signal_handlers(self) -> None:
         """SIGTERM and SIGINT go to the supervisor (main thread only)."""
@@ -123,7 +130,10 @@ class Supervisor:
         self._thread = threading.Thread(target=self._run_operator, name="kopf-operator", daemon=True)
         self._thread.start()
         t = self.timing
-        while not self._signalled.wait(t.poll_s):
+        while True:
+            time.sleep(t.poll_s)  # a signal cuts the sleep short only on the main thread; poll_s bounds the delay
+            if self._signals:
+                break
             if self._failed is not None:
                 log.error("the operator failed; releasing the Lease and exiting", reason=self._failed)
                 self.stop_flag.set()
@@ -150,13 +160,6 @@ class Supervisor:
         except Exception:  # the standby then waits out the lease duration
             log.exception("releasing the Lease failed")
         return code
-
-    def _exit(self, code: int, why: str, *, release: bool) -> None:
-        log.error(why)
-        if release:
-            with contextlib.suppress(Exception):
-                self.release()
-        exit_now(code)
 
 
 def exit_now(code: int) -> None:

@@ -261,6 +261,7 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
                         log.exception("periodic cleanup failed; retrying on the next tick")
                     next_cleanup = now + cfg.cleanup_interval_s
         finally:
+            log.info("driver stopping", signalled=stop.is_set())
             sampler.stop()
             watcher.stop()
             # Calls already running finish (an MPS prepare waits for its daemon pod): kubelet sends no
@@ -280,8 +281,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = threading.Event()
 
     def _signal(signum: int, frame: FrameType | None) -> None:
-        del frame
-        log.info("signal received, stopping", signal=signum)
+        # No logging here: a handler runs on the main thread between two bytecodes, maybe mid-write.
+        # The main loop only reads the flag (is_set takes no lock), and logs "driver stopping".
+        del signum, frame
         stop.set()
 
     signal.signal(signal.SIGTERM, _signal)

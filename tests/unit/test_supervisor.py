@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from gpuplane.controller import supervisor
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -45,7 +47,7 @@ def start(tmp_path: Path) -> Iterator[Start]:
     procs: list[subprocess.Popen[bytes]] = []
 
     def run(mode: str) -> Worker:
-        markers = tmp_path / mode
+        markers = tmp_path / f"{mode}-{len(procs)}"
         markers.mkdir()
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.supervisor_worker", mode, str(markers)],
@@ -120,3 +122,39 @@ def test_a_second_sigterm_exits_at_once(start: Start) -> None:
     w.proc.send_signal(signal.SIGTERM)
     code, took = w.wait_exit(10)
     assert code == 1 and took < 1.0
+
+
+def test_sigterm_mid_poll_always_stops_the_replica(start: Start) -> None:
+    # Seen in CI: the handler's Event.set() landed while the main loop held that Event's lock
+    # between two polls, and the replica ignored SIGTERM and its stall check for good. Polling
+    # without pause puts the main loop inside its poll nearly all the time (2 of 10 such
+    # replicas hung before the fix).
+    for _ in range(6):
+        w = start("spin")
+        time.sleep(0.2)
+        w.proc.send_signal(signal.SIGTERM)
+        code, took = w.wait_exit(10)
+        assert code == 0 and took < 2.0 and w.released()
+
+
+def test_the_signal_handler_takes_no_lock() -> None:
+    # A Python signal handler runs in the main thread between two bytecodes, maybe while that
+    # thread holds any lock; one it then takes deadlocks. Every C-level acquire is seen here.
+    sup = supervisor.Supervisor(lambda stop, failed: _never(), release=lambda: None)
+    calls: list[str] = []
+
+    def profile(_frame: object, event: str, arg: object) -> None:
+        if event == "c_call":
+            calls.append(getattr(arg, "__name__", repr(arg)))
+
+    sys.setprofile(profile)
+    try:
+        sup._on_signal(signal.SIGTERM, None)
+    finally:
+        sys.setprofile(None)
+    assert sup._signals == 1
+    assert not [c for c in calls if c in ("acquire", "__enter__", "acquire_lock")], calls
+
+
+async def _never() -> None:
+    raise AssertionError("the operator is not started here")
