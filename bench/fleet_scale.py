@@ -68,7 +68,7 @@ from e2e.cluster import handle as cluster  # noqa: E402
 from e2e.plane import components, fleet, fleetslices  # noqa: E402
 from gpuplane.driver import logs  # noqa: E402
 
-RSS_TARGET_MB = 200.0
+RSS_TARGET_MB = fleet_steps.RSS_TARGET_MB
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -87,6 +87,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=1, help="scheduler rounds per kind")
     p.add_argument("--claims", type=int, default=None, help="background claims (default: 12.5 per HGX node)")
     p.add_argument("--gangs", type=int, default=None, help="TP=8 gangs (default: one per two GB200 trays, <= 100)")
+    p.add_argument(
+        "--share-pods",
+        type=int,
+        default=None,
+        help="at most this many time-sliced share claims get a pod; the rest stay pending without one",
+    )
     p.add_argument("--workers", type=int, default=8, help="client threads creating objects")
     p.add_argument("--api-qps", type=int, default=500, help="client QPS of kube-scheduler and -controller-manager")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds any one wait may take")
@@ -285,6 +291,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"first publish: {first.nodes} nodes, {first.slices} slices, {first.devices} devices "
             f"in {first.seconds:.1f}s ({json.dumps(first.calls)})"
         )
+    except BaseException as exc:
+        # Print what was measured before the failure (the tables are otherwise printed at the end) and what died.
+        say(f"the run failed: {exc!r}")
+        for line in fleet_steps.post_mortem(run):
+            say(line)
+        raise
     finally:
         peaks.stop()
         load_after = fleet_probe.load_average()

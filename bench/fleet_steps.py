@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,8 @@ from bench import fleet_api, fleet_before, fleet_controller, fleet_probe, fleet_
 from e2e.cluster import handle as cluster
 from e2e.cluster import procs
 from e2e.plane import components, fleet, fleetslices
+
+RSS_TARGET_MB = 200.0  # the controller at 1,000 nodes and 10,000 claims (issue 17)
 
 
 def others(probe: fleet_probe.Probe | None) -> str:
@@ -181,12 +184,20 @@ def to_whole_gpus(run: Run) -> None:
 def background_claims(run: Run) -> str:
     """The controller's background claims, allocated while the fleet publishes (b); returns a detail line."""
     bg = fleet_controller.background(
-        run.api, run.probe, run.args.claims, timeout=run.args.timeout, workers=run.args.workers, out=run.say
+        run.api,
+        run.probe,
+        run.args.claims,
+        timeout=run.args.timeout,
+        workers=run.args.workers,
+        out=run.say,
+        share_pods=run.args.share_pods,
     )
     bound = sum(r.bound for r in bg)
     span = sum(r.span_s for r in bg)
     rate = bound / max(span, 1e-9)
-    return f"{bound}/{run.args.claims} claims allocated, their pods Running; scheduler {rate:.1f} pods/s on (b)"
+    podless = run.args.claims - sum(r.pods for r in bg)
+    rest = f"; {podless} without a pod, pending" if podless else ""
+    return f"{bound}/{run.args.claims} claims allocated, their pods Running{rest}; scheduler {rate:.1f} pods/s on (b)"
 
 
 def back_to_partitionable(run: Run) -> None:
@@ -223,3 +234,25 @@ def start_followers(run: Run, before_tree: Any, state_dir: Any) -> None:
     run.followers = fleet_before.start_followers(run.handle, state_dir, before_tree, run.say)
     run.followers.settle(run.args.timeout, run.say)
     run.followers.read("started on the fleet (a), indexes synced", run.peaks)
+
+
+def post_mortem(run: Run) -> list[str]:
+    """After a failed run: which components are gone (and whether the kernel's OOM killer took one), then the
+    controller and memory tables measured so far."""
+    lines = []
+    for name, pid in sorted(run.probe.pids().items()):
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            lines.append(f"  component gone: {name} (pid {pid})")
+    try:
+        kernel = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        kernel = ""
+    lines += [f"  kernel: {k.strip()}" for k in kernel.splitlines() if "Out of memory: Killed process" in k][-3:]
+    if run.moments:
+        lines += ["", "controller so far:", fleet_controller.moments_table(run.moments, RSS_TARGET_MB)]
+    if run.memory:
+        run.memory.append(("peak until the failure", dict(run.peaks.peaks)))
+        lines += ["", "resident memory so far:", fleet_api.memory_table(run.memory)]
+    return lines
