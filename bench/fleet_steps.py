@@ -240,19 +240,28 @@ def post_mortem(run: Run) -> list[str]:
     """After a failed run: which components are gone (and whether the kernel's OOM killer took one), then the
     controller and memory tables measured so far."""
     lines = []
-    for name, pid in sorted(run.probe.pids().items()):
-        try:
-            os.kill(pid, 0)
-        except OSError:
+    pids = run.probe.pids()
+    for name, pid in sorted(pids.items()):
+        if not _alive(pid):
             lines.append(f"  component gone: {name} (pid {pid})")
     try:
         kernel = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10, check=False).stdout
     except (OSError, subprocess.SubprocessError):
         kernel = ""
-    lines += [f"  kernel: {k.strip()}" for k in kernel.splitlines() if "Out of memory: Killed process" in k][-3:]
+    ours = {f"Killed process {pid} " for pid in pids.values()}  # this run's components, not an earlier run's
+    lines += [f"  kernel: {k.strip()}" for k in kernel.splitlines() if any(o in k for o in ours)][-3:]
     if run.moments:
         lines += ["", "controller so far:", fleet_controller.moments_table(run.moments, RSS_TARGET_MB)]
     if run.memory:
         run.memory.append(("peak until the failure", dict(run.peaks.peaks)))
         lines += ["", "resident memory so far:", fleet_api.memory_table(run.memory)]
     return lines
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, exited but not reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
