@@ -108,7 +108,7 @@ def background(
 
     ``share_pods``: at most this many of the time-sliced share claims get a pod; the others are
     created without one and stay pending (kube-scheduler 1.37.2 slows with every shared allocation
-    in the cluster: docs/benchmarks.md, the complete 1,000-node run).
+    in the cluster: docs/benchmarks.md, the 1,000-node run with 10,000 claims).
     """
     rounds = []
     for kind, wanted in background_mix(claims):
@@ -139,18 +139,9 @@ def background(
 def _pending_claims(api: client.ApiClient, kind: str, count: int, workers: int, out: Printer) -> None:
     """``count`` background claims of ``kind`` without a pod: nothing allocates them."""
     out(f"background: {count} claims with {fleet_sched.KIND_TEXT[kind]}, no pod (they stay pending) ...")
-    custom = client.CustomObjectsApi(api)
-    bodies = [
-        fleet_sched.claim_body(kind, f"bg-pending-{i:05d}", h100_only=True, label="bg-pending") for i in range(count)
-    ]
-    fleet.parallel(
-        bodies,
-        lambda body: custom.create_namespaced_custom_object(
-            fleet_sched.GROUP, fleet_sched.VERSION, fleet_sched.NAMESPACE, "resourceclaims", body
-        ),
-        what="bg-pending: claims created",
-        workers=workers,
-        out=out,
+    names_ = [f"bg-pending-{i:05d}" for i in range(count)]
+    fleet_sched.create_claims(
+        api, kind, names_, "bg-pending", what="bg-pending: claims created", h100_only=True, workers=workers, out=out
     )
 
 

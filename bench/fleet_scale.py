@@ -68,8 +68,6 @@ from e2e.cluster import handle as cluster  # noqa: E402
 from e2e.plane import components, fleet, fleetslices  # noqa: E402
 from gpuplane.driver import logs  # noqa: E402
 
-RSS_TARGET_MB = fleet_steps.RSS_TARGET_MB
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point."""
@@ -272,7 +270,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{args.claims} claims and pods, {gangs} gangs",
             )
         if measure_controller:
-            run.section("3. gpuplane-controller", fleet_controller.moments_table(run.moments, RSS_TARGET_MB))
+            run.section(
+                "3. gpuplane-controller", fleet_controller.moments_table(run.moments, fleet_steps.RSS_TARGET_MB)
+            )
             say("asking the controller for its memory report (kill -USR2) ...")
             memory = fleet_controller.memory_report(run.ctl_pid)
             run.section("3. what the controller's memory holds (its own report)", f"```text\n{memory}```")

@@ -94,6 +94,28 @@ def claim_body(kind: str, name: str, *, h100_only: bool = False, label: str = ""
     }
 
 
+def create_claims(
+    api: client.ApiClient,
+    kind: str,
+    names_: Sequence[str],
+    label: str,
+    *,
+    what: str,
+    h100_only: bool = False,
+    workers: int = 8,
+    out: Printer = print,
+) -> None:
+    """One ResourceClaim of ``kind`` per name (``claim_body``), created on ``workers`` threads."""
+    custom = client.CustomObjectsApi(api)
+    fleet.parallel(
+        [claim_body(kind, n, h100_only=h100_only, label=label) for n in names_],
+        lambda body: custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "resourceclaims", body),
+        what=what,
+        workers=workers,
+        out=out,
+    )
+
+
 def pod_body(kind: str, name: str, label: str) -> dict[str, Any]:
     """One benchmark pod (its claim, if any, is called like the pod)."""
     container: dict[str, Any] = {
@@ -260,14 +282,16 @@ def run_round(
     out: Printer = print,
 ) -> Round:
     """Measure one round (see the module docstring); ``keep`` leaves its pods and claims in place."""
-    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    core = client.CoreV1Api(api)
     names_ = [f"{label}-{i:05d}" for i in range(pods)]
     if kind != "none":
-        claims = [(n, claim_body(kind, n, h100_only=h100_only, label=label)) for n in names_]
-        fleet.parallel(
-            claims,
-            lambda item: custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "resourceclaims", item[1]),
+        create_claims(
+            api,
+            kind,
+            names_,
+            label,
             what=f"{label}: claims created (not timed)",
+            h100_only=h100_only,
             workers=workers,
             out=out,
         )

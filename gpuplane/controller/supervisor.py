@@ -131,7 +131,7 @@ class Supervisor:
         self._thread.start()
         t = self.timing
         while True:
-            time.sleep(t.poll_s)  # a signal cuts the sleep short only on the main thread; poll_s bounds the delay
+            time.sleep(t.poll_s)  # the handler runs mid-sleep, which then resumes (PEP 475): poll_s bounds the delay
             if self._signals:
                 break
             if self._failed is not None:
