@@ -35,7 +35,7 @@ Gangs and fleets:
   ``gang_objects`` the gang sequences and the objects one gang is written as in each API.
 - ``fleet_scale``: gpuplane's ResourceSlices for a KWOK fleet against the real scheduler, API
   server, etcd and controller; ``fleet_steps`` one run's state and steps, its measurements
-  ``fleet_sched`` (scheduler throughput), ``fleet_api`` (apiserver and etcd cost) and
+  ``fleet_sched`` (scheduler throughput; ``fleet_tables`` its tables), ``fleet_api`` (apiserver and etcd cost) and
   ``fleet_controller`` (the controller at scale), ``fleet_before`` the code before the fleet-scale
   fixes run beside it, ``fleet_probe`` read-only probes of the running cluster, ``newer_scheduler``
   the newer kube-scheduler (1.37) swapped in for the (a+) rounds, built once into the cache.

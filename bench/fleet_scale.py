@@ -61,6 +61,7 @@ from bench import (  # noqa: E402
     fleet_probe,
     fleet_sched,
     fleet_steps,
+    fleet_tables,
     newer_scheduler,
 )
 from e2e.cluster import build, controlplane, kwok  # noqa: E402
@@ -229,8 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             run.moment(f"{args.claims} background claims, fleet back to (a)", t0, cpu0, detail)
             run.remember_memory(f"{args.claims} claims")
         if "sched" not in skip:
-            run.section("1. kube-scheduler: pods per round, creation to bound", fleet_sched.table(run.rounds))
-            run.section("1. ratios", fleet_sched.ratios(run.rounds))
+            run.section("1. kube-scheduler: pods per round, creation to bound", fleet_tables.table(run.rounds))
+            run.section("1. ratios", fleet_tables.ratios(run.rounds))
         if "api" not in skip:
             fleet_steps.health_passes(run)
         run.section("2. ResourceSlices as served (API) and stored (etcd)", fleet_api.footprint_table(run.footprints))

@@ -20,6 +20,7 @@ The operator around them (these modules do I/O unless marked pure):
 - ``indexed``: what those indexes keep of a ResourceClaim and a Node; pure.
 - ``kopf_decoding``: kopf reads the API through the bounded JSON decoder, so no object crashes it.
 - ``kopf_indexing``: kopf's start-up barrier (every object indexed) without a wake-up per object.
+- ``kopf_listing``: a paged list whose continue token expired starts again instead of ending the operator.
 - ``kopf_barrier``: ... and without a parked worker per pod, claim, slice and node (their handlers defer).
 - ``startup``: what those handlers deferred, done once when the barrier opens.
 - ``periodic``: a leader's background loop (one pass per interval, after the barrier): explaining, rebalancing.

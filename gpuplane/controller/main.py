@@ -38,6 +38,7 @@ from gpuplane.controller import (
     kopf_barrier,
     kopf_decoding,
     kopf_indexing,
+    kopf_listing,
     kube,
     leader,
     memdump,
@@ -87,6 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     kopf_decoding.install(transform=slim.Slimmer())
     kopf_indexing.install()  # kopf's start-up barrier without O(objects²) wake-ups
     kopf_barrier.install()  # ... and without a parked worker per pod, claim, slice and node
+    kopf_listing.install()  # a paged list whose continue token expired starts again, not the operator ending
     memdump.install()  # kill -USR2: what the memory is made of ($TMPDIR/gpuplane-controller-memory-<pid>.txt)
     api = kube.make_api_client(cfg.kubeconfig)
     m = metrics.ControllerMetrics()
