@@ -135,13 +135,29 @@ def cpu_model() -> str:
     return "unknown CPU"
 
 
+def memory_kb() -> int | None:
+    """The machine's memory (``/proc/meminfo`` MemTotal), None where it cannot be read."""
+    with contextlib.suppress(OSError, StopIteration, ValueError):
+        lines = Path("/proc/meminfo").read_text().splitlines()
+        return next(int(line.split()[1]) for line in lines if line.startswith("MemTotal"))
+    return None
+
+
+def apiserver_memlimit(choice: str) -> str | None:
+    """kube-apiserver's GOMEMLIMIT: ``off`` none, ``auto`` half the machine's memory, else the value as given."""
+    if choice == "off":
+        return None
+    if choice != "auto":
+        return choice
+    kb = memory_kb()
+    return None if kb is None else f"{kb // 2 // 1024}MiB"
+
+
 def machine() -> str:
     """CPU model, CPU count, memory and Python version."""
     cpu = cpu_model()
-    mem = "?"
-    with contextlib.suppress(OSError, StopIteration, ValueError):
-        kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if "MemTotal" in line)
-        mem = f"{kb / 2**20:.0f} GiB"
+    kb = memory_kb()
+    mem = "?" if kb is None else f"{kb / 2**20:.0f} GiB"
     return f"{os.cpu_count()} CPUs ({cpu}), {mem} memory, Python {platform.python_version()}, {platform.system()}"
 
 

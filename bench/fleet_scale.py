@@ -94,6 +94,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--workers", type=int, default=8, help="client threads creating objects")
     p.add_argument("--api-qps", type=int, default=500, help="client QPS of kube-scheduler and -controller-manager")
+    p.add_argument(
+        "--apiserver-memlimit",
+        default="auto",
+        help="GOMEMLIMIT of kube-apiserver (Go syntax, e.g. 12GiB; 'auto': half the machine's memory; 'off': none): "
+        "its garbage collector works harder near it instead of the kernel OOM-killing it in a re-list burst",
+    )
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds any one wait may take")
     p.add_argument(
         "--skip",
@@ -143,8 +149,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         newer = newer_scheduler.ensure(out=say)
     tmp = None if args.state_dir else tempfile.mkdtemp(prefix="fleet-bench-")
     state_dir = (args.state_dir or Path(str(tmp))).resolve()
+    memlimit = fleet_probe.apiserver_memlimit(args.apiserver_memlimit)
     plane = controlplane.ControlPlane(
-        state_dir, bins, die_with_parent=True, client_qps=args.api_qps, out=lambda _: None
+        state_dir,
+        bins,
+        die_with_parent=True,
+        client_qps=args.api_qps,
+        component_env={"kube-apiserver": {"GOMEMLIMIT": memlimit}} if memlimit else None,
+        out=lambda _: None,
     )
     nodes = fleet.plan(args.hgx, args.gb200)
     started = time.monotonic()
@@ -326,7 +338,8 @@ Machine: {fleet_probe.machine()}. Load average before: {load_before}; after: {lo
 Busiest other processes before (CPUs busy): {busy_before}; after: {busy_after}.
 Fleet built in {fleet_built:.0f} s (control plane, KWOK, {len(nodes)} nodes, identities, first publish of
 {first.slices} slices / {first.devices} devices in {first.seconds:.0f} s). {identity_line}.
-kube-scheduler and kube-controller-manager run with `--kube-api-qps={args.api_qps}`; scheduler:
+kube-scheduler and kube-controller-manager run with `--kube-api-qps={args.api_qps}`; kube-apiserver with
+GOMEMLIMIT={memlimit or "(none)"}; scheduler:
 {scheduler_version}.{run.newer_version}
 """
         with args.write.open("a") as f:

@@ -13,6 +13,7 @@ The command line of each component (feature gates, API versions, certificates) i
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import ssl
@@ -91,9 +92,12 @@ class ControlPlane:
         verbosity: int = 2,
         die_with_parent: bool = False,
         client_qps: int | None = None,
+        component_env: Mapping[str, Mapping[str, str]] | None = None,
         out: Printer = print,
     ) -> None:
         self.state_dir = Path(state_dir).resolve()
+        # Extra environment per component (e.g. {"kube-apiserver": {"GOMEMLIMIT": "12GiB"}}), over this one's.
+        self.component_env = {k: dict(v) for k, v in (component_env or {}).items()}
         # Client-side rate limit of kube-scheduler and kube-controller-manager (their defaults:
         # 50/100 and 20/30 per controller); None keeps the upstream defaults.
         self.client_qps = client_qps
@@ -200,6 +204,7 @@ class ControlPlane:
             argv,
             log=self.log(name),
             pid_dir=self.pid_dir,
+            env=os.environ | self.component_env[name] if name in self.component_env else None,
             cwd=self.state_dir,
             die_with_parent=self.die_with_parent,
         )

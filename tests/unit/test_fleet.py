@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from e2e.cluster import build, kwok
+from bench import fleet_probe
+from e2e.cluster import build, controlplane, kwok
 from e2e.plane import fleet
 from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.publish import inventory, slices
@@ -99,3 +100,23 @@ class TestWholeGpusOnly:
             inv = inventory.discover("n", sim, owned, mig_placements=False)
         names_ = {d["name"] for s in slices.render_slices(slices.build_pool(inv), 1) for d in s["spec"]["devices"]}
         assert "gpu-2" not in names_ and {f"gpu-{i}" for i in (0, 1, 3, 4, 5, 6, 7)} <= names_
+
+
+class TestApiserverMemoryLimit:
+    def test_auto_is_half_the_machine_and_off_is_none(self) -> None:
+        kb = fleet_probe.memory_kb()
+        assert kb is not None and kb > 0
+        assert fleet_probe.apiserver_memlimit("auto") == f"{kb // 2 // 1024}MiB"
+        assert fleet_probe.apiserver_memlimit("off") is None
+        assert fleet_probe.apiserver_memlimit("12GiB") == "12GiB"
+
+    def test_the_component_env_reaches_only_its_component(self, tmp_path: Path) -> None:
+        plane = controlplane.ControlPlane(
+            tmp_path, build.BinPaths.in_directory(tmp_path), component_env={"kube-apiserver": {"GOMEMLIMIT": "3GiB"}}
+        )
+        for name in ("kube-apiserver", "etcd"):
+            plane._spawn(name, ["/bin/sh", "-c", 'echo "limit=${GOMEMLIMIT:-none} path=${PATH:+set}"'])
+        for proc, _record in plane._children.values():
+            assert proc.wait(timeout=10) == 0
+        assert plane.log("kube-apiserver").read_text().strip() == "limit=3GiB path=set"  # over this process's env
+        assert plane.log("etcd").read_text().strip() == "limit=none path=set"
