@@ -25,7 +25,7 @@ import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import yaml
@@ -290,6 +290,7 @@ class PeakSampler:
         self.every_s = every_s
         self.peaks: dict[str, float] = {}  # over the whole run
         self.step_peaks: dict[str, float] = {}  # since the component's last ``reset``
+        self._above: dict[str, tuple[float, Callable[[float], None]]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -305,6 +306,10 @@ class PeakSampler:
         """The highest RSS (MB) seen for ``name`` since its last ``reset``."""
         return self.step_peaks.get(name, 0.0)
 
+    def when_above(self, name: str, mb: float, fn: Callable[[float], None]) -> None:
+        """Call ``fn(rss)`` once, in its own thread, the first time ``name`` is sampled above ``mb``."""
+        self._above[name] = (mb, fn)
+
     def reset(self, name: str) -> None:
         """Start a new step peak for ``name`` (the run's peak is kept)."""
         self.step_peaks.pop(name, None)
@@ -316,6 +321,9 @@ class PeakSampler:
                     rss = rss_mb(pid)
                     self.peaks[name] = max(self.peaks.get(name, 0.0), rss)
                     self.step_peaks[name] = max(self.step_peaks.get(name, 0.0), rss)
+                    if name in self._above and rss > self._above[name][0]:
+                        fn = self._above.pop(name)[1]
+                        threading.Thread(target=fn, args=(rss,), daemon=True).start()
 
 
 def replace_scheduler(

@@ -100,6 +100,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="GOMEMLIMIT of kube-apiserver (Go syntax, e.g. 12GiB; 'auto': half the machine's memory; 'off': none): "
         "its garbage collector works harder near it instead of the kernel OOM-killing it in a re-list burst",
     )
+    p.add_argument(
+        "--report-over-target",
+        action="store_true",
+        help="diagnosis: the first time the controller's RSS passes the 200 MB target, take its memory report",
+    )
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds any one wait may take")
     p.add_argument(
         "--skip",
@@ -210,6 +215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             t0 = time.monotonic()
             ctl, run.ctl_pid = fleet_controller.start_controller(handle, state_dir, say, trace_frames=args.trace_memory)
             cpu0 = fleet_probe.cpu_s(run.ctl_pid)
+            if args.report_over_target:
+                fleet_steps.report_when_over_target(run)
             dra_watch.wait(lambda: fleet_controller.unlabelled(run.api, nodes) == 0, args.timeout, "node labels")
             fp = run.footprints[0][1]
             run.moment(
@@ -289,6 +296,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             say("asking the controller for its memory report (kill -USR2) ...")
             memory = fleet_controller.memory_report(run.ctl_pid)
             run.section("3. what the controller's memory holds (its own report)", f"```text\n{memory}```")
+        if run.over_target:
+            run.section("3. the controller's memory when it first passed the target", run.over_target[0])
         if run.followers is not None:
             run.section("3. controller before/after (followers)", run.followers.table(run.before_commit))
         run.memory.append(("peak over the run", dict(peaks.peaks)))

@@ -52,6 +52,7 @@ class Run:
     memory: list[tuple[str, dict[str, float]]] = dataclasses.field(default_factory=list)
     moments: list[fleet_controller.Moment] = dataclasses.field(default_factory=list)
     ctl_pid: int = 0
+    over_target: list[str] = dataclasses.field(default_factory=list)  # the memory report taken past the target
     followers: fleet_before.Followers | None = None
     before_commit: str = ""
     newer_version: str = ""  # the report's line on the (a+) rounds' kube-scheduler ('' without them)
@@ -236,6 +237,26 @@ def start_followers(run: Run, before_tree: Any, state_dir: Any) -> None:
     run.followers.read("started on the fleet (a), indexes synced", run.peaks)
 
 
+def report_when_over_target(run: Run) -> None:
+    """Take the controller's memory report the first time its RSS passes :data:`RSS_TARGET_MB`.
+
+    The report lists every live object, so the peaks after it include its own memory; the text
+    says at what RSS it was asked and what the peak was before it.
+    """
+    pid, name = run.ctl_pid, f"{components.CONTROLLER_PREFIX}0"
+
+    def report(rss: float) -> None:
+        before = run.peaks.peak(name)
+        run.say(f"  controller at {rss:.0f} MB, past the {RSS_TARGET_MB:.0f} MB target: taking its memory report ...")
+        text = fleet_controller.memory_report(pid)
+        run.over_target.append(
+            f"Asked at {rss:.0f} MB RSS (step peak before it {before:.0f} MB); later peaks include the report's "
+            f"own memory.\n\n```text\n{text}```"
+        )
+
+    run.peaks.when_above(name, RSS_TARGET_MB, report)
+
+
 def post_mortem(run: Run) -> list[str]:
     """After a failed run: which components are gone (and whether the kernel's OOM killer took one), then the
     controller and memory tables measured so far."""
@@ -255,6 +276,7 @@ def post_mortem(run: Run) -> list[str]:
     if run.memory:
         run.memory.append(("peak until the failure", dict(run.peaks.peaks)))
         lines += ["", "resident memory so far:", fleet_api.memory_table(run.memory)]
+    lines += ["", "controller memory past the target:", *run.over_target] if run.over_target else []
     return lines
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -120,3 +122,21 @@ class TestApiserverMemoryLimit:
             assert proc.wait(timeout=10) == 0
         assert plane.log("kube-apiserver").read_text().strip() == "limit=3GiB path=set"  # over this process's env
         assert plane.log("etcd").read_text().strip() == "limit=none path=set"
+
+    def test_the_sampler_calls_back_once_past_a_threshold(self) -> None:
+        class Probe:
+            def pids(self) -> dict[str, int]:
+                return {"me": os.getpid(), "gone": 2**22 + 7}
+
+        sampler = fleet_probe.PeakSampler(Probe(), every_s=0.02)  # type: ignore[arg-type]
+        fired: list[float] = []
+        sampler.when_above("me", 1.0, fired.append)
+        sampler.when_above("me-too-high", 1e9, fired.append)
+        sampler.start()
+        deadline = time.monotonic() + 5
+        while sampler.peaks.get("me", 0.0) == 0.0 or len(fired) < 1:
+            assert time.monotonic() < deadline, "the sampler never sampled this process"
+            time.sleep(0.05)
+        time.sleep(0.2)  # more samples above the threshold: still one call
+        sampler.stop()
+        assert len(fired) == 1 and fired[0] > 1.0
