@@ -55,11 +55,26 @@ class Moment:
     detail: str
 
 
+def env_pairs(items: Sequence[str]) -> dict[str, str]:
+    """``NAME=VALUE`` items (``--controller-env``) as a mapping; a malformed one ends the run at start."""
+    pairs = [item.partition("=") for item in items]
+    bad = [item for item, (name, eq, _) in zip(items, pairs, strict=True) if not eq or not name]
+    if bad:
+        raise SystemExit(f"--controller-env takes NAME=VALUE, got {bad}")
+    return {name: value for name, _, value in pairs}
+
+
 def start_controller(
-    cluster: Cluster, state_dir: Path, out: Printer, *, trace_frames: int = 0
+    cluster: Cluster,
+    state_dir: Path,
+    out: Printer,
+    *,
+    trace_frames: int = 0,
+    env: Mapping[str, str] | None = None,
 ) -> tuple[components.Controllers, int]:
-    """One controller replica; returns it and its pid (``trace_frames``: run it with allocation tracing)."""
-    env = {"PYTHONTRACEMALLOC": str(trace_frames)} if trace_frames else None
+    """One controller replica; returns it and its pid (``trace_frames``: run it with allocation tracing;
+    ``env``: more environment for it)."""
+    env = dict(env or {}) | ({"PYTHONTRACEMALLOC": str(trace_frames)} if trace_frames else {})
     ctl = components.Controllers(
         state_dir, cluster, replicas=1, token_seconds=6 * 3600, die_with_parent=True, env=env, out=out
     )

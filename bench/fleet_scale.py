@@ -121,6 +121,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="diagnosis run: the controller traces its allocations (PYTHONTRACEMALLOC=FRAMES; its memory and CPU "
         "figures are then not the product's), and its memory report lists where the memory was allocated",
     )
+    p.add_argument(
+        "--controller-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for the controller (repeatable), e.g. MALLOC_ARENA_MAX=2",
+    )
     p.add_argument("--write", type=Path, help="append the report as a Markdown section to this file")
     p.add_argument(
         "--scheduler",
@@ -139,6 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.pods_a0 = args.pods_a if args.pods_a0 is None else args.pods_a0
     args.claims = round(12.5 * args.hgx) if args.claims is None else args.claims
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    ctl_env = fleet_controller.env_pairs(args.controller_env)
     gangs = args.gangs if args.gangs is not None else min(100, args.gb200 // 2)
     say: Callable[[str], None] = lambda text: print(text, flush=True)  # noqa: E731
     logs.configure("WARNING", "console")
@@ -213,7 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         measure_controller = "controller" not in skip
         if measure_controller:
             t0 = time.monotonic()
-            ctl, run.ctl_pid = fleet_controller.start_controller(handle, state_dir, say, trace_frames=args.trace_memory)
+            ctl, run.ctl_pid = fleet_controller.start_controller(
+                handle, state_dir, say, trace_frames=args.trace_memory, env=ctl_env
+            )
             cpu0 = fleet_probe.cpu_s(run.ctl_pid)
             if args.report_over_target:
                 fleet_steps.report_when_over_target(run)
@@ -279,7 +289,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ctl.stop()
             run.peaks.reset(f"{components.CONTROLLER_PREFIX}0")  # the new process's peak alone
             t0 = time.monotonic()
-            ctl, run.ctl_pid = fleet_controller.start_controller(handle, state_dir, say, trace_frames=args.trace_memory)
+            ctl, run.ctl_pid = fleet_controller.start_controller(
+                handle, state_dir, say, trace_frames=args.trace_memory, env=ctl_env
+            )
             quiet = fleet_controller.settle(run.ctl_pid, min(args.timeout, 300.0))
             run.moment(
                 "restarted with everything in place (an upgrade)",
@@ -338,6 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             say(f"removed {tmp}")
     if args.write:
         command = shlex.join(list(argv) if argv is not None else sys.argv[1:])
+        ctl_env_text = " ".join(args.controller_env) or "(as the Deployment)"
         header = f"""
 ## Fleet scale: {len(nodes)} KWOK nodes of gpuplane's ResourceSlices ({datetime.date.today()})
 
@@ -348,7 +361,7 @@ Busiest other processes before (CPUs busy): {busy_before}; after: {busy_after}.
 Fleet built in {fleet_built:.0f} s (control plane, KWOK, {len(nodes)} nodes, identities, first publish of
 {first.slices} slices / {first.devices} devices in {first.seconds:.0f} s). {identity_line}.
 kube-scheduler and kube-controller-manager run with `--kube-api-qps={args.api_qps}`; kube-apiserver with
-GOMEMLIMIT={memlimit or "(none)"}; scheduler:
+GOMEMLIMIT={memlimit or "(none)"}; controller environment: {ctl_env_text}; scheduler:
 {scheduler_version}.{run.newer_version}
 """
         with args.write.open("a") as f:

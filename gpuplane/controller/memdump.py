@@ -6,6 +6,9 @@ report goes to the log (event ``memory report``) and, where the file system is w
 temporary directory). It holds
 
 * resident and peak resident memory (``/proc/self/status``);
+* what the C allocator holds (glibc's ``mallinfo2``, all arenas): in use, and free but kept from
+  the system; then what ``malloc_trim(0)`` gives back, RSS before and after (a large drop says the
+  peak is allocator fragmentation, which ``MALLOC_ARENA_MAX`` or a trim address, not live data);
 * the live objects the garbage collector tracks, by type: count and shallow bytes (the types
   name what holds the memory: kopf's per-object bookkeeping, index entries, decoded bodies);
 * where the live memory was allocated, by source line and by call path, when the process runs
@@ -20,6 +23,7 @@ slower, not stopped, for the seconds a report takes at fleet scale.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import os
 import signal
@@ -47,6 +51,54 @@ def _status_kb(field: str) -> int:
     except (OSError, ValueError, IndexError):
         pass
     return 0
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        ("arena", ctypes.c_size_t),
+        ("ordblks", ctypes.c_size_t),
+        ("smblks", ctypes.c_size_t),
+        ("hblks", ctypes.c_size_t),
+        ("hblkhd", ctypes.c_size_t),
+        ("usmblks", ctypes.c_size_t),
+        ("fsmblks", ctypes.c_size_t),
+        ("uordblks", ctypes.c_size_t),
+        ("fordblks", ctypes.c_size_t),
+        ("keepcost", ctypes.c_size_t),
+    ]
+
+
+def _glibc() -> ctypes.CDLL | None:
+    """The process's C library where it is glibc 2.33+ (``mallinfo2``), else None."""
+    try:
+        lib = ctypes.CDLL(None)
+    except OSError:
+        return None
+    if not hasattr(lib, "mallinfo2") or not hasattr(lib, "malloc_trim"):
+        return None
+    lib.mallinfo2.restype = _MallInfo2
+    lib.malloc_trim.argtypes = [ctypes.c_size_t]
+    return lib
+
+
+def malloc_rows(trim: bool = True) -> list[str]:
+    """What the C allocator holds, and (``trim``) what ``malloc_trim(0)`` returns to the system."""
+    lib = _glibc()
+    if lib is None:
+        return ["C allocator: not glibc 2.33+, no figures"]
+    info = lib.mallinfo2()
+    rows = [
+        f"C allocator (glibc, all arenas): heap {info.arena / 1e6:.1f} MB from the system, "
+        f"{info.uordblks / 1e6:.1f} MB in use, {info.fordblks / 1e6:.1f} MB free but held; "
+        f"{info.hblkhd / 1e6:.1f} MB in {info.hblks} mmap'd blocks (Python's small-object arenas are "
+        "not in these figures)"
+    ]
+    if trim:
+        before = _status_kb("VmRSS") / 1024
+        lib.malloc_trim(0)
+        after = _status_kb("VmRSS") / 1024
+        rows.append(f"malloc_trim(0): RSS {before:.1f} -> {after:.1f} MB (returned {before - after:.1f} MB)")
+    return rows
 
 
 def type_table(objects: Iterable[object], top: int = TOP_TYPES) -> list[str]:
@@ -82,6 +134,7 @@ def report() -> str:
     rows = [
         f"# gpuplane-controller memory, pid {os.getpid()}, {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}",
         f"RSS {_status_kb('VmRSS') / 1024:.1f} MB, peak {_status_kb('VmHWM') / 1024:.1f} MB",
+        *malloc_rows(),
         "",
         "## live objects by type (gc-tracked; count, shallow size)",
         *type_table(gc.get_objects()),

@@ -140,3 +140,17 @@ class TestApiserverMemoryLimit:
         time.sleep(0.2)  # more samples above the threshold: still one call
         sampler.stop()
         assert len(fired) == 1 and fired[0] > 1.0
+
+
+def test_controller_env_pairs_parse_and_refuse_malformed_items() -> None:
+    from bench import fleet_controller
+
+    assert fleet_controller.env_pairs(["MALLOC_ARENA_MAX=2", "A=b=c", "EMPTY="]) == {
+        "MALLOC_ARENA_MAX": "2",
+        "A": "b=c",
+        "EMPTY": "",
+    }
+    with pytest.raises(SystemExit, match=r"NAME=VALUE.*'NOVALUE'"):
+        fleet_controller.env_pairs(["X=1", "NOVALUE"])
+    with pytest.raises(SystemExit, match="'=3'"):
+        fleet_controller.env_pairs(["=3"])

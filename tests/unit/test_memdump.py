@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 import tracemalloc
@@ -26,6 +27,22 @@ def test_type_table_counts_and_sizes_by_type() -> None:
     assert lists.split()[0] == "2"
 
 
+def test_malloc_rows_say_what_the_allocator_holds_and_what_a_trim_returns() -> None:
+    if memdump._glibc() is None:
+        pytest.skip("not glibc 2.33+")
+    blocks = [bytes(20000) for _ in range(4000)]  # 80 MB from malloc (above pymalloc's 512-byte limit)
+    del blocks[::2]  # half freed, in holes of whole pages the heap keeps until trimmed
+    rows = memdump.malloc_rows()
+    del blocks
+    figures = re.match(r"C allocator .* heap ([0-9.]+) MB .*, ([0-9.]+) MB in use, ([0-9.]+) MB free but held", rows[0])
+    assert figures, rows[0]
+    heap, in_use, free = (float(x) for x in figures.groups())
+    assert in_use >= 30.0 and free >= 30.0 and heap >= in_use
+    trimmed = re.match(r"malloc_trim\(0\): RSS ([0-9.]+) -> ([0-9.]+) MB", rows[1])
+    assert trimmed, rows[1]
+    assert float(trimmed.group(1)) - float(trimmed.group(2)) >= 20.0  # the freed holes went back
+
+
 def test_report_without_tracing_says_how_to_get_sites() -> None:
     was = tracemalloc.is_tracing()
     if was:
@@ -36,6 +53,7 @@ def test_report_without_tracing_says_how_to_get_sites() -> None:
         if was:
             tracemalloc.start()
     assert text.splitlines()[1].startswith("RSS ")
+    assert text.splitlines()[2].startswith("C allocator")
     assert "## live objects by type" in text
     assert "PYTHONTRACEMALLOC" in text
 
