@@ -46,15 +46,15 @@ def published_walk(sim_profile: str, builder: Layout | None = None) -> WalkOrder
     return walk_of(objs)
 
 
-def walk_of(objs: Sequence[Mapping[str, Any]]) -> WalkOrder:
-    """The allocator's walk over one pool's slices: slices by name, devices in order."""
+def walk_of(objs: Sequence[Mapping[str, Any]], pool: str = "n") -> WalkOrder:
+    """The allocator's walk over one pool's slices (pool ``pool``): slices by name, devices in order."""
     view = snapshot_builder.build_view(objs)
     ordered = sorted(objs, key=lambda o: str(o["metadata"]["name"]))
     whole: list[int] = []
     mig: dict[str, list[tuple[int, int]]] = {}
     for obj in ordered:
         for dev in obj["spec"].get("devices") or []:
-            key = f"n/{dev['name']}"
+            key = f"{pool}/{dev['name']}"
             gpu = view.by_id.get(key)
             if gpu is not None:
                 whole.append(int(gpu.device.split("-")[1]))

@@ -242,3 +242,51 @@ def test_reorder_in_place_survives_the_api_stamping_taint_times(hgx: inventory.I
         for t in d.get("taints") or []
     }
     assert after == stamped  # no taint restamped by a reorder
+
+
+def test_the_stable_order_writes_less_and_the_allocator_walks_the_free_devices_as_before(
+    hgx: inventory.Inventory,
+) -> None:
+    # bench.steer_writes measures this on trace arrivals; here a fixed sequence on one node.
+    from bench import steer_writes as sw
+    from gpuplane.controller.placement import model
+
+    states = [geometry.EMPTY] * 8
+    layouts = [
+        steering.SteeredLayout(steering.SteeringSettings(order=True, withhold=True, stable=s), taint_time="t")
+        for s in (True, False)
+    ]
+    apis = [sw.MemoryApi("node-a"), sw.MemoryApi("node-a")]
+    pubs = [
+        SlicePublisher(a, "node-a", "gpu.gpuplane.dev", layout=sw.layout_over(lay, states))
+        for a, lay in zip(apis, layouts, strict=True)
+    ]
+    for p in pubs:
+        p.publish(hgx)
+    reqs = [model.Request(id=f"r{i}", mig_profile=m) for i, m in enumerate(["1g", "3g", "2g", "1g", "4g", None, "1g"])]
+    held = []
+    whole_rewrites = [0, 0]
+    for r in reqs:
+        before = [dict(a.objs) for a in apis]
+        got = sw.take(r, apis[0].walk(), states)
+        assert got is not None
+        held.append((r, got))
+        for p in pubs:
+            p.publish(hgx)
+        for k, a in enumerate(apis):
+            whole_rewrites[k] += sum(
+                1
+                for n, o in a.objs.items()
+                if o is not before[k].get(n) and any(d["name"] == "gpu-0" for d in o["spec"].get("devices") or [])
+            )
+        assert sw.free_walk(apis[0].walk(), states) == sw.free_walk(apis[1].walk(), states)
+    for r, got in held[::2]:
+        sw.release(r, got, states)
+        for p in pubs:
+            p.publish(hgx)
+        assert sw.free_walk(apis[0].walk(), states) == sw.free_walk(apis[1].walk(), states)
+    stable, relisted = (sum(p.writes.values()) for p in pubs)
+    assert stable < relisted
+    # A MIG device on an empty GPU takes it out of the whole GPUs the allocator can pick; the others keep
+    # their order, so the stable layout leaves the whole-GPU slice as it is; re-listing moves the GPU back.
+    assert whole_rewrites[0] < whole_rewrites[1]

@@ -12,6 +12,17 @@ in its slice, so the publisher rewrites only the slices whose order changed,
 in place and at the same pool generation: the pool is never incomplete or
 invalid while it changes.
 
+The allocator skips a device it cannot allocate (its counters or the device are
+taken), so only the order of the devices it could pick matters: the free
+placements of a profile, the whole GPUs not holding MIG instances. A new order
+that lists those exactly as the last one did is the same walk, and the layout
+keeps the last order (``stable``): a prepare that only takes a placement, or
+frees one whose place in the order is unchanged, writes nothing. Between a
+claim's deallocation and its unprepare the scheduler may see free a device the
+driver still counts as taken; that device keeps its last place in the order
+(today's layout: its fixed place), so the walk can give the slot back to the
+next claim of its profile.
+
 ``withhold`` taints the placements that strand compute in every layout
 (Hopper: 3g at slot 0, 1g.20gb at 0/2/4) with ``gpuplane.dev/strands-compute``
 (NoSchedule): the allocator skips them unless a claim tolerates the taint.
@@ -49,6 +60,9 @@ class SteeringSettings:
     order: bool = False
     withhold: bool = False
     mix: fragmentation.SizeMix | None = None  # None: gpuplane's flat prior
+    # False: re-list every order from scratch on every state change (the behaviour before the stable
+    # order, kept so that bench.steer_writes measures both side by side; the driver never sets it)
+    stable: bool = True
 
     @property
     def active(self) -> bool:
@@ -125,6 +139,7 @@ class SteeredLayout:
         self.policy = gpuplane.GpuPlane(settings.mix, hold_stranding=False)
         self.slots = geometry.slots_for(GEOMETRY)
         self.withheld = preference.stranding_placements(self.slots) if settings.withhold else frozenset()
+        self._last: dict[str, tuple[str, ...]] = {}  # group ("" whole GPUs, else profile) -> device order built
 
     def build_pool(
         self,
@@ -141,21 +156,56 @@ class SteeredLayout:
         ]
         position = {g.name: i for i, g in enumerate(inventory.gpus)}
         whole = [g for g in inventory.gpus if g.offer_whole]
+        groups: list[list[tuple[GpuEntry, dict[str, Any]]]] = []
         if self.settings.order:
             whole.sort(key=lambda g: (states[position[g.name]] != geometry.EMPTY, position[g.name]))
-        groups: list[list[tuple[GpuEntry, dict[str, Any]]]] = [
-            [(g, slices.whole_gpu_device(g, taints.get(g.name, ()))) for g in whole]
-        ]
+        whole_group = [(g, slices.whole_gpu_device(g, taints.get(g.name, ()))) for g in whole]
+        # A GPU holding MIG instances cannot be allocated whole; an empty or (shared) whole one can.
+        pickable = (
+            {g.name for g in whole if states[position[g.name]] in (geometry.EMPTY, geometry.WHOLE)}
+            if self.settings.order
+            else set()
+        )
+        groups.append(self._stable("", whole_group, pickable))
         for pname in _profile_names(inventory):
             members = [(g, s) for g in inventory.gpus for s in g.mig_slots if s.profile.name == pname]
-            ranked = self._rank(inventory, states, position, members) if self.settings.order else members
-            groups.append([(g, self._mig_device(g, s, taints.get(g.name, ()))) for g, s in ranked])
+            ranked, free = self._rank(inventory, states, position, members) if self.settings.order else (members, None)
+            group = [(g, self._mig_device(g, s, taints.get(g.name, ()))) for g, s in ranked]
+            if free is not None:
+                pick = {
+                    d["name"]
+                    for (g, s), (_, d) in zip(ranked, group, strict=True)
+                    if (position[g.name], s.start) in free
+                }
+                group = self._stable(pname, group, pick)
+            groups.append(group)
         for group in groups:
             for chunk in _chunks(group, position):
                 specs.append({**base, "devices": [d for _, d in chunk]})
         if not specs:
             specs.append({**base, "devices": []})
         return slices.PoolContent(pool=inventory.node_name, slice_specs=tuple(specs))
+
+    def _stable(
+        self, key: str, group: list[tuple[GpuEntry, dict[str, Any]]], pickable: set[str]
+    ) -> list[tuple[GpuEntry, dict[str, Any]]]:
+        """``group`` in the order last built for ``key`` when that lists the same devices and the
+        ``pickable`` ones (those the allocator could take now) in the same order; else ``group`` as is,
+        which becomes the order kept."""
+        if not self.settings.order:
+            return group
+        names = tuple(d["name"] for _, d in group)
+        last = self._last.get(key)
+        if (
+            self.settings.stable
+            and last is not None
+            and sorted(last) == sorted(names)
+            and [n for n in last if n in pickable] == [n for n in names if n in pickable]
+        ):
+            by_name = {d["name"]: (g, d) for g, d in group}
+            return [by_name[n] for n in last]
+        self._last[key] = names
+        return group
 
     def _mig_device(self, gpu: GpuEntry, slot: MigSlot, gpu_taints: Sequence[slices.DeviceTaint]) -> dict[str, Any]:
         name = geometry_profile(slot.profile)
@@ -172,20 +222,22 @@ class SteeredLayout:
         states: Sequence[int],
         position: Mapping[str, int],
         members: list[tuple[GpuEntry, MigSlot]],
-    ) -> list[tuple[GpuEntry, MigSlot]]:
-        """``members`` best first: gpuplane's order of the free placements, then the rest as listed."""
+    ) -> tuple[list[tuple[GpuEntry, MigSlot]], set[tuple[int, int]] | None]:
+        """``members`` best first: gpuplane's order of the free placements, then the rest as listed; and
+        the free placements as (GPU position, start), None when the profile is not ranked."""
         if not members:
-            return members
+            return members, None
         gname = geometry_profile(members[0][1].profile)
         if gname is None or len(states) != len(inventory.gpus):
-            return members
+            return members, None
         order = preference.mig_order(self.policy, self.slots, states, gname)
         rank = {pos_start: i for i, pos_start in enumerate(order)}
         natural = {id(s): i for i, (_, s) in enumerate(members)}
-        return sorted(
+        ranked = sorted(
             members,
             key=lambda gs: (rank.get((position[gs[0].name], gs[1].start), len(rank)), natural[id(gs[1])]),
         )
+        return ranked, set(rank)
 
 
 def _profile_names(inventory: Inventory) -> list[str]:
