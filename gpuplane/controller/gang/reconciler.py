@@ -29,7 +29,7 @@ left, from the API, so a crash at any point converges.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +57,7 @@ __all__ = ["Outcome", "Settings", "apply", "decide", "victim_outcome"]
 
 log = structlog.get_logger(__name__)
 
+Planned = Callable[[], tuple[queue_runner.Plan, snapshot_builder.ClusterView]]
 PRE_SCHEDULE = ("", "Pending", "Queued", "Unschedulable", "Placing", "Placed", "Preempted")
 
 
@@ -74,26 +75,28 @@ def decide(
     body: Mapping[str, Any],
     w: world.World,
     *,
-    view: snapshot_builder.ClusterView,
-    plan: queue_runner.Plan,
+    planned: Planned,
     now: float,
     settings: Settings,
 ) -> Outcome:
-    """The desired status, steps, Events and victims for gang ``key`` (pure).
+    """The desired status, steps, Events and victims for gang ``key`` (pure but for ``planned``).
 
     The phases, in order; the first that applies decides: an invalid spec, a timeout, a
     placement the gang holds, members still missing or ungated, and the queue's action.
+    ``planned`` gives the queue pass's plan and view; it is called only by the phases that need
+    them (a held placement, the queue's action), so a gang with a bad spec, timed out or still
+    waiting for its members costs no pass over the cluster.
     """
     g = _read(key, body, w, now)
     if isinstance(g, Outcome):
         return g
     outcome = _timed_out(g, settings, now)
-    if outcome is None:
-        outcome = _holding(g, view, settings, now)
+    if outcome is None and g.prev_phase in world.HOLDING_PHASES:
+        outcome = _holding(g, planned()[1], settings, now)
     if outcome is None:
         outcome = _waiting_for_members(g)
     if outcome is None:
-        outcome = _queued(g, w, plan, now)
+        outcome = _queued(g, w, planned()[0], now)
     return outcome
 
 
