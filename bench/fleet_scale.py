@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import shlex
 import shutil
@@ -68,6 +69,13 @@ from e2e.cluster import build, controlplane, kwok  # noqa: E402
 from e2e.cluster import handle as cluster  # noqa: E402
 from e2e.plane import components, fleet, fleetslices  # noqa: E402
 from gpuplane.driver import logs  # noqa: E402
+
+
+def took(seconds: float, after: str = "", digits: int = 1) -> str:
+    """ "in 12.3s" (or "12s after the start"), or "not within the timeout" for a step never reached (nan)."""
+    if math.isnan(seconds):
+        return "not within the timeout"
+    return f"{seconds:.{digits}f}s {after}" if after else f"in {seconds:.{digits}f}s"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -276,10 +284,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{gangs} TP=8 gangs (2 x 4 GB200)",
                 t0,
                 cpu0,
-                f"{result.decided}/{result.gangs} decided by the controller in {result.decided_s:.1f}s "
+                f"{result.decided}/{result.gangs} decided by the controller {took(result.decided_s)} "
                 f"(creates {result.create_s:.1f}s); {result.members_running}/{2 * result.gangs} members Running "
-                f"in {result.running_s:.1f}s; {result.phase_running}/{result.gangs} gangs Running in "
-                f"{result.phase_running_s:.1f}s; {result.one_domain}/{result.gangs} in one NVLink domain on the "
+                f"{took(result.running_s)}; {result.phase_running}/{result.gangs} gangs Running "
+                f"{took(result.phase_running_s)}; {result.one_domain}/{result.gangs} in one NVLink domain on the "
                 "nodes the placement named",
             )
             run.remember_memory(f"{gangs} gangs")
@@ -297,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "restarted with everything in place (an upgrade)",
                 t0,
                 0.0,
-                f"settled (under 25 % of a CPU for 10 s) {quiet:.0f}s after the start (nan: not within 300 s); "
+                f"settled (under 25 % of a CPU for 10 s) {took(quiet, 'after the start', 0)} (timeout 300 s); "
                 f"{len(nodes)} nodes, "
                 f"{args.claims} claims and pods, {gangs} gangs",
             )

@@ -154,3 +154,11 @@ def test_controller_env_pairs_parse_and_refuse_malformed_items() -> None:
         fleet_controller.env_pairs(["X=1", "NOVALUE"])
     with pytest.raises(SystemExit, match="'=3'"):
         fleet_controller.env_pairs(["=3"])
+
+
+def test_a_step_never_reached_says_so_instead_of_nan() -> None:
+    from bench.fleet_scale import took
+
+    assert took(12.34) == "in 12.3s"
+    assert took(41.6, "after the start", 0) == "42s after the start"
+    assert took(float("nan")) == "not within the timeout"
