@@ -60,6 +60,7 @@ class Shared:
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)  # background loops (rebalancing, replay)
     claim_notes: dict[str, dict[str, str | None]] = field(default_factory=dict)  # uid -> annotations written
     deferred: startup.Deferred = field(default_factory=startup.Deferred)  # until kopf's start-up barrier opens
+    reasons: checks.ReasonCache = field(default_factory=checks.ReasonCache)  # unallocated claims' explanations
 
 
 @dataclass
@@ -208,7 +209,6 @@ def plan_for(
 ) -> tuple[queue_runner.Plan, snapshot_builder.ClusterView]:
     """The queue plan, reused while nothing indexed changed, and whatever changed for as long as it took to
     build (at most ``PLAN_REUSE_MAX_S``; with ``max_age_s`` at least that: explanations may be a moment old).
-
     The pass runs on the event loop; at 1,000 nodes and 10,000 claims it takes a second, and rebuilt for
     every gang event it held the loop for minutes (docs/benchmarks.md). So it takes at most half the loop."""
     cached = rt.shared.plan
@@ -386,7 +386,7 @@ async def explain_claim(
     if age < rt.cfg.claim_explain_after_s or _gang_member_claim(claim, w):
         return
     _, view = plan_for(rt, w, now, max_age_s=EXPLAIN_VIEW_AGE_S)
-    reason = checks.explain_unallocated(claim, classes, view)
+    reason = rt.shared.reasons.reason(claim, classes, view)
     if not reason or (meta.get("annotations") or {}).get(names.ANNOTATION_EXPLAINED) == reason[:250]:
         return
     rt.metrics.claim_findings.labels(finding="unallocated").inc()

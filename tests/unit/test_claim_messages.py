@@ -91,3 +91,23 @@ def test_invalid_device_config_is_recorded_once_though_stale_bodies_arrive() -> 
     claim_events = [w for w in writer.writes if w[0] == "event" and w[1][0] == "ResourceClaim"]
     assert [e[1][2] for e in claim_events] == [events.CLAIM_INVALID_CONFIG], writer.writes
     assert sum(1 for w in writer.writes if w[0] == "annotate") == 1, writer.writes
+
+
+def test_claims_of_one_template_share_one_explanation_per_view(view: snapshot_builder.ClusterView) -> None:
+    # 7,200 pending claims of one template each built a snapshot of the whole fleet per pass; now one does.
+    sel = 'device.attributes["gpu.gpuplane.dev"].productName == "NVIDIA B300"'
+    cache = checks.ReasonCache()
+    first = kit.claim_body([kit.req("g", sel=[sel])])
+    twin = copy.deepcopy(first)
+    twin["metadata"]["name"] = "c-2"
+    want = checks.explain_unallocated(first, kit.CLASSES, view)
+    assert cache.reason(first, kit.CLASSES, view) == want and cache.hits == 0
+    assert cache.reason(twin, kit.CLASSES, view) == want and cache.hits == 1
+    # Other requests, another class definition, or a new view: worked out again.
+    other = kit.claim_body([kit.req("g", sel=[sel.replace("B300", "B200")])])
+    assert cache.reason(other, kit.CLASSES, view) == checks.explain_unallocated(other, kit.CLASSES, view)
+    odd = {**kit.CLASSES, "gpu.gpuplane.dev": _nothing_class('device.driver == "x"')}
+    assert cache.reason(twin, odd, view) == checks.explain_unallocated(twin, odd, view)
+    assert cache.hits == 1
+    newer = copy.copy(view)
+    assert cache.reason(twin, kit.CLASSES, newer) == want and cache.hits == 1
