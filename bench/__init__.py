@@ -26,6 +26,8 @@ Placement on the Alibaba GPU trace (2023, "openb"):
   ``kube_compare`` compares those records (their layout on the model's GPUs: ``kube_layout``) with
   ``kube_model`` (a model of kube-scheduler v1.36 on gpuplane's slices; ``kube_walk`` the order
   its DRA allocator meets a node's devices in).
+- ``steer_writes``: the steered layout's slice writes per prepare/unprepare, the stable order against
+  re-listing every order, on the same trace arrivals.
 - ``rightsize_bench``: fixed MIG profiles against GpuRequests; ``rightsize_replay`` one replay
   with right-sizing, ``rightsize_needs`` trace pods as needs and each variant's options.
 
