@@ -184,7 +184,13 @@ def run_pass(w: world.World, now: float = T0 + 10) -> tuple[queue_runner.Plan, s
 def decide(w: world.World, key: str, now: float = T0 + 10) -> reconciler.Outcome:
     plan, view = run_pass(w, now)
     return reconciler.decide(
-        key, w.gangs[key], w, planned=lambda: (plan, view), now=now, settings=reconciler.Settings(eviction_grace_s=0)
+        key,
+        w.gangs[key],
+        w,
+        planned=lambda: (plan, view),
+        domains=lambda: world.gpu_domains(w),
+        now=now,
+        settings=reconciler.Settings(eviction_grace_s=0),
     )
 
 

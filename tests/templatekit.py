@@ -152,5 +152,11 @@ def decide(w: world.World, key: str = f"{NS}/g", now: float = T0 + 10) -> gang_r
         world.entries(w, view), view, lambda e: world.admit_for(w, e.spec).predicate, make_policy("gpuplane"), now=now
     )
     return gang_reconciler.decide(
-        key, w.gangs[key], w, planned=lambda: (plan, view), now=now, settings=gang_reconciler.Settings()
+        key,
+        w.gangs[key],
+        w,
+        planned=lambda: (plan, view),
+        domains=lambda: world.gpu_domains(w),
+        now=now,
+        settings=gang_reconciler.Settings(),
     )

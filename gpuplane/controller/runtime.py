@@ -207,10 +207,9 @@ def recent_template(rt: Runtime, key: str, indexed: Mapping[str, Any] | None, no
 def plan_for(
     rt: Runtime, w: world.World, now: float, max_age_s: float = 0.0
 ) -> tuple[queue_runner.Plan, snapshot_builder.ClusterView]:
-    """The queue plan, reused while nothing indexed changed, and whatever changed for as long as it took to
-    build (at most ``PLAN_REUSE_MAX_S``; with ``max_age_s`` at least that: explanations may be a moment old).
-    The pass runs on the event loop; at 1,000 nodes and 10,000 claims it takes a second, and rebuilt for
-    every gang event it held the loop for minutes (docs/benchmarks.md). So it takes at most half the loop."""
+    """The queue plan, reused while nothing indexed changed, and otherwise for as long as it took to build (at
+    most ``PLAN_REUSE_MAX_S``; at least ``max_age_s``), so the pass (a second on the loop at 1,000 nodes and
+    10,000 claims; rebuilt per gang event it held the loop for minutes, docs/benchmarks.md) takes half of it."""
     cached = rt.shared.plan
     window = max(max_age_s, rt.shared.plan_build_s)
     if cached is not None and (cached[0] == rt.shared.version or time.monotonic() - rt.shared.plan_at < window):
@@ -263,7 +262,9 @@ async def _reconcile_gang(rt: Runtime, key: str, w: world.World, now: float) -> 
             made.append(plan_for(rt, w, now))
         return made[0]
 
-    outcome = reconciler.decide(key, body, w, planned=planned, now=now, settings=rt.settings)
+    outcome = reconciler.decide(
+        key, body, w, planned=planned, domains=lambda: world.gpu_domains(w), now=now, settings=rt.settings
+    )
     written, _ = await asyncio.to_thread(
         functools.partial(
             reconciler.apply, rt.writer, rt.writer, rt.coalescer, key=key, body=body, outcome=outcome, now=now
@@ -392,9 +393,5 @@ async def explain_claim(
     rt.metrics.claim_findings.labels(finding="unallocated").inc()
     ref = events.ObjectRef.of(claim, "resource.k8s.io/v1", "ResourceClaim")
     await asyncio.to_thread(rt.writer.event, ref, "Warning", events.CLAIM_UNALLOCATED, reason)
-    await asyncio.to_thread(
-        rt.writer.annotate_claim,
-        meta.get("namespace", ""),
-        meta.get("name", ""),
-        {names.ANNOTATION_EXPLAINED: reason[:250]},
-    )
+    ns, name = meta.get("namespace", ""), meta.get("name", "")
+    await asyncio.to_thread(rt.writer.annotate_claim, ns, name, {names.ANNOTATION_EXPLAINED: reason[:250]})

@@ -294,7 +294,13 @@ def test_fuzz_gangs(cluster: dict[str, Any], capsys: pytest.CaptureFixture[str])
             rt.shared.plan = None  # a new world each case: no reuse of the last case's plan
             plan, view = runtime.plan_for(rt, w, 1_800_000_000.0)
             outcome = gang_reconciler.decide(
-                "ns/g", body, w, planned=lambda: (plan, view), now=1_800_000_000.0, settings=gang_settings
+                "ns/g",
+                body,
+                w,
+                planned=lambda: (plan, view),
+                domains=lambda: world.gpu_domains(w),
+                now=1_800_000_000.0,
+                settings=gang_settings,
             )
             assert isinstance(outcome.status.get("phase", ""), str)
             assert all(len(message) <= MAX_MESSAGE * 3 for _, _, message in outcome.events)

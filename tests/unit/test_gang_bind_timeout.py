@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gpuplane.controller import names
-from gpuplane.controller.gang import placement_record, reconciler, status
+from gpuplane.controller.gang import placement_record, reconciler, status, world
 from tests import controllerkit as kit
 
 
@@ -53,7 +53,15 @@ def _placed(slices: list[dict[str, Any]], placed_at: float) -> tuple[Any, str]:
 def _decide(w: Any, key: str, now: float) -> reconciler.Outcome:
     plan, view = kit.run_pass(w, now)
     settings = reconciler.Settings(eviction_grace_s=0, bind_timeout_s=600.0)
-    return reconciler.decide(key, w.gangs[key], w, planned=lambda: (plan, view), now=now, settings=settings)
+    return reconciler.decide(
+        key,
+        w.gangs[key],
+        w,
+        planned=lambda: (plan, view),
+        domains=lambda: world.gpu_domains(w),
+        now=now,
+        settings=settings,
+    )
 
 
 def test_a_placed_gang_not_bound_within_the_timeout_is_released_with_a_reason(slices: list[dict[str, Any]]) -> None:

@@ -27,7 +27,9 @@ def test_a_gang_still_waiting_for_members_decides_without_a_queue_pass(cluster_s
     def no_pass() -> Any:
         raise AssertionError("a gang waiting for its members needs no queue pass")
 
-    out = reconciler.decide("team-a/g", body, w, planned=no_pass, now=NOW, settings=reconciler.Settings())
+    out = reconciler.decide(
+        "team-a/g", body, w, planned=no_pass, domains=no_pass, now=NOW, settings=reconciler.Settings()
+    )
     assert out.status["phase"] == "Pending" and out.status["reason"] == "WaitingForMembers"
 
     # With every member there, the queue's action decides, from one pass.
@@ -38,9 +40,49 @@ def test_a_gang_still_waiting_for_members_decides_without_a_queue_pass(cluster_s
         calls.append(1)
         return run_pass(w)
 
-    out = reconciler.decide("team-a/g", body, w, planned=one_pass, now=NOW, settings=reconciler.Settings())
+    domains = lambda: world.gpu_domains(w)  # noqa: E731
+    out = reconciler.decide(
+        "team-a/g", body, w, planned=one_pass, domains=domains, now=NOW, settings=reconciler.Settings()
+    )
     assert out.status["phase"] in ("Placing", "Placed") and out.status.get("placement")
     assert len(calls) == 1
+
+
+def test_a_gang_holding_its_placement_follows_it_without_a_queue_pass(cluster_slices: list[dict[str, Any]]) -> None:
+    """Run 4 (docs/benchmarks.md): 100 placed gangs each built the pass only to read their decision back."""
+    body = gang_body("g", members=2, gpusPerMember=4, selectors=[GB200])
+    pods = [member_pod("g", 0), member_pod("g", 1)]
+    w = make_world(cluster_slices, [body], pods)
+    placing = reconciler.decide(
+        "team-a/g",
+        body,
+        w,
+        planned=lambda: run_pass(w),
+        domains=lambda: world.gpu_domains(w),
+        now=NOW,
+        settings=reconciler.Settings(),
+    )
+    assert placing.status["phase"] == "Placing" and placing.steps
+    held = gang_body("g", members=2, gpusPerMember=4, selectors=[GB200], status_=placing.status)
+    w = make_world(cluster_slices, [held], pods)
+    view = world.cluster_view(w)
+    assert world.gpu_domains(w) == {gpu.id: gpu.domain for gpu in view.gpus}  # what _holding read before
+
+    def no_pass() -> Any:
+        raise AssertionError("a gang holding a placement needs no queue pass")
+
+    out = reconciler.decide(
+        "team-a/g",
+        held,
+        w,
+        planned=no_pass,
+        domains=lambda: world.gpu_domains(w),
+        now=NOW + 1,
+        settings=reconciler.Settings(),
+    )
+    # It goes on applying its own placement (the same writes), in the domain it was placed in.
+    assert out.status["phase"] == "Placing" and out.status["domain"] == placing.status["domain"] != ""
+    assert [str(s) for s in out.steps] == [str(s) for s in placing.steps]
 
 
 def test_a_slow_pass_is_reused_for_its_own_build_time_then_rebuilt(

@@ -58,6 +58,7 @@ __all__ = ["Outcome", "Settings", "apply", "decide", "victim_outcome"]
 log = structlog.get_logger(__name__)
 
 Planned = Callable[[], tuple[queue_runner.Plan, snapshot_builder.ClusterView]]
+Domains = Callable[[], Mapping[str, str]]  # GPU id -> NVLink domain (world.gpu_domains)
 PRE_SCHEDULE = ("", "Pending", "Queued", "Unschedulable", "Placing", "Placed", "Preempted")
 
 
@@ -76,6 +77,7 @@ def decide(
     w: world.World,
     *,
     planned: Planned,
+    domains: Domains,
     now: float,
     settings: Settings,
 ) -> Outcome:
@@ -83,16 +85,16 @@ def decide(
 
     The phases, in order; the first that applies decides: an invalid spec, a timeout, a
     placement the gang holds, members still missing or ungated, and the queue's action.
-    ``planned`` gives the queue pass's plan and view; it is called only by the phases that need
-    them (a held placement, the queue's action), so a gang with a bad spec, timed out or still
-    waiting for its members costs no pass over the cluster.
+    ``planned`` gives the queue pass's plan and view; only the queue's action calls it, so a gang
+    with a bad spec, timed out, waiting for its members or holding a placement costs no pass over the
+    cluster. A held placement reads back with ``domains`` alone (the GPUs' NVLink domains).
     """
     g = _read(key, body, w, now)
     if isinstance(g, Outcome):
         return g
     outcome = _timed_out(g, settings, now)
-    if outcome is None and g.prev_phase in world.HOLDING_PHASES:
-        outcome = _holding(g, planned()[1], settings, now)
+    if outcome is None:
+        outcome = _holding(g, domains, settings, now)
     if outcome is None:
         outcome = _waiting_for_members(g)
     if outcome is None:
@@ -176,12 +178,11 @@ def _timed_out(g: GangRead, settings: Settings, now: float) -> Outcome | None:
     )
 
 
-def _holding(g: GangRead, view: snapshot_builder.ClusterView, settings: Settings, now: float) -> Outcome | None:
+def _holding(g: GangRead, domains: Domains, settings: Settings, now: float) -> Outcome | None:
     """A gang that holds a placement: apply what is left of it, or follow its members to Running (or Released)."""
     if g.prev_phase not in world.HOLDING_PHASES:
         return None
-    domains = {gpu.id: gpu.domain for gpu in view.gpus}
-    decision = placement_record.decision_from_status(g.key, g.prev.get("placement"), domains)
+    decision = placement_record.decision_from_status(g.key, g.prev.get("placement"), domains())
     if decision is None:
         return None
     spec, members = g.spec, g.members

@@ -166,6 +166,11 @@ def cluster_view(world: World) -> snapshot_builder.ClusterView:
     )
 
 
+def gpu_domains(world: World) -> dict[str, str]:
+    """GPU id -> NVLink domain, as :func:`cluster_view` would give it, from the slices alone."""
+    return snapshot_builder.gpu_domains(world.slices, world.nodes)
+
+
 def admit_for(world: World, spec: GangSpec) -> selectors.Compiled:
     """The pre-filter of GPUs a gang may use: its class's selectors and its own (MIG: parents, by class)."""
     exprs = list(class_selectors(world.classes.get(spec.device_class)))

@@ -168,14 +168,11 @@ def build_view(
     each pool is used, as the scheduler does. ``claim_gangs`` maps "ns/claim" -> (gang key, member index)
     for claims a gang member got from a template (owned by its pod, not by the GpuGang).
     """
-    digests = [d for d in (slice_index.as_digest(s, driver) for s in slices) if d is not None]
     gpus: dict[str, GpuInfo] = {}
     by_node: dict[str, list[slice_index.SliceDigest]] = {}
     kinds: set[tuple[str, int, int]] = set()
     per_parent: dict[tuple[str, int | None], set[tuple[str, int, int]]] = {}  # (node, parent minor) -> kinds
-    for d in slice_index.newest(digests):
-        if not d.node or (nodes is not None and not nodes.get(d.node, False)):
-            continue
+    for d in _counted(slices, nodes, driver):
         for g in d.gpus:
             gpus[g.id] = g
         if d.mig:
@@ -245,6 +242,29 @@ def build_view(
         geometry=geometry,
         mig_published=MappingProxyType(published),
     )
+
+
+def gpu_domains(
+    slices: Iterable[slice_index.SliceDigest | Mapping[str, Any]],
+    nodes: Mapping[str, bool] | None = None,
+    driver: str = dn.DRIVER_NAME,
+) -> dict[str, str]:
+    """GPU id -> NVLink domain of the GPUs :func:`build_view` would count, without reading a claim.
+
+    A gang that holds a placement needs only this of the cluster (to read its decision back); at
+    1,000 nodes it takes milliseconds where the whole view takes a second (docs/benchmarks.md).
+    """
+    return {g.id: g.domain for d in _counted(slices, nodes, driver) for g in d.gpus}
+
+
+def _counted(
+    slices: Iterable[slice_index.SliceDigest | Mapping[str, Any]], nodes: Mapping[str, bool] | None, driver: str
+) -> Iterator[slice_index.SliceDigest]:
+    """The newest generation's slices of known, schedulable nodes (None: every node counts)."""
+    digests = [d for d in (slice_index.as_digest(s, driver) for s in slices) if d is not None]
+    for d in slice_index.newest(digests):
+        if d.node and (nodes is None or nodes.get(d.node, False)):
+            yield d
 
 
 def _fits(
