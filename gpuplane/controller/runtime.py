@@ -61,6 +61,7 @@ class Shared:
     claim_notes: dict[str, dict[str, str | None]] = field(default_factory=dict)  # uid -> annotations written
     deferred: startup.Deferred = field(default_factory=startup.Deferred)  # until kopf's start-up barrier opens
     reasons: checks.ReasonCache = field(default_factory=checks.ReasonCache)  # unallocated claims' explanations
+    domains: world.DomainCache = field(default_factory=world.DomainCache)  # GPU -> domain, for holding gangs
 
 
 @dataclass
@@ -263,7 +264,7 @@ async def _reconcile_gang(rt: Runtime, key: str, w: world.World, now: float) -> 
         return made[0]
 
     outcome = reconciler.decide(
-        key, body, w, planned=planned, domains=lambda: world.gpu_domains(w), now=now, settings=rt.settings
+        key, body, w, planned=planned, domains=lambda: rt.shared.domains.of(w), now=now, settings=rt.settings
     )
     written, _ = await asyncio.to_thread(
         functools.partial(

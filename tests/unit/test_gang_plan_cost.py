@@ -7,6 +7,7 @@ API server's snapshot again and again, and no gang ever saw its members (docs/be
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -111,3 +112,31 @@ def test_a_slow_pass_is_reused_for_its_own_build_time_then_rebuilt(
     # Nothing changed since: the pass stands however old it is.
     time.sleep(rt.shared.plan_build_s + 0.05)
     assert runtime.plan_for(rt, w, NOW)[0] is rebuilt and len(builds) == 2
+
+
+def test_the_domain_map_is_reused_while_the_slices_and_nodes_stay_the_same(
+    cluster_slices: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = gang_body("g", members=2, gpusPerMember=4, selectors=[GB200])
+    w = make_world(cluster_slices, [body], [])
+    built: list[int] = []
+    real = world.gpu_domains
+
+    def counted(w_: world.World) -> dict[str, str]:
+        built.append(1)
+        return real(w_)
+
+    monkeypatch.setattr(world, "gpu_domains", counted)
+    cache = world.DomainCache()
+    first = cache.of(w)
+    assert first == real(w) and first
+    # Another world copied from the same indexes: the same slice objects, the same nodes.
+    again = dataclasses.replace(w, slices=tuple(w.slices), nodes=dict(w.nodes))
+    assert cache.of(again) is first and len(built) == 1
+    # A node cordoned: its GPUs leave the map.
+    node = next(iter(w.nodes))
+    cordoned = dataclasses.replace(w, nodes={**w.nodes, node: False})
+    assert not any(k.startswith(f"{node}/") for k in cache.of(cordoned)) and len(built) == 2
+    # A slice republished (a new object): the map is built again.
+    fewer = dataclasses.replace(w, slices=w.slices[1:], nodes=w.nodes)
+    assert cache.of(fewer) == real(fewer) and len(built) == 3

@@ -1,0 +1,201 @@
+"""What one gang reconcile costs the controller's event loop at fleet scale, before and after, in one run.
+
+    python -m bench.gang_reconcile_cost [--hgx 800] [--gb200 200] [--allocated 2800] [--pending 7200]
+        [--gangs 100] [--repeat 5]
+
+No API server: the indexes the controller would hold (slice digests of the driver's own slices, the
+indexed form of each claim, member pods, gangs) are built in memory for a fleet like the fleet bench's
+(``bench.fleet_scale``), and the controller's own functions run over them: ``runtime.make_world``
+(what every gang event and timer copies out of kopf's indexes), the queue pass (``runtime.plan_for``
+with nothing cached) and ``world.gpu_domains``, then ``reconciler.decide`` for a gang that holds its
+placement, with the pass (as before ``68f8749``) and with the domains alone, cached while the slices stay
+the same (after). Every gang
+is reconciled once per ``resync_s`` (2 s) by its timer, so the last column says how much of one
+CPU 100 such gangs would take.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from gpuplane.controller import config, indexed, metrics, names, runtime
+from gpuplane.controller.gang import placement_record, reconciler, status, world
+from gpuplane.controller.node import slice_index
+from gpuplane.controller.placement import model
+from gpuplane.driver.hw.sim import SimConfig, Simulator
+from gpuplane.driver.publish import inventory, slices
+
+CLUSTER = "6a1c4a2e-9a53-4a44-9a3c-3a1c4a2e9a53"
+TRAYS_PER_RACK = 18  # GB200 NVL72: 18 trays of 4 GPUs
+NS = "bench"
+GB200 = 'device.attributes["gpu.gpuplane.dev"].productName == "NVIDIA GB200"'
+
+
+def _rendered(tmp: Path, node: str, profile: str, clique: int | None) -> str:
+    cfg = SimConfig(
+        profile=profile,
+        state_dir=tmp / node,
+        node_name=node,
+        durable=False,
+        cluster_uuid=CLUSTER if clique is not None else None,
+        clique_id=clique,
+    )
+    (tmp / node).mkdir(parents=True, exist_ok=True)
+    with Simulator(cfg) as sim:
+        inv = inventory.discover(node, sim)
+    return json.dumps(slices.render_slices(slices.build_pool(inv), 1))
+
+
+def fleet(hgx: int, gb200: int) -> tuple[list[slice_index.SliceDigest], list[str], list[str]]:
+    """The slice digests of ``hgx`` HGX H100 nodes and ``gb200`` GB200 trays (racks of 18), as indexed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        hgx_t = _rendered(Path(tmp), "tmpl-hgx", "hgx-h100", None)
+        racks = {r: _rendered(Path(tmp), f"tmpl-nvl{r}", "gb200-nvl72", r) for r in range((gb200 + 17) // 18)}
+    out: list[slice_index.SliceDigest] = []
+    hgx_nodes = [f"hgx-{i}" for i in range(hgx)]
+    nvl_nodes = [f"nvl-{i}" for i in range(gb200)]
+    for node in hgx_nodes:
+        out += [d for s in json.loads(hgx_t.replace("tmpl-hgx", node)) if (d := slice_index.as_digest(s))]
+    for i, node in enumerate(nvl_nodes):
+        r = i // TRAYS_PER_RACK
+        out += [d for s in json.loads(racks[r].replace(f"tmpl-nvl{r}", node)) if (d := slice_index.as_digest(s))]
+    return out, hgx_nodes, nvl_nodes
+
+
+def claim(name: str, node: str | None = None, device: str = "") -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.gpuplane.dev"}}]}},
+        "status": {},
+    }
+    if node is not None:
+        result = {"driver": "gpu.gpuplane.dev", "request": "gpu", "pool": node, "device": device}
+        body["status"] = {"allocation": {"devices": {"results": [result]}}}
+    return indexed.claim(body)
+
+
+def gang(j: int, nodes: tuple[str, str] | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Gang ``g-j`` (2 members x 4 GB200 GPUs, TP=8) and its gated member pods; holding ``nodes`` if given."""
+    st: dict[str, Any] = {}
+    if nodes is not None:
+        members = tuple(
+            model.MemberPlacement(member=m, node=n, domain="", gpus=tuple(f"{n}/gpu-{k}" for k in range(4)))
+            for m, n in enumerate(nodes)
+        )
+        decision = model.Decision(request_id=f"{NS}/g-{j}", members=members)
+        st = {"phase": "Placing", "placement": placement_record.placement_status(decision)}
+    spec = {"members": 2, "gpusPerMember": 4, "tensorParallelSize": 8, "selectors": [GB200]}
+    meta = {"name": f"g-{j}", "namespace": NS, "uid": f"uid-g-{j}", "generation": 1}
+    meta["creationTimestamp"] = status.now_rfc3339(time.time() - 60)
+    body = {"apiVersion": names.GANG_API_VERSION, "kind": names.GANG_KIND, "metadata": meta, "spec": spec, "status": st}
+    pods = []
+    for i in range(2):
+        pods.append(
+            {
+                "metadata": {"name": f"g-{j}-pod-{i}", "namespace": NS, "labels": {names.LABEL_GANG: f"g-{j}"}},
+                "spec": {
+                    "resourceClaims": [{"name": "gpus", "resourceClaimName": f"g-{j}-{i}"}],
+                    "schedulingGates": [{"name": names.SCHEDULING_GATE}],
+                },
+                "status": {"phase": "Pending"},
+            }
+        )
+    return body, pods
+
+
+def timed(fn: Callable[[], Any], repeat: int) -> float:
+    """Median wall seconds of ``fn`` over ``repeat`` calls."""
+    took = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        took.append(time.perf_counter() - t)
+    return statistics.median(took)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--hgx", type=int, default=800)
+    p.add_argument("--gb200", type=int, default=200)
+    p.add_argument("--allocated", type=int, default=2800, help="whole-GPU claims allocated on HGX nodes")
+    p.add_argument("--pending", type=int, default=7200, help="claims not allocated")
+    p.add_argument("--gangs", type=int, default=100, help="half hold a placement, half wait to be placed")
+    p.add_argument("--repeat", type=int, default=5)
+    a = p.parse_args(argv)
+    t0 = time.perf_counter()
+    digests, hgx_nodes, nvl_nodes = fleet(a.hgx, a.gb200)
+    claims = [
+        claim(f"c-{i}", hgx_nodes[i % len(hgx_nodes)], f"gpu-{(i // len(hgx_nodes)) % 8}") for i in range(a.allocated)
+    ]
+    claims += [claim(f"p-{i}") for i in range(a.pending)]
+    gangs, pods = [], []
+    for j in range(a.gangs):
+        holds = j < a.gangs // 2 and 2 * j + 1 < len(nvl_nodes)
+        body, ps = gang(j, (nvl_nodes[2 * j], nvl_nodes[2 * j + 1]) if holds else None)
+        gangs.append(body)
+        pods += ps
+    print(
+        f"fleet: {a.hgx} HGX + {a.gb200} GB200 nodes, {len(digests)} slices, {len(claims)} claims "
+        f"({a.allocated} allocated), {a.gangs} gangs ({a.gangs // 2} holding a placement); built in "
+        f"{time.perf_counter() - t0:.1f} s"
+    )
+    rt = runtime.Runtime.create(config.parse_args(["--identity", "bench"], {}), None, metrics.ControllerMetrics())  # type: ignore[arg-type]
+    idx: Mapping[str, Any] = {
+        "gang_idx": {f"{NS}/{g['metadata']['name']}": [g] for g in gangs},
+        "pod_idx": {f"{NS}/{p['metadata']['name']}": [p] for p in pods},
+        "claim_idx": {f"{NS}/{c['metadata']['name']}": [c] for c in claims},
+        "slice_idx": {},
+        "node_idx": {n: [{"schedulable": True}] for n in hgx_nodes + nvl_nodes},
+        "class_idx": {"gpu.gpuplane.dev": [{"metadata": {"name": "gpu.gpuplane.dev"}, "spec": {}}]},
+    }
+    for d in digests:
+        idx["slice_idx"].setdefault(d.node, []).append(d)
+    now = time.time()
+    w = runtime.make_world(rt, now=now, **idx)
+    key = f"{NS}/g-0"
+
+    def fresh_pass() -> Any:
+        rt.shared.plan = None
+        return runtime.plan_for(rt, w, now)
+
+    def holding(before: bool) -> reconciler.Outcome:
+        def view_domains() -> dict[str, str]:
+            return {g.id: g.domain for g in fresh_pass()[1].gpus}
+
+        domains = view_domains if before else (lambda: rt.shared.domains.of(w))
+        return reconciler.decide(
+            key, w.gangs[key], w, planned=fresh_pass, domains=domains, now=now, settings=rt.settings
+        )
+
+    decided = holding(False)
+    assert holding(True).status == decided.status, "the two ways must decide the same"
+    print(f"the holding gang decides {decided.status['phase']}: {decided.status.get('message')}")
+    rep = a.repeat
+    rows = [
+        (
+            "runtime.make_world (every gang event and timer)",
+            timed(lambda: runtime.make_world(rt, now=now, **idx), a.repeat),
+        ),
+        ("queue pass (runtime.plan_for, nothing cached)", timed(fresh_pass, rep)),
+        ("world.gpu_domains (the map built)", timed(lambda: world.gpu_domains(w), rep)),
+        ("world.DomainCache.of (slices unchanged since the last)", timed(lambda: rt.shared.domains.of(w), rep)),
+        ("decide, holding gang, before (the pass)", timed(lambda: holding(True), rep)),
+        ("decide, holding gang, after (domains alone)", timed(lambda: holding(False), rep)),
+    ]
+    print(f"\n| step | median ms ({a.repeat} runs) | share of one CPU, {a.gangs} gangs every {rt.cfg.resync_s:g} s |")
+    print("|---|---|---|")
+    for label, s in rows:
+        print(f"| {label} | {s * 1e3:.1f} | {s * a.gangs / rt.cfg.resync_s:.0%} |")
+    print(f"\nholding gang, before/after: {rows[4][1] / rows[5][1]:.0f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
