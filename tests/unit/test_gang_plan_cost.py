@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from gpuplane.controller import config, metrics, runtime
-from gpuplane.controller.gang import reconciler, world
+from gpuplane.controller.gang import queue_runner, reconciler, world
+from gpuplane.controller.placement.policies import make as make_policy
 from tests.controllerkit import GB200, T0, gang_body, make_world, member_pod, run_pass
 from tests.templatekit import cluster_slices_fixture  # noqa: F401
 
@@ -140,3 +141,28 @@ def test_the_domain_map_is_reused_while_the_slices_and_nodes_stay_the_same(
     # A slice republished (a new object): the map is built again.
     fewer = dataclasses.replace(w, slices=w.slices[1:], nodes=w.nodes)
     assert cache.of(fewer) == real(fewer) and len(built) == 3
+
+
+def test_a_pass_evaluates_each_distinct_filter_once_over_the_fleet(cluster_slices: list[dict[str, Any]]) -> None:
+    """At 1,000 nodes the selector over every GPU, once per gang, was most of a 4 s pass (docs/benchmarks.md)."""
+    bodies = [gang_body(f"g{i}", members=1, gpusPerMember=4, selectors=[GB200]) for i in range(3)]
+    pods = [member_pod(f"g{i}", 0) for i in range(3)]
+    w = make_world(cluster_slices, bodies, pods)
+    view = world.cluster_view(w)
+    entries = world.entries(w, view)
+    assert len(entries) == 3
+    shared = {world.admit_for(w, e.spec).predicate for e in entries}
+    assert len(shared) == 1  # gangs of one shape share one compiled filter
+    (pred,) = shared
+    calls: list[str] = []
+
+    def counted(driver: str, attrs: Any) -> bool:
+        calls.append(driver)
+        return pred(driver, attrs)
+
+    plan = queue_runner.plan(entries, view, lambda e: counted, make_policy("gpuplane"), now=NOW)
+    assert len(calls) == len(view.gpus)  # once per GPU for the three gangs, not three times
+    placed = [a for a in plan.actions.values() if a.kind == "place"]
+    assert len(placed) == 3 and all(
+        view.by_id[g].product == "NVIDIA GB200" for a in placed for m in a.decision.members for g in m.gpus
+    )

@@ -170,12 +170,14 @@ def plan(
     """Decide, for every ready gang, whether it is placed now, waits, can never fit, or preempts."""
     aging = settings.aging
     requests = {e.key: request_of(e) for e in entries}
-    cap = pq.capacity(view.snapshot())
+    everything = view.snapshot()
+    cap = pq.capacity(everything)
     held: dict[str, pq.Usage] = {}
     for key in view.holdings:
         if key in requests:
             ns = requests[key].namespace
-            held[ns] = held.get(ns, pq.Usage()).plus(pq.demand(requests[key], view.snapshot()))
+            held[ns] = held.get(ns, pq.Usage()).plus(pq.demand(requests[key], everything))
+    admitted: dict[Admit, frozenset[str]] = {}  # per distinct filter: gangs of one shape share one
 
     waiting = [e for e in entries if e.ready and not e.holding]
     rank = {r.id: i for i, r in enumerate(pq.order([requests[e.key] for e in waiting], now, aging))}
@@ -206,7 +208,10 @@ def plan(
             continue
         request = requests[nxt.key]
         # A MIG gang only on GPUs that publish its profile (the geometry's slot names are shared by models).
-        snap = work.snapshot(admit_for(nxt), mig_profile=nxt.spec.migProfile or None)
+        admit = admit_for(nxt)
+        if admit not in admitted:
+            admitted[admit] = view.admitted(admit)
+        snap = work.snapshot(mig_profile=nxt.spec.migProfile or None, only=admitted[admit])
         never = place.check(request, snap)
         if never:
             actions[nxt.key] = Action("unschedulable", never, effective_priority=prio, position=position)

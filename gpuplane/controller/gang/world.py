@@ -10,6 +10,7 @@ reconciled back to back cannot be placed on the same GPUs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -190,12 +191,17 @@ class DomainCache:
 
 def admit_for(world: World, spec: GangSpec) -> selectors.Compiled:
     """The pre-filter of GPUs a gang may use: its class's selectors and its own (MIG: parents, by class)."""
-    exprs = list(class_selectors(world.classes.get(spec.device_class)))
     if spec.migProfile:
         # Class and gang selectors of a MIG gang talk about MIG devices; parents are not filtered.
-        return selectors.compile_all([])
-    exprs.extend(spec.selectors)
-    return selectors.compile_all(exprs)
+        return _compiled(())
+    return _compiled((*class_selectors(world.classes.get(spec.device_class)), *spec.selectors))
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(expressions: tuple[str, ...]) -> selectors.Compiled:
+    """One compiled filter per distinct selector list: gangs of one shape share it, and a queue pass
+    evaluates each distinct filter over the fleet once (``queue_runner.plan``)."""
+    return selectors.compile_all(expressions)
 
 
 def unfiltered_selectors(world: World, spec: GangSpec) -> tuple[str, ...]:
