@@ -63,10 +63,10 @@ from bench.dra_stages import (  # noqa: E402
     cpu_table,
     driver_prepare_metrics,
     node_lines,
-    percentile,
     stage_table,
 )
 from bench.dra_watch import ClaimWatch, RunningWatch, wait  # noqa: E402
+from bench.placement_report import percentile  # noqa: E402
 from e2e.cluster import build, controlplane  # noqa: E402
 from e2e.cluster import handle as cluster  # noqa: E402
 from e2e.plane import nodes, simnodes  # noqa: E402
@@ -127,8 +127,8 @@ def run_round(
 def summary(values: Sequence[float]) -> dict[str, float]:
     """p50, p99, max, mean."""
     return {
-        "p50": percentile(values, 50),
-        "p99": percentile(values, 99),
+        "p50": percentile(values, 0.5),
+        "p99": percentile(values, 0.99),
         "max": max(values),
         "mean": statistics.fmean(values),
     }
@@ -233,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 plain += run_round(
                     handle, f"plain-{r}", args.pods, False, args.timeout, stages=stages_plain, sim=sim, cpu=cpu_plain
                 )
-                say(f"  p50 {percentile(plain[-args.pods :], 50):.2f}s, max {max(plain[-args.pods :]):.2f}s")
+                say(f"  p50 {percentile(plain[-args.pods :], 0.5):.2f}s, max {max(plain[-args.pods :]):.2f}s")
                 say(f"round {r + 1}/{args.rounds}: {args.pods} pods with a {args.claims} claim ...")
                 before = driver_prepare_metrics(sim) if args.stages else {}
                 dra += run_round(
@@ -253,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         prepare[0] + sum(after[n][0] - before.get(n, (0.0, 0.0))[0] for n in after),
                         prepare[1] + sum(after[n][1] - before.get(n, (0.0, 0.0))[1] for n in after),
                     )
-                say(f"  p50 {percentile(dra[-args.pods :], 50):.2f}s, max {max(dra[-args.pods :]):.2f}s")
+                say(f"  p50 {percentile(dra[-args.pods :], 0.5):.2f}s, max {max(dra[-args.pods :]):.2f}s")
         finally:
             handle.close()
             sim.stop()

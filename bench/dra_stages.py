@@ -19,6 +19,7 @@ from pathlib import Path
 
 from bench.dra_setup import NAMESPACE
 from bench.dra_watch import ClaimWatch, RunningWatch
+from bench.placement_report import percentile
 from e2e.cluster import procs
 from e2e.plane import simnodes
 
@@ -159,13 +160,13 @@ def stage_table(plain: Stages, dra: Stages, prepare: tuple[float, float]) -> str
         for stage, values in stages.items():
             if stage == "stand-in: start attempts":
                 rows.append(
-                    f"| {kind} | {stage} | {len(values)} | {percentile(values, 50):.0f} | "
-                    f"{percentile(values, 99):.0f} | {max(values):.0f} | {statistics.fmean(values):.2f} |"
+                    f"| {kind} | {stage} | {len(values)} | {percentile(values, 0.5):.0f} | "
+                    f"{percentile(values, 0.99):.0f} | {max(values):.0f} | {statistics.fmean(values):.2f} |"
                 )
                 continue
             ms = [v * 1000 for v in values]
             rows.append(
-                f"| {kind} | {stage} | {len(ms)} | {percentile(ms, 50):.0f} | {percentile(ms, 99):.0f} | "
+                f"| {kind} | {stage} | {len(ms)} | {percentile(ms, 0.5):.0f} | {percentile(ms, 0.99):.0f} | "
                 f"{max(ms):.0f} | {statistics.fmean(ms):.0f} |"
             )
     total, count = prepare
@@ -175,10 +176,3 @@ def stage_table(plain: Stages, dra: Stages, prepare: tuple[float, float]) -> str
             f"{total / count * 1000:.1f} |"
         )
     return "\n".join(rows) + "\n"
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile."""
-    ordered = sorted(values)
-    index = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
-    return ordered[index]

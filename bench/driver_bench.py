@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.driver_harness import NAMESPACE, NODE, ApiStore, ClaimStore, Driver, FakeStore, workdir
+from bench.placement_report import percentile as pct
 from gpuplane.driver.api import names
 from gpuplane.driver.host import atomic_write
 from gpuplane.driver.prepare.checkpoint import CheckpointStore, decode
@@ -45,11 +46,6 @@ TS_CONFIG = {**GPU_CONFIG, "sharing": {"strategy": "TimeSlicing", "timeSlicing":
 
 
 # ------------------------------------------------------------------------------ helpers
-def pct(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile."""
-    ordered = sorted(values)
-    k = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
-    return ordered[k]
 
 
 def ms(seconds: float) -> str:
@@ -64,9 +60,9 @@ class Series:
 
     def row(self, floor: Series | None = None) -> str:
         v = self.values
-        cells = [self.name, str(len(v)), ms(pct(v, 50)), ms(pct(v, 99)), ms(statistics.fmean(v))]
+        cells = [self.name, str(len(v)), ms(pct(v, 0.5)), ms(pct(v, 0.99)), ms(statistics.fmean(v))]
         if floor is not None:
-            cells += [f"{pct(v, 50) / pct(floor.values, 50):.2f}x", f"{pct(v, 99) / pct(floor.values, 99):.2f}x"]
+            cells += [f"{pct(v, 0.5) / pct(floor.values, 0.5):.2f}x", f"{pct(v, 0.99) / pct(floor.values, 0.99):.2f}x"]
         else:
             cells += ["", ""]
         return "| " + " | ".join(cells) + " |"
@@ -133,10 +129,10 @@ def latency_vs_floor(n: int, kubeconfig: str | None, warmup: int, out: Callable[
     out(g.row())
     out(fg.row())
     out(
-        f"\nfor reference, prepare vs floor + transport: p50 {pct(prep, 50) / pct(fg.values, 50):.2f}x, "
-        f"p99 {pct(prep, 99) / pct(fg.values, 99):.2f}x"
+        f"\nfor reference, prepare vs floor + transport: p50 {pct(prep, 0.5) / pct(fg.values, 0.5):.2f}x, "
+        f"p99 {pct(prep, 0.99) / pct(fg.values, 0.99):.2f}x"
     )
-    ok = pct(prep, 50) <= TARGET_RATIO * pct(floor, 50) and pct(prep, 99) <= TARGET_RATIO * pct(floor, 99)
+    ok = pct(prep, 0.5) <= TARGET_RATIO * pct(floor, 0.5) and pct(prep, 0.99) <= TARGET_RATIO * pct(floor, 0.99)
     out(f"\nprepare vs floor, target <= {TARGET_RATIO}x at p50 and p99: {'PASS' if ok else 'FAIL'}")
     return ok
 
@@ -221,7 +217,7 @@ def mig_mps_latency(rounds: int, op_latency: float, out: Callable[[str], None]) 
                     mean = statistics.fmean(v)
                     s_mean, m_mean = sim[op] / len(v), mps_s[op] / len(v)
                     rows.append(
-                        f"| {label} {op} | {len(v)} | {ms(pct(v, 50))} | {ms(pct(v, 99))} | {ms(mean)} | "
+                        f"| {label} {op} | {len(v)} | {ms(pct(v, 0.5))} | {ms(pct(v, 0.99))} | {ms(mean)} | "
                         f"{ms(s_mean)} | {ms(m_mean)} | {ms(mean - s_mean - m_mean)} |"
                     )
         finally:

@@ -259,7 +259,7 @@ def side_by_side(recs: Mapping[str, Mapping[str, Any]], trace_dir: Path) -> list
 
 
 def _p50_ms(xs: Sequence[float]) -> str:
-    return f"{1000 * sorted(xs)[len(xs) // 2]:.0f}" if xs else "-"
+    return f"{1000 * placement_report.percentile(xs, 0.5):.0f}" if xs else "-"
 
 
 def added_latency(recs: Mapping[str, Mapping[str, Any]], within_s: float = 1.0) -> list[str]:

@@ -31,48 +31,27 @@ from gpuplane.driver import logs
 from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.publish import inventory, slices, steering
 from gpuplane.driver.publish.publisher import Layout, SlicePublisher
+from tests.slicekit import SliceStore
 
 NODE = "n"
 ONE_NODE = trace.Topology("HGX 1x8", 1, 1, 8)
 SLOTS = geometry.slots_for(steering.GEOMETRY)
 
 
-class MemoryApi:
-    """ResourceSlices in a dict, with resourceVersions; what a publisher writes is what it reads back.
-
-    Objects are stored and listed without copies (the publisher builds new ones for every write and
-    never changes what it read), and the allocator's walk is read once per write."""
+class MemoryApi(SliceStore):
+    """The shared in-memory slice store, without copies, and the allocator's walk over what it holds,
+    read once per write."""
 
     def __init__(self, pool: str = NODE) -> None:
+        super().__init__(copies=False)
         self.pool = pool
-        self.objs: dict[str, dict[str, Any]] = {}
-        self.rv = 0
         self._walk: tuple[int, kube_walk.WalkOrder] | None = None
-
-    def list_slices(self, node_name: str, driver_name: str) -> list[dict[str, Any]]:
-        return list(self.objs.values())
 
     def walk(self) -> kube_walk.WalkOrder:
         """The allocator's walk over the slices held now."""
         if self._walk is None or self._walk[0] != self.rv:
-            self._walk = (self.rv, kube_walk.walk_of(list(self.objs.values()), self.pool))
+            self._walk = (self.rv, kube_walk.walk_of(list(self.objects.values()), self.pool))
         return self._walk[1]
-
-    def _store(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        self.rv += 1
-        obj = {**body, "metadata": {**body["metadata"], "resourceVersion": str(self.rv)}}
-        self.objs[obj["metadata"]["name"]] = obj
-        return obj
-
-    def create_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        return self._store(body)
-
-    def replace_slice(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        return self._store(body)
-
-    def delete_slice(self, name: str) -> None:
-        self.rv += 1
-        del self.objs[name]
 
 
 @dataclass

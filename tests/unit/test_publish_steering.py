@@ -17,6 +17,7 @@ from gpuplane.driver.prepare.checkpoint import Checkpoint, ClaimRecord, DeviceRe
 from gpuplane.driver.publish import inventory, slices, steering
 from gpuplane.driver.publish.publisher import SlicePublisher
 from gpuplane.mig.geometry import HOPPER
+from tests.slicekit import SliceStore
 
 SLOTS = geometry.slots_for(HOPPER)
 
@@ -131,77 +132,45 @@ def test_gpu_states_from_the_checkpoint(hgx: inventory.Inventory) -> None:
     assert states[1] == geometry.EMPTY
 
 
-class FakeSliceApi:
-    """ResourceSlices in a dict; counts writes; resourceVersion per write."""
-
-    def __init__(self) -> None:
-        self.objs: dict[str, dict[str, Any]] = {}
-        self.calls: list[tuple[str, str]] = []
-        self.rv = 0
-
-    def list_slices(self, node_name: str, driver_name: str) -> list[dict[str, Any]]:
-        return [copy.deepcopy(o) for o in self.objs.values()]
-
-    def _store(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        self.rv += 1
-        obj = copy.deepcopy(dict(body))
-        obj["metadata"] = {**obj["metadata"], "resourceVersion": str(self.rv)}
-        self.objs[obj["metadata"]["name"]] = obj
-        return obj
-
-    def create_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        self.calls.append(("create", body["metadata"]["name"]))
-        return self._store(body)
-
-    def replace_slice(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        assert body["metadata"]["resourceVersion"] == self.objs[name]["metadata"]["resourceVersion"]
-        self.calls.append(("replace", name))
-        return self._store(body)
-
-    def delete_slice(self, name: str) -> None:
-        self.calls.append(("delete", name))
-        del self.objs[name]
-
-
 def test_a_reorder_rewrites_only_the_changed_slices_at_the_same_generation(hgx: inventory.Inventory) -> None:
     layout = steering.SteeredLayout(steering.SteeringSettings(order=True, withhold=True))
     states: list[list[int]] = [[geometry.EMPTY] * 8]
-    api = FakeSliceApi()
+    api = SliceStore()
     pub = SlicePublisher(api, "node-a", "gpu.gpuplane.dev", layout=lambda inv, t: layout.build_pool(inv, states[0]))
     assert pub.publish(hgx)
-    first = {n: o["spec"]["pool"]["generation"] for n, o in api.objs.items()}
-    assert len(api.calls) == len(api.objs) and all(v == "create" for v, _ in api.calls)
+    first = {n: o["spec"]["pool"]["generation"] for n, o in api.objects.items()}
+    assert len(api.writes()) == len(api.objects) and all(v == "create" for v, _ in api.writes())
     api.calls.clear()
     states[0] = states_with(8, g6=[("4g", 0)])  # a 4g was prepared on GPU 6: the rankings change
     assert pub.publish(hgx)
-    assert api.calls and all(v == "replace" for v, _ in api.calls)
-    assert len(api.calls) < len(api.objs)  # counter slices and unaffected profiles are not rewritten
-    assert {n: o["spec"]["pool"]["generation"] for n, o in api.objs.items()} == first
-    assert pub.writes["reorder"] == len(api.calls)
-    assert walk(list(api.objs.values()), "3g.40gb")[0][0] == "gpu-6-mig-3g-40gb-4"
+    assert api.writes() and all(v == "replace" for v, _ in api.writes())
+    assert len(api.writes()) < len(api.objects)  # counter slices and unaffected profiles are not rewritten
+    assert {n: o["spec"]["pool"]["generation"] for n, o in api.objects.items()} == first
+    assert pub.writes["reorder"] == len(api.writes())
+    assert walk(list(api.objects.values()), "3g.40gb")[0][0] == "gpu-6-mig-3g-40gb-4"
     api.calls.clear()
     assert not pub.publish(hgx)  # nothing changed: nothing written
-    assert api.calls == []
+    assert api.writes() == []
 
 
 def test_a_change_in_two_slices_still_bumps_the_generation(hgx: inventory.Inventory) -> None:
-    api = FakeSliceApi()
+    api = SliceStore()
     taints: dict[str, list[slices.DeviceTaint]] = {}
     pub = SlicePublisher(api, "node-a", "gpu.gpuplane.dev", taints=lambda: taints)
     pub.publish(hgx)
-    gen = {o["spec"]["pool"]["generation"] for o in api.objs.values()}
+    gen = {o["spec"]["pool"]["generation"] for o in api.objects.values()}
     # GPUs 0 and 7 sit in different slices (a change confined to one slice is updated in place:
     # tests/unit/test_publisher.py)
     taints["gpu-0"] = [slices.DeviceTaint("gpu.gpuplane.dev/unhealthy", "xid-79", "NoExecute")]
     taints["gpu-7"] = [slices.DeviceTaint("gpu.gpuplane.dev/unhealthy", "xid-79", "NoExecute")]
     api.calls.clear()
     assert pub.publish(hgx)
-    new = {o["spec"]["pool"]["generation"] for o in api.objs.values()}
+    new = {o["spec"]["pool"]["generation"] for o in api.objects.values()}
     assert len(new) == 1 and new != gen
-    assert len(api.calls) == len(api.objs)
+    assert len(api.writes()) == len(api.objects)
 
 
-class DefaultingApi(FakeSliceApi):
+class DefaultingApi(SliceStore):
     """Like the API server: a taint written without timeAdded comes back stamped with the write's time."""
 
     def _store(self, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -227,17 +196,17 @@ def test_reorder_in_place_survives_the_api_stamping_taint_times(hgx: inventory.I
     pub.publish(hgx)
     stamped = {
         (d["name"], t["key"]): t["timeAdded"]
-        for o in api.objs.values()
+        for o in api.objects.values()
         for d in o["spec"].get("devices") or []
         for t in d.get("taints") or []
     }
     api.calls.clear()
     states[0] = states_with(8, g3=[("4g", 0)])
     assert pub.publish(hgx)
-    assert api.calls and all(v == "replace" for v, _ in api.calls) and len(api.calls) < len(api.objs)
+    assert api.writes() and all(v == "replace" for v, _ in api.writes()) and len(api.writes()) < len(api.objects)
     after = {
         (d["name"], t["key"]): t["timeAdded"]
-        for o in api.objs.values()
+        for o in api.objects.values()
         for d in o["spec"].get("devices") or []
         for t in d.get("taints") or []
     }
@@ -267,7 +236,7 @@ def test_the_stable_order_writes_less_and_the_allocator_walks_the_free_devices_a
     held = []
     whole_rewrites = [0, 0]
     for r in reqs:
-        before = [dict(a.objs) for a in apis]
+        before = [dict(a.objects) for a in apis]
         got = sw.take(r, apis[0].walk(), states)
         assert got is not None
         held.append((r, got))
@@ -276,7 +245,7 @@ def test_the_stable_order_writes_less_and_the_allocator_walks_the_free_devices_a
         for k, a in enumerate(apis):
             whole_rewrites[k] += sum(
                 1
-                for n, o in a.objs.items()
+                for n, o in a.objects.items()
                 if o is not before[k].get(n) and any(d["name"] == "gpu-0" for d in o["spec"].get("devices") or [])
             )
         assert sw.free_walk(apis[0].walk(), states) == sw.free_walk(apis[1].walk(), states)

@@ -7,7 +7,6 @@ checked with ``validate_pool``, so a publisher that exposed a half-written pool 
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,26 +18,19 @@ from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.publish.inventory import Inventory, discover
 from gpuplane.driver.publish.publisher import Layout, SlicePublisher
 from gpuplane.driver.publish.slices import DeviceTaint, PoolContent, build_pool, slice_name, validate_pool
+from tests.slicekit import SliceStore
 
 NODE = "node-a"
 
 
-class FakeSliceApi:
-    """In-memory ResourceSlices of one node, with the API server's optimistic concurrency."""
+class FakeSliceApi(SliceStore):
+    """The shared store, checking after each write that a complete pool is valid, as the scheduler reads it."""
 
     def __init__(self) -> None:
-        self.objects: dict[str, dict[str, Any]] = {}
-        self.calls: list[tuple[str, str]] = []
-        self._version = 0
+        super().__init__()
         self.seen_pools: list[list[dict[str, Any]]] = []
 
-    def _stamp(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        self._version += 1
-        obj = copy.deepcopy(dict(body))
-        obj["metadata"] = {**obj["metadata"], "resourceVersion": str(self._version)}
-        return obj
-
-    def _observe(self) -> None:
+    def changed(self) -> None:
         objs = list(self.objects.values())
         if not objs:
             return
@@ -47,37 +39,6 @@ class FakeSliceApi:
         if len(current) == current[0]["spec"]["pool"]["resourceSliceCount"]:
             validate_pool(current)  # what the scheduler would use now
             self.seen_pools.append(current)
-
-    def list_slices(self, node_name: str, driver_name: str) -> list[dict[str, Any]]:
-        self.calls.append(("list", ""))
-        return [copy.deepcopy(o) for o in self.objects.values()]
-
-    def create_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        name = body["metadata"]["name"]
-        assert name not in self.objects, f"create of existing slice {name}"
-        self.calls.append(("create", name))
-        self.objects[name] = self._stamp(body)
-        self._observe()
-        return copy.deepcopy(self.objects[name])
-
-    def replace_slice(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        current = self.objects[name]
-        assert body["metadata"]["resourceVersion"] == current["metadata"]["resourceVersion"], "409 Conflict"
-        self.calls.append(("update", name))
-        self.objects[name] = self._stamp(body)
-        self._observe()
-        return copy.deepcopy(self.objects[name])
-
-    def delete_slice(self, name: str) -> None:
-        self.calls.append(("delete", name))
-        del self.objects[name]
-        self._observe()
-
-    def writes(self) -> list[tuple[str, str]]:
-        return [c for c in self.calls if c[0] != "list"]
-
-    def generations(self) -> set[int]:
-        return {o["spec"]["pool"]["generation"] for o in self.objects.values()}
 
 
 @pytest.fixture
@@ -127,14 +88,14 @@ class TestSlicePublisher:
         api.calls.clear()
         taints.update(_xid("gpu-3"))
         assert pub.publish(inventories[0])
-        assert api.writes() == [("update", holder)]
+        assert api.writes() == [("replace", holder)]
         assert api.generations() == {1}
         tainted = [d for d in api.objects[holder]["spec"]["devices"] if d["name"].startswith("gpu-3")]
         assert tainted and all(d["taints"][0]["value"] == "xid-94" for d in tainted)
         api.calls.clear()
         taints.clear()  # recovery: again one update
         assert pub.publish(inventories[0])
-        assert api.writes() == [("update", holder)]
+        assert api.writes() == [("replace", holder)]
 
     def test_changes_in_two_slices_raise_the_generation_and_rewrite_all(
         self, inventories: tuple[Inventory, Inventory]
@@ -146,7 +107,7 @@ class TestSlicePublisher:
         api.calls.clear()
         taints.update({**_xid("gpu-0"), **_xid("gpu-7")})  # GPU 0 and 7 sit in different device slices
         assert pub.publish(inventories[0])
-        assert sorted(c[0] for c in api.writes()) == ["update"] * 5
+        assert sorted(c[0] for c in api.writes()) == ["replace"] * 5
         assert api.generations() == {2}
 
     def test_fewer_slices_raise_the_generation_and_delete_the_stale_ones_last(
@@ -158,7 +119,7 @@ class TestSlicePublisher:
         api.calls.clear()
         assert pub.publish(inventories[1])  # whole GPUs only: one slice
         kinds = [c[0] for c in api.writes()]
-        assert kinds == ["update"] + ["delete"] * 4
+        assert kinds == ["replace"] + ["delete"] * 4
         assert api.generations() == {2}
         (only,) = api.objects.values()
         assert len(only["spec"]["devices"]) == 8 and not any(d.get("consumesCounters") for d in only["spec"]["devices"])
@@ -202,7 +163,7 @@ class TestOneRuleInPlace:
         taints.update(_xid("gpu-3"))
         reverse.add(other)
         assert pub.publish(inventories[0])
-        assert sorted(api.writes()) == sorted([("update", holder), ("update", other)])
+        assert sorted(api.writes()) == sorted([("replace", holder), ("replace", other)])
         assert api.generations() == {1}
         assert (pub.writes["update"], pub.writes["reorder"]) == (1, 1)
         assert [d["name"] for d in api.objects[other]["spec"]["devices"]] == order[::-1]
@@ -225,7 +186,7 @@ class TestOneRuleInPlace:
         api.calls.clear()
         taints.update({**_xid("gpu-0"), **_xid("gpu-7")})
         assert pub.publish(inventories[0])
-        assert [c[0] for c in api.writes()] == ["update"] * count
+        assert [c[0] for c in api.writes()] == ["replace"] * count
         assert api.generations() == {2}
         assert pub.writes["replace"] == count and pub.writes["update"] == pub.writes["reorder"] == 0
 
@@ -241,7 +202,7 @@ class TestBeforeLayout:
         api.calls.clear()
         taints.update(_xid("gpu-3"))
         assert pub.publish(inventories[0])
-        assert sorted(c[0] for c in api.writes()) == ["update"] * 5
+        assert sorted(c[0] for c in api.writes()) == ["replace"] * 5
         assert api.generations() == {2}
 
     def test_one_counter_set_per_slice_is_the_old_twelve_slice_layout(
