@@ -193,9 +193,9 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
 
     async def steer_once(memo: runtime.Runtime, kw: Mapping[str, Any]) -> None:
         async with memo.lock():
-            pending = list(runtime.single(kw["pending_pod_idx"]).values())
-            templates = runtime.single(kw["claim_template_idx"])
-            labels = steering.node_labels(runtime.single(kw["node_idx"]))
+            pending = list(indexed.single(kw["pending_pod_idx"]).values())
+            templates = indexed.single(kw["claim_template_idx"])
+            labels = steering.node_labels(indexed.single(kw["node_idx"]))
             await steering.steer_pass(
                 memo, world_of(memo, kw), pending=pending, templates=templates, now=time.time(), node_labels=labels
             )
@@ -250,7 +250,7 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
     async def start_replay(memo: runtime.Runtime, **kw: Any) -> None:
         async def check(key: str, body: dict[str, Any], rejected: bool) -> None:
             consumers = list(kw["claim_consumer_idx"].get(key, []))
-            classes = runtime.single(kw["class_idx"])
+            classes = indexed.single(kw["class_idx"])
             if rejected:
                 await rejects.refuse_claim(memo, body, classes, consumers)
             else:
@@ -272,7 +272,7 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
             memo.shared.deferred.claim(f"{namespace}/{name}", kept, rejected=rejected)
             return
         consumers = [p for store in [kw["claim_consumer_idx"].get(f"{namespace}/{name}", [])] for p in store]
-        classes = runtime.single(kw["class_idx"])
+        classes = indexed.single(kw["class_idx"])
         if rejects.rejected(body):
             await rejects.refuse_claim(memo, body, classes, consumers)
             return
@@ -283,7 +283,7 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
     @kopf.on.startup(registry=reg)
     async def start_claim_explainer(memo: runtime.Runtime, **kw: Any) -> None:
         async def explain(claim: Mapping[str, Any], now: float) -> None:
-            classes = runtime.single(kw["class_idx"])
+            classes = indexed.single(kw["class_idx"])
             if rejects.rejected(claim) or not checks.is_ours(claim, classes):
                 return
             async with memo.lock():
@@ -313,13 +313,13 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
         meta = plain.get("metadata") or {}
         key = f"{meta.get('namespace')}/{meta.get('name')}"
         async with memo.lock():
-            existing = runtime.single(kw["template_idx"]).get(key)
+            existing = indexed.single(kw["template_idx"]).get(key)
             await rightsize.reconcile(
                 memo.writer,
                 plain,
                 runtime.recent_template(memo, key, existing, time.time()),
                 slice_index.every(kw["slice_idx"]),  # keyed by node: every node's slices, not one each
-                runtime.single(kw["class_idx"]),
+                indexed.single(kw["class_idx"]),
                 created=lambda t: runtime.remember_template(memo, key, t, time.time()),
             )
 

@@ -18,14 +18,14 @@ plain dict in the API's shape, so code that reads ``claim["status"]["allocation"
   a gated pod's nodeSelector and node affinity against them; the NVLink-domain label is one), and
   the NVLink-domain annotation the controller maintains.
 
-Pure functions of the object.
+Pure functions of the object; ``single`` reads such an index back as a plain dict.
 """
 
 from __future__ import annotations
 
 import copy
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpuplane.controller import names
@@ -111,3 +111,13 @@ def node(body: Mapping[str, Any]) -> dict[str, Any]:
     if names.ANNOTATION_NVLINK_DOMAINS in annotations:
         out_meta["annotations"] = {names.ANNOTATION_NVLINK_DOMAINS: annotations[names.ANNOTATION_NVLINK_DOMAINS]}
     return {"schedulable": ready and not spec.get("unschedulable"), "metadata": out_meta}
+
+
+def single(index: Mapping[Any, Iterable[Any]]) -> dict[Any, Any]:
+    """A kopf index whose keys each hold one value, as a plain dict (the first value of each key)."""
+    out: dict[Any, Any] = {}
+    for key, store in index.items():
+        for value in store:
+            out[key] = value
+            break
+    return out

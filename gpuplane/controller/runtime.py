@@ -23,7 +23,7 @@ from typing import Any
 
 import structlog
 
-from gpuplane.controller import config, events, failfast, kube, leader, names, startup
+from gpuplane.controller import config, events, failfast, indexed, kube, leader, names, startup
 from gpuplane.controller import metrics as metrics_mod
 from gpuplane.controller.claim import checks, review
 from gpuplane.controller.gang import deleted, desired, queue_runner, reconciler, status, world
@@ -131,16 +131,6 @@ class Runtime:
         return self.shared.lock
 
 
-def single(index: Mapping[Any, Iterable[Any]]) -> dict[Any, Any]:
-    """A kopf index whose keys each hold one value, as a plain dict."""
-    out: dict[Any, Any] = {}
-    for key, store in index.items():
-        for value in store:
-            out[key] = value
-            break
-    return out
-
-
 def make_world(
     rt: Runtime,
     *,
@@ -155,7 +145,7 @@ def make_world(
     lws_idx: Mapping[Any, Iterable[Any]] | None = None,
 ) -> world.World:
     """Copy the indexes into a World (synchronously: one consistent instant), with the write overlay."""
-    gangs_ = single(gang_idx)
+    gangs_ = indexed.single(gang_idx)
     fresh: dict[str, dict[str, Any]] = {}
     for key, (when, patch) in list(rt.shared.overlay.items()):
         seen = (gangs_.get(key) or {}).get("status") or {}
@@ -171,10 +161,10 @@ def make_world(
     return world.World(
         gangs=world.overlay(gangs_, fresh),
         pods=world.member_lists(pods),
-        claims=single(claim_idx),
+        claims=indexed.single(claim_idx),
         slices=tuple(d for store in slice_idx.values() for d in store),
-        nodes={k: bool(v.get("schedulable")) for k, v in single(node_idx).items()},
-        classes=single(class_idx),
+        nodes={k: bool(v.get("schedulable")) for k, v in indexed.single(node_idx).items()},
+        classes=indexed.single(class_idx),
         jobs={key: tuple(store) for key, store in (job_idx or {}).items()},
         leaderworkersets={key: tuple(store) for key, store in (lws_idx or {}).items()},
     )

@@ -15,20 +15,14 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
-from gpuplane.controller import periodic
+from gpuplane.controller import indexed, periodic
 
 Explain = Callable[[Mapping[str, Any], float], Awaitable[None]]
 
 
 def pending(claim_idx: Mapping[Any, Iterable[Mapping[str, Any]]]) -> list[Mapping[str, Any]]:
     """The indexed claims without an allocation."""
-    out = []
-    for store in claim_idx.values():
-        for claim in store:
-            if not (claim.get("status") or {}).get("allocation"):
-                out.append(claim)
-            break
-    return out
+    return [c for c in indexed.single(claim_idx).values() if not (c.get("status") or {}).get("allocation")]
 
 
 async def explain_pass(claim_idx: Mapping[Any, Iterable[Mapping[str, Any]]], explain: Explain) -> int:
