@@ -8,6 +8,7 @@
 - ``mps_procs``: finds MPS daemons and servers in ``/proc`` (reads it) and signals them.
 - ``mps_pods``: each claim's daemon in a pod of its own on the node (``--mps-daemons=pod``): the pod
   built from the driver's own (pure), and its create, read and delete through the API.
+- ``backoff``: a deadline and a doubling pause, for the loops that wait on a daemon, a process or a pod.
 - ``mps_spec``: the values (spec, paths, what containers get) and the spec checks; no I/O.
 
 - ``timeslice_tiers``: which interval a time-sliced GPU gets and which tiers may share it; pure.

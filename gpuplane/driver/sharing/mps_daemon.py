@@ -34,6 +34,7 @@ from typing import Any
 import structlog
 
 from gpuplane.driver.host import atomic_write
+from gpuplane.driver.sharing.backoff import Backoff
 from gpuplane.driver.sharing.mps_client import MpsClient, log_tail, one_line
 from gpuplane.driver.sharing.mps_pods import DaemonPods
 from gpuplane.driver.sharing.mps_procs import MpsProcesses
@@ -242,9 +243,8 @@ class ClaimDaemon:
         """Wait until the daemon answers a query; return its pid."""
         timeout_s = self.settings.start_timeout_s
         start = time.monotonic()
-        deadline = start + timeout_s
+        pause = Backoff(timeout_s, first_s=0.01, cap_s=0.2)
         last = "the control socket was never created"
-        delay = 0.01
         pods, next_pod_check = self.settings.pods, start
         while True:
             if pods is not None and time.monotonic() >= next_pod_check:
@@ -269,13 +269,11 @@ class ClaimDaemon:
                     last = "the daemon answered but its process was not found"
                 elif why:
                     last = why
-            if time.monotonic() >= deadline:
+            if not pause.wait():
                 raise MpsError(
                     f"claim {self.claim_uid}: MPS control daemon not ready within "
                     f"{timeout_s:g}s ({last}){log_tail(self.paths.log)}"
                 )
-            time.sleep(delay)
-            delay = min(delay * 2, 0.2)
 
     def _mount_tmpfs(self) -> bool:
         shm = self.paths.shm

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -32,6 +31,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from gpuplane.driver.sharing.backoff import Backoff
 from gpuplane.driver.sharing.mps_spec import DaemonPaths, MpsError
 
 log = structlog.get_logger(__name__)
@@ -287,17 +287,14 @@ class DaemonPods:
         if self._api.get_pod(ns, name) is None:
             return
         self._api.delete_pod(ns, name)
-        deadline = time.monotonic() + self._delete_timeout_s
-        delay = 0.1
+        pause = Backoff(self._delete_timeout_s, first_s=0.1, cap_s=1.0)
         while self._api.get_pod(ns, name) is not None:
-            if time.monotonic() >= deadline:
+            if not pause.wait():
                 raise MpsError(
                     f"claim {claim_uid}: daemon pod {ns}/{name} still exists {self._delete_timeout_s:g}s after "
                     "its deletion; check the node's kubelet (`kubectl describe pod -n "
                     f"{ns} {name}`)"
                 )
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
         log.info("mps daemon pod deleted", claim_uid=claim_uid, pod=name)
 
     def claims(self) -> dict[str, str]:

@@ -12,11 +12,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from gpuplane.driver.host import proc_cmdline, proc_environ, proc_pids, proc_running
+from gpuplane.driver.sharing.backoff import Backoff
 from gpuplane.driver.sharing.mps_spec import MpsError
 
 MPS_SERVER_BINARY = "nvidia-cuda-mps-server"
@@ -71,13 +71,10 @@ class MpsProcesses:
 
     def wait_gone(self, pid: int, timeout_s: float) -> bool:
         """Wait until ``pid`` is no longer running; False on timeout."""
-        deadline = time.monotonic() + timeout_s
-        delay = 0.01
+        pause = Backoff(timeout_s, first_s=0.01, cap_s=0.1)
         while self.running(pid):
-            if time.monotonic() >= deadline:
+            if not pause.wait():
                 return False
-            time.sleep(delay)
-            delay = min(delay * 2, 0.1)
         return True
 
     def kill(self, pid: int) -> None:
