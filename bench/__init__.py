@@ -39,8 +39,9 @@ Gangs and fleets:
   server, etcd and controller; ``fleet_steps`` one run's state and steps, its measurements
   ``fleet_sched`` (scheduler throughput; ``fleet_tables`` its tables), ``fleet_api`` (apiserver and etcd cost) and
   ``fleet_controller`` (the controller at scale), ``fleet_before`` the code before the fleet-scale
-  fixes run beside it, ``fleet_probe`` read-only probes of the running cluster, ``newer_scheduler``
-  the newer kube-scheduler (1.37) swapped in for the (a+) rounds, built once into the cache.
+  fixes run beside it, ``fleet_probe`` read-only probes of the running cluster, ``fleet_profile``
+  where a live process's CPU goes (py-spy), ``newer_scheduler`` the newer kube-scheduler (1.37)
+  swapped in for the (a+) rounds, built once into the cache.
 - ``gang_reconcile_cost``: what one gang reconcile costs the controller's loop at fleet scale (in
   memory, no API server), a holding gang with the queue pass and with the domains alone.
 """

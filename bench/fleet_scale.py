@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import shlex
 import shutil
@@ -65,17 +64,11 @@ from bench import (  # noqa: E402
     fleet_tables,
     newer_scheduler,
 )
+from bench.fleet_steps import took  # noqa: E402
 from e2e.cluster import build, controlplane, kwok  # noqa: E402
 from e2e.cluster import handle as cluster  # noqa: E402
 from e2e.plane import components, fleet, fleetslices  # noqa: E402
 from gpuplane.driver import logs  # noqa: E402
-
-
-def took(seconds: float, after: str = "", digits: int = 1) -> str:
-    """ "in 12.3s" (or "12s after the start"), or "not within the timeout" for a step never reached (nan)."""
-    if math.isnan(seconds):
-        return "not within the timeout"
-    return f"{seconds:.{digits}f}s {after}" if after else f"in {seconds:.{digits}f}s"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -291,23 +284,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "nodes the placement named",
             )
             run.remember_memory(f"{gangs} gangs")
+        if measure_controller and gangs:
+            fleet_steps.where_cpu_goes(run, "the leader after the gangs, nothing changing")
         if measure_controller and "restart" not in skip:
-            say("restarting the controller with the fleet, the claims, their pods and the gangs in place ...")
-            if ctl is not None:
-                ctl.stop()
-            run.peaks.reset(f"{components.CONTROLLER_PREFIX}0")  # the new process's peak alone
-            t0 = time.monotonic()
-            ctl, run.ctl_pid = fleet_controller.start_controller(
-                handle, state_dir, say, trace_frames=args.trace_memory, env=ctl_env
-            )
-            quiet = fleet_controller.settle(run.ctl_pid, min(args.timeout, 300.0))
-            run.moment(
-                "restarted with everything in place (an upgrade)",
-                t0,
-                0.0,
-                f"settled (under 25 % of a CPU for 10 s) {took(quiet, 'after the start', 0)} (timeout 300 s); "
-                f"{len(nodes)} nodes, "
-                f"{args.claims} claims and pods, {gangs} gangs",
+            ctl = fleet_steps.restart(
+                run,
+                ctl,
+                lambda: fleet_controller.start_controller(
+                    handle, state_dir, say, trace_frames=args.trace_memory, env=ctl_env
+                ),
+                f"{len(nodes)} nodes, {args.claims} claims and pods, {gangs} gangs",
+                timeout=min(args.timeout, 300.0),
             )
         if measure_controller:
             run.section(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import subprocess
 import time
@@ -17,12 +18,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import fleet_api, fleet_before, fleet_controller, fleet_probe, fleet_sched
+from bench import fleet_api, fleet_before, fleet_controller, fleet_probe, fleet_profile, fleet_sched
 from e2e.cluster import handle as cluster
 from e2e.cluster import procs
 from e2e.plane import components, fleet, fleetslices
 
 RSS_TARGET_MB = 200.0  # the controller at 1,000 nodes and 10,000 claims (issue 17)
+
+
+def took(seconds: float, after: str = "", digits: int = 1) -> str:
+    """ "in 12.3s" (or "12s after the start"), or "not within the timeout" for a step never reached (nan)."""
+    if math.isnan(seconds):
+        return "not within the timeout"
+    return f"{seconds:.{digits}f}s {after}" if after else f"in {seconds:.{digits}f}s"
 
 
 def others(probe: fleet_probe.Probe | None) -> str:
@@ -287,3 +295,45 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def where_cpu_goes(run: Run, what: str, seconds: float = 30.0) -> None:
+    """How busy the controller is now (``/proc``) and where its CPU goes (py-spy, ``seconds``)."""
+    pid = run.ctl_pid
+    t0, cpu0 = time.monotonic(), fleet_probe.cpu_s(pid)
+    text = fleet_profile.summary(fleet_profile.start(pid, seconds))
+    share = (fleet_probe.cpu_s(pid) - cpu0) / (time.monotonic() - t0)
+    body = (
+        f"CPU {100 * share:.0f} % of one core over {time.monotonic() - t0:.0f} s (from /proc)\n\n```text\n{text}\n```"
+    )
+    run.section(f"3. where the controller's CPU goes: {what}", body)
+
+
+def restart(
+    run: Run, ctl: Any, start: Callable[[], tuple[Any, int]], detail: str, *, timeout: float, profile_s: float = 150.0
+) -> Any:
+    """Stop the controller and start a new one with everything in place (an upgrade); how long until it is
+    quiet, where its CPU went in its first ``profile_s``, and, if it never got quiet, where it goes then."""
+    run.say("restarting the controller with the fleet, the claims, their pods and the gangs in place ...")
+    if ctl is not None:
+        ctl.stop()
+    run.peaks.reset(f"{components.CONTROLLER_PREFIX}0")  # the new process's peak alone
+    t0 = time.monotonic()
+    ctl, run.ctl_pid = start()
+    recording = fleet_profile.start(run.ctl_pid, min(timeout, profile_s))
+    quiet = fleet_controller.settle(run.ctl_pid, timeout)
+    first = fleet_profile.summary(recording)
+    run.moment(
+        "restarted with everything in place (an upgrade)",
+        t0,
+        0.0,
+        f"settled (under 25 % of a CPU for 10 s) {took(quiet, 'after the start', 0)} (timeout {timeout:.0f} s); "
+        + detail,
+    )
+    run.section(
+        f"3. where the restarted controller's CPU went in its first {min(timeout, profile_s):.0f} s",
+        f"```text\n{first}\n```",
+    )
+    if math.isnan(quiet):
+        where_cpu_goes(run, f"restarted, still busy after {timeout:.0f} s")
+    return ctl

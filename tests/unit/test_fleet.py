@@ -157,7 +157,7 @@ def test_controller_env_pairs_parse_and_refuse_malformed_items() -> None:
 
 
 def test_a_step_never_reached_says_so_instead_of_nan() -> None:
-    from bench.fleet_scale import took
+    from bench.fleet_steps import took
 
     assert took(12.34) == "in 12.3s"
     assert took(41.6, "after the start", 0) == "42s after the start"
