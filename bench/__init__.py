@@ -43,5 +43,7 @@ Gangs and fleets:
   where a live process's CPU goes (py-spy), ``newer_scheduler`` the newer kube-scheduler (1.37)
   swapped in for the (a+) rounds, built once into the cache.
 - ``gang_reconcile_cost``: what one gang reconcile costs the controller's loop at fleet scale (in
-  memory, no API server), a holding gang with the queue pass and with the domains alone.
+  memory, no API server), a holding gang with the queue pass and with the domains alone;
+  ``explain_pass_cost`` one pass of the unallocated-claim explainer over the same indexes, the
+  cluster copied once per claim against once per pass.
 """

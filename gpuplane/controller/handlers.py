@@ -282,16 +282,20 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
     # the last body of every claim for a timer on claims (gpuplane.controller.claim.explainer).
     @kopf.on.startup(registry=reg)
     async def start_claim_explainer(memo: runtime.Runtime, **kw: Any) -> None:
-        async def explain(claim: Mapping[str, Any], now: float) -> None:
-            classes = indexed.single(kw["class_idx"])
-            if rejects.rejected(claim) or not checks.is_ours(claim, classes):
-                return
-            async with memo.lock():
-                await runtime.explain_claim(memo, claim, classes, world_of(memo, kw), now)
+        def begin() -> explainer.Explain:  # once per pass: the classes and the world, copied once
+            classes, w = indexed.single(kw["class_idx"]), world_of(memo, kw)
+
+            async def explain(claim: Mapping[str, Any], now: float) -> None:
+                if rejects.rejected(claim) or not checks.is_ours(claim, classes):
+                    return
+                async with memo.lock():
+                    await runtime.explain_claim(memo, claim, classes, w, now)
+
+            return explain
 
         memo.shared.tasks.append(
             asyncio.create_task(
-                explainer.run(kw["claim_idx"], explain, memo.leading, max(cfg.claim_explain_after_s, 5.0))
+                explainer.run(kw["claim_idx"], begin, memo.leading, max(cfg.claim_explain_after_s, 5.0))
             )
         )
 

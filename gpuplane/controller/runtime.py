@@ -362,9 +362,8 @@ async def check_claim(
 
 def _gang_member_claim(claim: Mapping[str, Any], w: world.World) -> bool:
     """A claim made from a template for a gang member's pod: gated or finished, its GpuGang explains it."""
-    uids = {(p.get("metadata") or {}).get("uid") for pods in w.pods.values() for p in pods}
     owners_ = (claim.get("metadata") or {}).get("ownerReferences") or []
-    return any(o.get("kind") == "Pod" and o.get("controller") and o.get("uid") in uids for o in owners_)
+    return any(o.get("kind") == "Pod" and o.get("controller") and o.get("uid") in w.member_uids for o in owners_)
 
 
 async def explain_claim(

@@ -99,7 +99,7 @@ def test_claims_of_one_template_share_one_explanation_per_view(view: snapshot_bu
     cache = checks.ReasonCache()
     first = kit.claim_body([kit.req("g", sel=[sel])])
     twin = copy.deepcopy(first)
-    twin["metadata"]["name"] = "c-2"
+    twin["metadata"]["name"], twin["metadata"]["uid"] = "c-2", "uid-c-2"
     want = checks.explain_unallocated(first, kit.CLASSES, view)
     assert cache.reason(first, kit.CLASSES, view) == want and cache.hits == 0
     assert cache.reason(twin, kit.CLASSES, view) == want and cache.hits == 1
@@ -111,3 +111,22 @@ def test_claims_of_one_template_share_one_explanation_per_view(view: snapshot_bu
     assert cache.hits == 1
     newer = copy.copy(view)
     assert cache.reason(twin, kit.CLASSES, newer) == want and cache.hits == 1
+
+
+def test_a_claim_asked_again_under_the_same_view_and_classes_is_answered_by_uid(
+    view: snapshot_builder.ClusterView, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The explainer asks about every pending claim every pass; a quiet cluster keeps one view.
+    sel = 'device.attributes["gpu.gpuplane.dev"].productName == "NVIDIA B300"'
+    cache = checks.ReasonCache()
+    claim = kit.claim_body([kit.req("g", sel=[sel])])
+    claim["metadata"]["uid"] = "uid-c-1"
+    want = cache.reason(claim, kit.CLASSES, view)
+    encoded: list[int] = []
+    real = checks.json.dumps
+    monkeypatch.setattr(checks.json, "dumps", lambda *a, **k: encoded.append(1) or real(*a, **k))
+    assert cache.reason(claim, kit.CLASSES, view) == want and cache.hits == 1 and encoded == []
+    other_classes = dict(kit.CLASSES)  # equal content, another mapping (the next pass): classes encoded once
+    assert cache.reason(claim, other_classes, view) == want and cache.hits == 2 and len(encoded) == 1
+    odd = {**kit.CLASSES, "gpu.gpuplane.dev": _nothing_class('device.driver == "x"')}
+    assert cache.reason(claim, odd, view) == checks.explain_unallocated(claim, odd, view)  # new classes: again

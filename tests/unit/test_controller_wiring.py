@@ -137,13 +137,21 @@ def test_the_explainer_looks_only_at_pending_claims_and_explains_each() -> None:
         "ns/c": [entry("c", False)],
     }
     seen: list[str] = []
+    begun: list[int] = []
 
-    async def explain(claim: Any, now: float) -> None:
-        assert now > 0
-        seen.append(claim["metadata"]["name"])
+    def begin() -> explainer.Explain:
+        begun.append(len(seen))
 
-    assert asyncio.run(explainer.explain_pass(index, explain)) == 2
-    assert seen == ["a", "c"]
+        async def explain(claim: Any, now: float) -> None:
+            assert now > 0
+            seen.append(claim["metadata"]["name"])
+
+        return explain
+
+    assert asyncio.run(explainer.explain_pass(index, begin)) == 2
+    assert seen == ["a", "c"] and begun == [0]  # the world is copied once per pass, not once per claim
+    assert asyncio.run(explainer.explain_pass({"ns/b": [entry("b", True)]}, begin)) == 0
+    assert begun == [0]  # nothing pending: no copy at all
 
 
 def test_the_claim_index_keeps_what_explaining_a_pending_claim_reads() -> None:

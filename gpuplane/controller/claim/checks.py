@@ -256,13 +256,24 @@ class ReasonCache:
     The answer depends only on the claim's requests, their classes and the view; with 7,200 pending
     claims from one template (the fleet benchmark), every pass built 7,200 snapshots of the whole fleet
     to say the same thing. The cache holds the view it answers for and starts over with a new one.
+    A claim asked about again under the same view and the same classes gets its answer by uid (a
+    claim's spec is immutable), without its requests encoded again: the explainer asks about every
+    pending claim every pass, and most passes of a quiet cluster see the same view.
     """
 
-    def __init__(self, size: int = 1024) -> None:
-        self.size = size
+    def __init__(self, size: int = 1024, claims: int = 100_000) -> None:
+        self.size, self.claims = size, claims
         self._view: snapshot_builder.ClusterView | None = None
         self._reasons: dict[str, str] = {}
+        self._by_uid: dict[tuple[str, str], str] = {}
+        self._classes: tuple[Mapping[str, Mapping[str, Any]], str] | None = None
         self.hits = 0
+
+    def _classes_key(self, classes: Mapping[str, Mapping[str, Any]]) -> str:
+        """The classes as text, encoded once per classes mapping (the explainer passes one per pass)."""
+        if self._classes is None or self._classes[0] is not classes:
+            self._classes = (classes, json.dumps(classes, sort_keys=True, default=str))
+        return self._classes[1]
 
     def reason(
         self,
@@ -272,7 +283,26 @@ class ReasonCache:
     ) -> str:
         """``explain_unallocated(claim, classes, view)``, computed once per distinct requests and view."""
         if view is not self._view:
-            self._view, self._reasons = view, {}
+            self._view, self._reasons, self._by_uid = view, {}, {}
+        uid = str((claim.get("metadata") or {}).get("uid") or "")
+        key = (uid, self._classes_key(classes))
+        known = self._by_uid.get(key) if uid else None
+        if known is not None:
+            self.hits += 1
+            return known
+        got = self._by_requests(claim, classes, view)
+        if uid:
+            if len(self._by_uid) >= self.claims:
+                self._by_uid.clear()
+            self._by_uid[key] = got
+        return got
+
+    def _by_requests(
+        self,
+        claim: Mapping[str, Any],
+        classes: Mapping[str, Mapping[str, Any]],
+        view: snapshot_builder.ClusterView,
+    ) -> str:
         devices = (claim.get("spec") or {}).get("devices") or {}
         used = sorted({r.device_class for r in requests_of(claim)})
         key = json.dumps([devices, [(n, classes.get(n)) for n in used]], sort_keys=True, default=str)

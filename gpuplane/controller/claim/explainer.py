@@ -6,6 +6,9 @@ timer's filter ever matches it: with 10,000 claims on a fleet, 10,000 full claim
 the timers of the few that are pending. A loop of the controller's own over the claim index (the
 slim form, :func:`gpuplane.controller.indexed.claim`) holds nothing more, and skips an allocated
 claim with one dict lookup. A pass that fails is logged and the next one runs.
+
+Each pass copies the cluster out of the indexes once (``begin``), not once per claim: at 1,000
+nodes a copy takes about 2 ms, and 7,200 pending claims each taking one kept the loop busy for good.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 from gpuplane.controller import indexed, periodic
 
 Explain = Callable[[Mapping[str, Any], float], Awaitable[None]]
+Begin = Callable[[], Explain]  # once per pass: an Explain over one copy of the cluster
 
 
 def pending(claim_idx: Mapping[Any, Iterable[Mapping[str, Any]]]) -> list[Mapping[str, Any]]:
@@ -25,9 +29,14 @@ def pending(claim_idx: Mapping[Any, Iterable[Mapping[str, Any]]]) -> list[Mappin
     return [c for c in indexed.single(claim_idx).values() if not (c.get("status") or {}).get("allocation")]
 
 
-async def explain_pass(claim_idx: Mapping[Any, Iterable[Mapping[str, Any]]], explain: Explain) -> int:
-    """Explain every pending claim (yielding to the loop between claims); returns how many were looked at."""
+async def explain_pass(claim_idx: Mapping[Any, Iterable[Mapping[str, Any]]], begin: Begin) -> int:
+    """Explain every pending claim (yielding to the loop between claims); returns how many were looked at.
+
+    ``begin`` is called once, and only when a claim is pending; what it returns explains each one."""
     todo = pending(claim_idx)
+    if not todo:
+        return 0
+    explain = begin()
     for claim in todo:
         await explain(claim, time.time())
         await asyncio.sleep(0)
@@ -36,9 +45,9 @@ async def explain_pass(claim_idx: Mapping[Any, Iterable[Mapping[str, Any]]], exp
 
 async def run(
     claim_idx: Mapping[Any, Iterable[Mapping[str, Any]]],
-    explain: Explain,
+    begin: Begin,
     leading: Callable[[], bool],
     interval_s: float,
 ) -> None:
     """Forever: wait, then one pass if ``leading()`` (never before kopf's start-up barrier opened)."""
-    await periodic.every(interval_s, leading, lambda: explain_pass(claim_idx, explain), "unallocated-claim")
+    await periodic.every(interval_s, leading, lambda: explain_pass(claim_idx, begin), "unallocated-claim")

@@ -41,6 +41,13 @@ class World:
     jobs: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)  # gang key -> its Jobs
     leaderworkersets: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)  # gang key -> LWSs
 
+    @functools.cached_property
+    def member_uids(self) -> frozenset[str]:
+        """The uids of every gang member pod (computed once per world)."""
+        return frozenset(
+            str(u) for pods in self.pods.values() for p in pods if (u := (p.get("metadata") or {}).get("uid"))
+        )
+
     def members(self, key: str, count: int) -> membership.Members:
         """The gang's member pods (:func:`membership.members_of`)."""
         return membership.members_of(key.split("/", 1)[1], count, self.pods.get(key, ()))
