@@ -11,18 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpuplane.controller import periodic
+from gpuplane.controller import indexed, periodic
 from gpuplane.controller.node import slice_index
 from gpuplane.controller.rebalance.act import Rebalancer
-
-
-def _values(index: Mapping[Any, Iterable[Any]]) -> list[Any]:
-    out = []
-    for store in index.values():
-        for value in store:
-            out.append(value)
-            break
-    return out
 
 
 def noisy_slices(slice_idx: Mapping[Any, Iterable[Any]]) -> list[dict[str, Any]]:
@@ -38,6 +29,8 @@ async def run(
     interval_s: float,
 ) -> None:
     """Forever: wait, then one pass if ``leading()`` (never before kopf's start-up barrier opened)."""
-    await periodic.every(
-        interval_s, leading, lambda: rebalancer.run_pass(noisy_slices(slice_idx), _values(claim_idx)), "rebalancing"
-    )
+
+    def one_pass() -> Any:
+        return rebalancer.run_pass(noisy_slices(slice_idx), list(indexed.single(claim_idx).values()))
+
+    await periodic.every(interval_s, leading, one_pass, "rebalancing")
