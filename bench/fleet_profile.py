@@ -21,7 +21,7 @@ from pathlib import Path
 RATE = 50  # samples per second
 _LINE = re.compile(r":\d+\)$")
 # Frames every sample of an event-loop process has (the loop, threads, the entry point): not listed.
-_PLUMBING = re.compile(r"/(asyncio|concurrent)/|/(threading|runpy|selectors)\.py\)$|^<module> ")
+_PLUMBING = re.compile(r"[(/](asyncio|concurrent)/|[(/](threading|runpy|selectors)\.py\)$|^<module> ")
 
 
 @dataclass

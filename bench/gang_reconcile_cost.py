@@ -161,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     w = runtime.make_world(rt, now=now, **idx)
     key = f"{NS}/g-0"
 
+    def fresh_world() -> Any:
+        rt.touched()  # as if an index handler had seen a change: no copy reused
+        return runtime.make_world(rt, now=now, **idx)
+
     def fresh_pass() -> Any:
         rt.shared.plan = None
         return runtime.plan_for(rt, w, now)
@@ -191,8 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"the holding gang decides {decided.status['phase']}: {decided.status.get('message')}")
     rep = a.repeat
     rows = [
+        ("runtime.make_world (every gang event and timer)", timed(fresh_world, a.repeat)),
         (
-            "runtime.make_world (every gang event and timer)",
+            "runtime.make_world again, nothing indexed changed (world.CopyCache)",
             timed(lambda: runtime.make_world(rt, now=now, **idx), a.repeat),
         ),
         ("queue pass (runtime.plan_for, nothing cached)", timed(fresh_pass, rep)),
@@ -208,8 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|")
     for label, s in rows:
         print(f"| {label} | {s * 1e3:.1f} | {s * a.gangs / rt.cfg.resync_s:.0%} |")
-    print(f"\nqueue_runner.plan, before/after: {rows[3][1] / rows[4][1]:.1f}x")
-    print(f"holding gang, before/after: {rows[7][1] / rows[8][1]:.0f}x")
+    print(f"\nmake_world, a copy against the copy reused: {rows[0][1] / rows[1][1]:.0f}x")
+    print(f"queue_runner.plan, before/after: {rows[4][1] / rows[5][1]:.1f}x")
+    print(f"holding gang, before/after: {rows[8][1] / rows[9][1]:.0f}x")
     return 0
 
 

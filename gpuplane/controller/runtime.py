@@ -62,6 +62,7 @@ class Shared:
     deferred: startup.Deferred = field(default_factory=startup.Deferred)  # until kopf's start-up barrier opens
     reasons: checks.ReasonCache = field(default_factory=checks.ReasonCache)  # unallocated claims' explanations
     domains: world.DomainCache = field(default_factory=world.DomainCache)  # GPU -> domain, for holding gangs
+    worlds: world.CopyCache = field(default_factory=world.CopyCache)  # the last copy of the indexes
 
 
 @dataclass
@@ -144,7 +145,12 @@ def make_world(
     job_idx: Mapping[Any, Iterable[Any]] | None = None,
     lws_idx: Mapping[Any, Iterable[Any]] | None = None,
 ) -> world.World:
-    """Copy the indexes into a World (synchronously: one consistent instant), with the write overlay."""
+    """Copy the indexes into a World (synchronously: one consistent instant), with the write overlay; the
+    last copy again while nothing indexed or overlaid has changed (``world.CopyCache``)."""
+    inputs = (gang_idx, pod_idx, claim_idx, slice_idx, node_idx, class_idx, job_idx, lws_idx)
+    reused = rt.shared.worlds.get(rt.shared.version, now, inputs)
+    if reused is not None:
+        return reused
     gangs_ = indexed.single(gang_idx)
     fresh: dict[str, dict[str, Any]] = {}
     for key, (when, patch) in list(rt.shared.overlay.items()):
@@ -158,7 +164,7 @@ def make_world(
         else:
             fresh[key] = patch
     pods: list[Mapping[str, Any]] = [p for store in pod_idx.values() for p in store]
-    return world.World(
+    w = world.World(
         gangs=world.overlay(gangs_, fresh),
         pods=world.member_lists(pods),
         claims=indexed.single(claim_idx),
@@ -168,6 +174,8 @@ def make_world(
         jobs={key: tuple(store) for key, store in (job_idx or {}).items()},
         leaderworkersets={key: tuple(store) for key, store in (lws_idx or {}).items()},
     )
+    rt.shared.worlds.put(rt.shared.version, now, inputs, w)
+    return w
 
 
 def remember_template(rt: Runtime, key: str, body: Mapping[str, Any], now: float) -> None:

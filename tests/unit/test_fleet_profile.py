@@ -26,6 +26,18 @@ def test_inclusive_counts_a_function_once_per_sample_and_self_counts_the_leaf() 
     assert inclusive["decode (json/decoder.py)"] == 10 and inclusive["loads (json/decoder.py)"] == 60
 
 
+def test_the_event_loop_and_thread_frames_are_not_listed_as_where_time_goes() -> None:
+    plumbing = [
+        "Thread.run (threading.py)",
+        "BaseEventLoop._run_once (asyncio/base_events.py)",
+        "_worker (concurrent/futures/thread.py)",
+        "run (/usr/lib/python3.11/asyncio/runners.py)",
+        "<module> (ctl.py)",
+    ]
+    assert all(fleet_profile._PLUMBING.search(f) for f in plumbing)
+    assert not fleet_profile._PLUMBING.search("make_world (gpuplane/controller/runtime.py)")
+
+
 @pytest.mark.skipif(fleet_profile._py_spy() is None, reason="py-spy is not installed")
 def test_a_live_busy_process_is_profiled_and_its_hot_function_listed() -> None:
     code = "def spin():\n    while True:\n        sum(range(1000))\nspin()\n"

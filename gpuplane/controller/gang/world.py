@@ -196,6 +196,32 @@ class DomainCache:
         return last[2]
 
 
+class CopyCache:
+    """The last World copied out of the indexes, handed out again while nothing indexed has changed
+    (the same index version and the same index objects) for at most ``reuse_s``. With 100 gangs, each
+    gang timer copied 10,000 claims and 4,600 slices out of kopf's indexes every ``resync_s``: 55 % of
+    a CPU in a quiet cluster at 1,000 nodes. ``reuse_s`` bounds how late a time-based change of the
+    copy (an overlay entry's expiry) is seen."""
+
+    def __init__(self, reuse_s: float = 1.0) -> None:
+        self.reuse_s = reuse_s
+        self._last: tuple[int, float, tuple[Any, ...], World] | None = None
+        self.hits = 0
+
+    def get(self, version: int, now: float, inputs: tuple[Any, ...]) -> World | None:
+        """The last copy, if it was made at ``version`` from the same ``inputs`` under ``reuse_s`` ago."""
+        last = self._last
+        if last is None or last[0] != version or not 0 <= now - last[1] < self.reuse_s:
+            return None
+        if len(last[2]) != len(inputs) or any(a is not b for a, b in zip(last[2], inputs, strict=True)):
+            return None
+        self.hits += 1
+        return last[3]
+
+    def put(self, version: int, now: float, inputs: tuple[Any, ...], world: World) -> None:
+        self._last = (version, now, inputs, world)
+
+
 def admit_for(world: World, spec: GangSpec) -> selectors.Compiled:
     """The pre-filter of GPUs a gang may use: its class's selectors and its own (MIG: parents, by class)."""
     if spec.migProfile:
