@@ -66,17 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(a.pending):  # more GPUs than any node has: it stays pending, with a reason
         meta = {"name": f"p-{i}", "namespace": fleetkit.NS, "uid": f"uid-p-{i}", "creationTimestamp": old}
         bodies.append(indexed.claim({"metadata": meta, "spec": {"devices": {"requests": [request]}}, "status": {}}))
-    claim_idx = {f"{fleetkit.NS}/{c['metadata']['name']}": [c] for c in bodies}
-    idx: dict[str, Any] = {
-        "gang_idx": {},
-        "pod_idx": {},
-        "claim_idx": claim_idx,
-        "slice_idx": {},
-        "node_idx": {n: [{"schedulable": True}] for n in hgx_nodes + nvl_nodes},
-        "class_idx": {"gpu.gpuplane.dev": [{"metadata": {"name": "gpu.gpuplane.dev"}, "spec": {"selectors": [GPU]}}]},
-    }
-    for d in digests:
-        idx["slice_idx"].setdefault(d.node, []).append(d)
+    idx = fleetkit.indexes(digests, hgx_nodes + nvl_nodes, bodies, class_spec={"selectors": [GPU]})
+    claim_idx = idx["claim_idx"]
     writer = Writer(claim_idx)
     cfg = config.parse_args(["--identity", "bench"], {})
     rt = runtime.Runtime.create(cfg, writer, metrics.ControllerMetrics())  # type: ignore[arg-type]

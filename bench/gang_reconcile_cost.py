@@ -21,7 +21,7 @@ import json
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +110,30 @@ def gang(j: int, nodes: tuple[str, str] | None) -> tuple[dict[str, Any], list[di
     return body, pods
 
 
+def indexes(
+    digests: Sequence[slice_index.SliceDigest],
+    nodes: Sequence[str],
+    claims: Sequence[Mapping[str, Any]],
+    *,
+    gangs: Sequence[Mapping[str, Any]] = (),
+    pods: Sequence[Mapping[str, Any]] = (),
+    class_spec: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The controller's indexes (keyword arguments of ``runtime.make_world``) over these objects, in
+    namespace ``NS``, every node schedulable, one DeviceClass ``gpu.gpuplane.dev`` with ``class_spec``."""
+    idx: dict[str, Any] = {
+        "gang_idx": {f"{NS}/{g['metadata']['name']}": [g] for g in gangs},
+        "pod_idx": {f"{NS}/{p['metadata']['name']}": [p] for p in pods},
+        "claim_idx": {f"{NS}/{c['metadata']['name']}": [c] for c in claims},
+        "slice_idx": {},
+        "node_idx": {n: [{"schedulable": True}] for n in nodes},
+        "class_idx": {"gpu.gpuplane.dev": [{"metadata": {"name": "gpu.gpuplane.dev"}, "spec": dict(class_spec or {})}]},
+    }
+    for d in digests:
+        idx["slice_idx"].setdefault(d.node, []).append(d)
+    return idx
+
+
 def timed(fn: Callable[[], Any], repeat: int) -> float:
     """Median wall seconds of ``fn`` over ``repeat`` calls."""
     took = []
@@ -147,16 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{time.perf_counter() - t0:.1f} s"
     )
     rt = runtime.Runtime.create(config.parse_args(["--identity", "bench"], {}), None, metrics.ControllerMetrics())  # type: ignore[arg-type]
-    idx: Mapping[str, Any] = {
-        "gang_idx": {f"{NS}/{g['metadata']['name']}": [g] for g in gangs},
-        "pod_idx": {f"{NS}/{p['metadata']['name']}": [p] for p in pods},
-        "claim_idx": {f"{NS}/{c['metadata']['name']}": [c] for c in claims},
-        "slice_idx": {},
-        "node_idx": {n: [{"schedulable": True}] for n in hgx_nodes + nvl_nodes},
-        "class_idx": {"gpu.gpuplane.dev": [{"metadata": {"name": "gpu.gpuplane.dev"}, "spec": {}}]},
-    }
-    for d in digests:
-        idx["slice_idx"].setdefault(d.node, []).append(d)
+    idx = indexes(digests, hgx_nodes + nvl_nodes, claims, gangs=gangs, pods=pods)
     now = time.time()
     w = runtime.make_world(rt, now=now, **idx)
     key = f"{NS}/g-0"
