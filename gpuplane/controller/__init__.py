@@ -22,8 +22,10 @@ The operator around them (these modules do I/O unless marked pure):
 - ``kopf_indexing``: kopf's start-up barrier (every object indexed) without a wake-up per object.
 - ``kopf_listing``: a paged list whose continue token expired starts again instead of ending the operator.
 - ``kopf_barrier``: ... and without a parked worker per pod, claim, slice and node (their handlers defer).
+- ``kopf_memories``: ... nor a kept per-object memory for them between their events.
 - ``startup``: what those handlers deferred, done once when the barrier opens.
 - ``periodic``: a leader's background loop (one pass per interval, after the barrier): explaining, rebalancing.
+- ``heap``: the C allocator for a long-lived process: few arenas, free pages given back after peaks.
 - ``memdump``: ``kill -USR2``: a memory report (live objects by type; allocation sites when traced).
 - ``slim``: what kopf keeps of each decoded object (a ResourceSlice as its digest, no managedFields).
 - ``rejects``: objects that decoder quarantined (nested too deeply), refused with an Event.

@@ -19,8 +19,8 @@ from typing import Any
 
 import kopf
 
-from gpuplane.controller import config, indexed, kopf_barrier, names, rejects, runtime, slim, startup, steering
-from gpuplane.controller.claim import checks, explainer
+from gpuplane.controller import config, heap, indexed, kopf_barrier, names, rejects, runtime, slim, startup, steering
+from gpuplane.controller.claim import checks, explainer, review
 from gpuplane.controller.gang import leaderworkersets, owners
 from gpuplane.controller.node import slice_index
 from gpuplane.controller.rebalance import act, decide, loop
@@ -32,6 +32,7 @@ from gpuplane.driver.api import names as dn
 
 RESOURCE = ("resource.k8s.io", "v1")
 LIST_CHUNK = 100
+WORKER_IDLE_S = 0.5
 
 
 def _plain(body: Mapping[str, Any], *keys: str) -> dict[str, Any]:
@@ -49,6 +50,9 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=names.GROUP)
         settings.watching.server_timeout = 300
+        # An object's worker exits this soon after its last event (kopf: 5 s), instead of holding its last
+        # body meanwhile: a start-up listing of 20,000 objects kept thousands of them alive at once.
+        settings.queueing.idle_timeout = WORKER_IDLE_S
         # The first listing of every resource in pages, never one response holding a fleet's slices.
         settings.watching.chunk_size = LIST_CHUNK
         # Other drivers' slices never reach this process (the API server filters them).
@@ -268,7 +272,7 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
             return
         if not kopf_barrier.indexed():  # start-up: checked once the indexes are complete (startup.replay)
             rejected = rejects.rejected(body)
-            kept = dict(body) if rejected else _plain(body, "spec", "status")
+            kept = dict(body) if rejected else review.essentials(body)  # not a copy of every claim at once
             memo.shared.deferred.claim(f"{namespace}/{name}", kept, rejected=rejected)
             return
         consumers = [p for store in [kw["claim_consumer_idx"].get(f"{namespace}/{name}", [])] for p in store]
@@ -352,6 +356,10 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
                 loop.run(rebalancer, memo.leading, kw["slice_idx"], kw["claim_idx"], cfg.rebalance_interval_s)
             )
         )
+
+    @kopf.on.startup(registry=reg)
+    async def start_heap_trim(memo: runtime.Runtime, **_: Any) -> None:
+        memo.shared.tasks.append(asyncio.create_task(heap.trim_loop(kopf_barrier.wait_indexed)))
 
     @kopf.on.cleanup(registry=reg)
     async def stop_tasks(memo: runtime.Runtime, **_: Any) -> None:

@@ -18,28 +18,69 @@ plain dict in the API's shape, so code that reads ``claim["status"]["allocation"
   a gated pod's nodeSelector and node affinity against them; the NVLink-domain label is one), and
   the NVLink-domain annotation the controller maintains.
 
-Pure functions of the object; ``single`` reads such an index back as a plain dict.
+Pure functions of the object; ``single`` reads such an index back as a plain dict. What repeats
+from claim to claim is kept once: the short strings (namespace, driver, request, pool and device
+names) interned, and the requests shared between claims whose requests are equal (claims made from
+one template are), through :data:`REQUESTS` (the last :data:`MAX_SHAPES` distinct ones). Index entries
+are read-only: every reader copies before it changes anything.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import sys
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpuplane.controller import names
 from gpuplane.driver.api import names as dn
 
+MAX_SHAPES = 1024  # distinct request lists shared between claims (more are kept per claim, not shared)
+MAX_INTERNED = 253  # longer strings are not interned (a DNS subdomain is the longest name the API takes)
 REBALANCE_ANNOTATION = "gpuplane.dev/noisy-neighbour-decision"  # rebalance.act.ANNOTATION (a test checks)
 _ANNOTATIONS = (names.ANNOTATION_DECISION, REBALANCE_ANNOTATION, names.ANNOTATION_EXPLAINED)
 
 
+class Shapes:
+    """One shared object per distinct value (equal as JSON), for the ``size`` most recently seen."""
+
+    def __init__(self, size: int = MAX_SHAPES) -> None:
+        self.size = size
+        self._lru: OrderedDict[str, Any] = OrderedDict()
+
+    def __call__(self, value: Any) -> Any:
+        try:
+            key = json.dumps(value, sort_keys=True, separators=(",", ":"))
+        except (TypeError, ValueError):  # not JSON (a test's object): kept as it is
+            return value
+        got = self._lru.get(key)
+        if got is not None:
+            self._lru.move_to_end(key)
+            return got
+        self._lru[key] = value
+        if len(self._lru) > self.size:
+            self._lru.popitem(last=False)
+        return value
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+
+REQUESTS = Shapes()  # process-wide, like the slice interner: it holds values, never decisions
+
+
+def _i(value: Any) -> Any:
+    """``value`` interned where it is a short string (names that repeat across claims), else as it is."""
+    return sys.intern(value) if isinstance(value, str) and len(value) <= MAX_INTERNED else value
+
+
 def _result(r: Mapping[str, Any]) -> dict[str, Any]:
-    out = {k: r.get(k) for k in ("driver", "request", "pool", "device")}
+    out = {k: _i(r.get(k)) for k in ("driver", "request", "pool", "device")}
     share = (r.get("consumedCapacity") or {}).get(dn.CAP_SHARE_PERCENT)
     if share is not None:
-        out["consumedCapacity"] = {dn.CAP_SHARE_PERCENT: share}
+        out["consumedCapacity"] = {dn.CAP_SHARE_PERCENT: _i(share)}
     return out
 
 
@@ -48,7 +89,8 @@ def claim(body: Mapping[str, Any], driver: str = dn.DRIVER_NAME) -> dict[str, An
     meta = body.get("metadata") or {}
     annotations = meta.get("annotations") or {}
     labels = meta.get("labels") or {}
-    out_meta: dict[str, Any] = {"name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid")}
+    out_meta: dict[str, Any] = {"name": meta.get("name"), "namespace": _i(meta.get("namespace"))}
+    out_meta["uid"] = meta.get("uid")
     kept = {k: annotations[k] for k in _ANNOTATIONS if k in annotations}
     if kept:
         out_meta["annotations"] = kept
@@ -77,7 +119,7 @@ def claim(body: Mapping[str, Any], driver: str = dn.DRIVER_NAME) -> dict[str, An
     if not allocation and meta.get("creationTimestamp"):  # how long it has waited (claim.explainer)
         out_meta["creationTimestamp"] = meta["creationTimestamp"]
     # Requests as written: small (the API caps them), and steering reads any field of them.
-    requests = copy.deepcopy(list(((body.get("spec") or {}).get("devices") or {}).get("requests") or []))
+    requests = REQUESTS(copy.deepcopy(list(((body.get("spec") or {}).get("devices") or {}).get("requests") or [])))
     status: dict[str, Any] = {}
     if allocation:
         results = [
@@ -85,7 +127,8 @@ def claim(body: Mapping[str, Any], driver: str = dn.DRIVER_NAME) -> dict[str, An
         ]
         status["allocation"] = {"devices": {"results": results}}
     reserved = [
-        {k: r.get(k) for k in ("resource", "name", "uid")} for r in (body.get("status") or {}).get("reservedFor") or []
+        {"resource": _i(r.get("resource")), "name": r.get("name"), "uid": r.get("uid")}
+        for r in (body.get("status") or {}).get("reservedFor") or []
     ]
     if reserved:
         status["reservedFor"] = reserved

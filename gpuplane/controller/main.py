@@ -35,10 +35,12 @@ from kopf._core.engines import peering  # kopf.run takes its Identity type (a Ne
 from gpuplane.controller import (
     config,
     handlers,
+    heap,
     kopf_barrier,
     kopf_decoding,
     kopf_indexing,
     kopf_listing,
+    kopf_memories,
     kube,
     leader,
     memdump,
@@ -83,11 +85,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``gpuplane-controller`` console script (ends the process with its exit code)."""
     cfg = config.parse_args(argv, os.environ)
     logs.configure(cfg.log_level, cfg.log_format)
+    heap.configure()  # before any thread: few malloc arenas (each thread would fragment its own)
     # Before kopf reads anything: no watched object can crash the watchers, and kopf keeps only what
     # the controller reads of each (a slice as its digest).
     kopf_decoding.install(transform=slim.Slimmer())
     kopf_indexing.install()  # kopf's start-up barrier without O(objects²) wake-ups
     kopf_barrier.install()  # ... and without a parked worker per pod, claim, slice and node
+    kopf_memories.install()  # ... nor a kept memory per pod, claim, slice and node between their events
     kopf_listing.install()  # a paged list whose continue token expired starts again, not the operator ending
     memdump.install()  # kill -USR2: what the memory is made of ($TMPDIR/gpuplane-controller-memory-<pid>.txt)
     api = kube.make_api_client(cfg.kubeconfig)

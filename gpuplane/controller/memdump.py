@@ -29,6 +29,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import time
 import tracemalloc
 from collections import Counter
@@ -41,6 +42,7 @@ import structlog
 log = structlog.get_logger(__name__)
 TOP_TYPES = 30
 TOP_SITES = 40
+TOP_CLASSES = 8  # pymalloc size classes listed, most free bytes first
 
 
 def _status_kb(field: str) -> int:
@@ -101,6 +103,60 @@ def malloc_rows(trim: bool = True) -> list[str]:
     return rows
 
 
+PYMALLOC_KEYS = (
+    "# arenas allocated current",
+    "# arenas highwater mark",
+    "# bytes in allocated blocks",
+    "# bytes in available blocks",
+    "unused pools",
+    "# bytes lost to quantization",
+)
+
+
+def pymalloc_rows() -> list[str]:
+    """Python's small-object allocator (``sys._debugmallocstats``): arenas held, bytes in live blocks and free.
+
+    Arenas hold every object of up to 512 bytes; one is given back only when all of it is free, so a
+    peak of short-lived objects (a page of a list being decoded) can leave arenas held by the few
+    objects that outlived it: "available blocks" and "unused pools" large against "allocated blocks".
+    CPython prints these figures to the C stream of file descriptor 2; it is pointed at a pipe for the
+    call (anything another thread writes to standard error meanwhile lands in the pipe and is dropped).
+    """
+    read_fd, write_fd = os.pipe()
+    chunks: list[bytes] = []
+
+    def drain() -> None:  # read as it is written: a full pipe must never block the call
+        with os.fdopen(read_fd, "rb") as pipe:
+            chunks.extend(iter(lambda: pipe.read(65536), b""))
+
+    reader = threading.Thread(target=drain, name="pymalloc-stats", daemon=True)
+    reader.start()
+    saved = os.dup(2)
+    try:
+        sys.stderr.flush()
+        os.dup2(write_fd, 2)
+        sys._debugmallocstats()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(write_fd)
+    reader.join(timeout=10)
+    text = b"".join(chunks).decode(errors="replace")
+    rows = [" ".join(line.split()) for line in text.splitlines() if any(k in line for k in PYMALLOC_KEYS)]
+    classes = []  # (size, blocks in use, free blocks) of each size class
+    for line in text.splitlines():
+        cells = line.split()
+        if len(cells) == 5 and all(c.isdigit() for c in cells):
+            classes.append((int(cells[1]), int(cells[3]), int(cells[4])))
+    worst = sorted(classes, key=lambda c: -c[0] * c[2])[:TOP_CLASSES]
+    rows += [
+        f"size {size:>3} B: {size * used / 1e6:6.1f} MB in use, {size * free / 1e6:6.1f} MB free in its pools"
+        for size, used, free in worst
+        if free
+    ]
+    return ["Python's small-object allocator (pymalloc):", *(f"  {r}" for r in rows)] if rows else []
+
+
 def type_table(objects: Iterable[object], top: int = TOP_TYPES) -> list[str]:
     """Rows ``count  shallow-MB  type`` for the ``top`` types by shallow bytes."""
     counts: Counter[str] = Counter()
@@ -135,6 +191,7 @@ def report() -> str:
         f"# gpuplane-controller memory, pid {os.getpid()}, {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}",
         f"RSS {_status_kb('VmRSS') / 1024:.1f} MB, peak {_status_kb('VmHWM') / 1024:.1f} MB",
         *malloc_rows(),
+        *pymalloc_rows(),
         "",
         "## live objects by type (gc-tracked; count, shallow size)",
         *type_table(gc.get_objects()),

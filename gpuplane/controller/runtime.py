@@ -95,6 +95,10 @@ class Runtime:
             leadership=leadership or leader.AlwaysLeader(),
         )
 
+    def __copy__(self) -> Runtime:
+        """Itself: kopf copies the memo for every object it sees; what changes lives in ``shared``."""
+        return self
+
     def leading(self) -> bool:
         """Whether this replica may decide now; a new term drops what an earlier term cached."""
         if not self.leadership.is_leader():

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpuplane.controller import events, names
+from gpuplane.controller import events, failfast, names
 from gpuplane.controller.claim import checks, review
 from gpuplane.controller.node import snapshot_builder
 from tests.controllerkit import CLASSES, claim_body, cluster_slices, req
@@ -181,3 +181,20 @@ def test_claims_of_other_drivers_are_not_reviewed() -> None:
     with_our_config = claim_body([req("g", cls="other.example.com")], BAD_CONFIG)
     found = review.decide(with_our_config, CLASSES, [], NOW)
     assert found is not None and found.findings == ("invalid-config",)
+
+
+def test_a_claim_kept_for_its_review_reviews_the_same_and_shares_its_spec() -> None:
+    bad = claim_body([req("g", count=2)], BAD_CONFIG)
+    bad["metadata"]["annotations"] = {names.ANNOTATION_DOMAIN_WARNING: "warned"}
+    bad["metadata"]["labels"] = {"team": "x" * 500}
+    bad["status"] = {"reservedFor": [{"resource": "pods", "name": "p9", "uid": "u9"}], "allocation": {"devices": {}}}
+    for claim in (bad, claim_body([req("g")]), claim_body([req("g", cls="other.example.com")], BAD_CONFIG)):
+        kept = review.essentials(claim)
+        assert review.decide(kept, CLASSES, ["p0"], NOW) == review.decide(claim, CLASSES, ["p0"], NOW)
+    kept = review.essentials(bad)
+    assert "labels" not in kept["metadata"] and "allocation" not in kept["status"]
+    assert failfast.consumers_of(kept, ["p0"]) == failfast.consumers_of(bad, ["p0"]) == ["p0", "p9"]
+    twin = claim_body([req("g", count=2)], BAD_CONFIG)
+    twin["metadata"]["name"] = "twin"
+    assert review.essentials(twin)["spec"] is kept["spec"]  # equal specs (one template's claims): one copy
+    assert review.essentials(claim_body([req("g")]))["spec"] is not kept["spec"]

@@ -6,6 +6,7 @@ that dropped something placement, labels or gang bookkeeping reads would fail he
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -231,3 +232,37 @@ def test_claim_index_keeps_what_template_gangs_read() -> None:
     assert got["spec"] == {"devices": {"requests": body["spec"]["devices"]["requests"]}}
     assert got["spec"]["devices"]["requests"] is not body["spec"]["devices"]["requests"]  # a copy
     assert "managedFields" not in got["metadata"]
+
+
+def test_equal_requests_are_kept_once_and_names_interned_without_changing_a_claim() -> None:
+    def body(i: int, share: bool) -> dict[str, Any]:
+        exactly: dict[str, Any] = {"deviceClassName": "gpu.gpuplane.dev", "count": 1}
+        if share:
+            exactly["capacity"] = {"requests": {"sharePercent": "25"}}
+        result = {"driver": dn.DRIVER_NAME, "request": "gpus", "pool": "node-1", "device": "gpu-3"}
+        return {
+            "metadata": {"name": f"c{i}", "namespace": "team-a", "uid": f"u{i}"},
+            "spec": {"devices": {"requests": [{"name": "gpus", "exactly": exactly}]}},
+            "status": {"allocation": {"devices": {"results": [dict(result)]}}},
+        }
+
+    # Built from fresh strings, as the JSON decoder gives them (not literals the compiler shares).
+    a, b, c = (indexed.claim(json.loads(json.dumps(body(i, s)))) for i, s in ((1, True), (2, True), (3, False)))
+    assert a["spec"]["devices"]["requests"] is b["spec"]["devices"]["requests"]  # one template: one copy
+    assert c["spec"]["devices"]["requests"] is not a["spec"]["devices"]["requests"]
+    assert a["spec"] == body(1, True)["spec"] and c["spec"] == body(3, False)["spec"]  # the same values
+    ra, rb = a["status"]["allocation"]["devices"]["results"][0], b["status"]["allocation"]["devices"]["results"][0]
+    assert all(ra[k] is rb[k] for k in ("driver", "request", "pool", "device"))
+    assert a["metadata"]["namespace"] is b["metadata"]["namespace"]
+
+
+def test_shared_shapes_are_bounded() -> None:
+    shapes = indexed.Shapes(size=3)
+    first = shapes([{"n": 0}])
+    for i in range(1, 10):
+        shapes([{"n": i}])
+    assert len(shapes) == 3
+    assert shapes([{"n": 0}]) is not first  # forgotten: kept again, not shared with the old one
+    assert shapes([{"n": 9}]) == [{"n": 9}]
+    unencodable = [{"x": object()}]
+    assert shapes(unencodable) is unencodable

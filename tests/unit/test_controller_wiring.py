@@ -195,7 +195,11 @@ def test_before_kopfs_barrier_opens_node_slice_and_claim_events_defer_and_write_
         "claim_consumer_idx": {},
         "class_idx": {},
     }
-    claim = {"metadata": {"name": "c", "namespace": "ns", "uid": "cu"}, "spec": {}, "status": {}}
+    claim = {
+        "metadata": {"name": "c", "namespace": "ns", "uid": "cu", "labels": {"big": "x" * 1000}},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.gpuplane.dev"}}]}},
+        "status": {"reservedFor": [{"resource": "pods", "name": "p", "uid": "pu"}], "allocation": {"devices": {}}},
+    }
 
     async def run() -> None:
         toggles = aiotoggles.ToggleSet(all)
@@ -212,4 +216,14 @@ def test_before_kopfs_barrier_opens_node_slice_and_claim_events_defer_and_write_
 
     asyncio.run(run())
     assert rt.shared.deferred.nodes == {"n1", "n2"}
-    assert rt.shared.deferred.claims == {"ns/c": (False, claim)}
+    # Kept until the barrier opens: what the review reads (identity, spec, reservations), not the whole body.
+    assert rt.shared.deferred.claims == {
+        "ns/c": (
+            False,
+            {
+                "metadata": {"name": "c", "namespace": "ns", "uid": "cu"},
+                "spec": claim["spec"],
+                "status": {"reservedFor": claim["status"]["reservedFor"]},
+            },
+        )
+    }

@@ -43,6 +43,21 @@ def test_malloc_rows_say_what_the_allocator_holds_and_what_a_trim_returns() -> N
     assert float(trimmed.group(1)) - float(trimmed.group(2)) >= 20.0  # the freed holes went back
 
 
+def test_pymalloc_rows_see_small_objects_held_in_arenas_and_leave_stderr_as_it_was() -> None:
+    def allocated_mb() -> float:
+        row = next(r for r in memdump.pymalloc_rows() if "bytes in allocated blocks" in r)
+        return int(row.rsplit("=", 1)[1].strip().replace(",", "")) / 1e6
+
+    before = allocated_mb()
+    small = [(i, str(i)) for i in range(200_000)]  # ~25 MB of objects under pymalloc's 512-byte limit
+    during = allocated_mb()
+    del small
+    assert during - before >= 15.0
+    assert any("arenas allocated current" in r for r in memdump.pymalloc_rows())
+    os.write(2, b"")  # file descriptor 2 is usable again (restored after the call)
+    assert os.fstat(2) is not None
+
+
 def test_report_without_tracing_says_how_to_get_sites() -> None:
     was = tracemalloc.is_tracing()
     if was:
@@ -54,6 +69,7 @@ def test_report_without_tracing_says_how_to_get_sites() -> None:
             tracemalloc.start()
     assert text.splitlines()[1].startswith("RSS ")
     assert text.splitlines()[2].startswith("C allocator")
+    assert "Python's small-object allocator (pymalloc):" in text
     assert "## live objects by type" in text
     assert "PYTHONTRACEMALLOC" in text
 

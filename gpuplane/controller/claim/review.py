@@ -10,13 +10,14 @@ annotations, so a crash before the last write repeats the review instead of losi
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
-from gpuplane.controller import events, kube, names
+from gpuplane.controller import events, indexed, kube, names
 from gpuplane.controller.claim import checks
 from gpuplane.controller.gang import status
 from gpuplane.driver.api import names as dn
@@ -39,6 +40,32 @@ class Review:
     annotations: Mapping[str, str | None] | None = None
     findings: tuple[str, ...] = ()
     error: str | None = None  # the config error, recorded or not yet: its pending pods are failed
+
+
+SPECS = indexed.Shapes()  # claims' specs, shared between equal ones (a template's claims) while kept
+
+
+def essentials(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What a review (and failing the consumers of an invalid claim) reads of a claim, and nothing else.
+
+    Kept while the claim waits for its review (at start-up, until every object is indexed): the
+    identity, annotations and owner references, the pods it is reserved for, and its spec, which is
+    shared with every equal spec (claims of one template) instead of copied per claim.
+    """
+    meta = body.get("metadata") or {}
+    kept = {k: meta[k] for k in ("name", "namespace", "uid") if k in meta}
+    if isinstance(meta.get("annotations"), Mapping):
+        kept["annotations"] = dict(meta["annotations"])
+    owners = [o for o in meta.get("ownerReferences") or [] if isinstance(o, Mapping)]
+    if owners:
+        kept["ownerReferences"] = [{k: o.get(k) for k in ("kind", "name", "uid", "controller")} for o in owners]
+    reserved = ((body.get("status") or {}).get("reservedFor")) or []
+    out: dict[str, Any] = {k: body[k] for k in ("apiVersion", "kind") if k in body}
+    out["metadata"] = kept
+    out["spec"] = SPECS(copy.deepcopy(body.get("spec") or {}))
+    if reserved:
+        out["status"] = {"reservedFor": [dict(r) for r in reserved if isinstance(r, Mapping)]}
+    return out
 
 
 def has_our_config(claim: Mapping[str, Any]) -> bool:
