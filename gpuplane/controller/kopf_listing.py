@@ -16,10 +16,17 @@ needs a consistent list. Objects already yielded come again; kopf handles a repe
 it handles one from any re-list. A list that expires :data:`MAX_RESTARTS` times in a row raises
 :class:`ListingFellBehind`, which says what to do. ``tests/unit/test_kopf_listing.py`` drives
 kopf's own ``continuous_watch`` against an HTTP server that expires a token.
+
+The same wrapper lists ResourceSlices in pages of :data:`SLICE_PAGE` (kopf's ``chunk_size`` for
+everything else): a page is decoded whole before each slice is cut to its digest, and one slice of
+an HGX node decodes to about 260 kB of Python objects, so a page of 100 was a 26 MB peak at every
+list, and the small objects that outlived it (the digests, the other resources' index entries made
+meanwhile) kept that memory's arenas resident (docs/benchmarks.md, "controller memory").
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import AsyncIterator, Callable, Collection
 from typing import Any
 
@@ -28,6 +35,7 @@ from kopf._cogs.clients import errors, fetching
 
 log = structlog.get_logger(__name__)
 
+SLICE_PAGE = 10  # ResourceSlices per listed page (each up to 128 devices)
 MAX_RESTARTS = 10  # consecutive expiries of one list before the replica gives up (~50 min at 5-min compaction)
 _ORIGINAL = "_gpuplane_original_fetch_objs"
 
@@ -43,9 +51,22 @@ def expired(err: BaseException) -> bool:
     return isinstance(err, errors.APIError) and err.status == 410
 
 
+def paged(settings: Any, size: int) -> Any:
+    """A copy of kopf's settings that lists in pages of at most ``size`` (the original is shared)."""
+    chunk = settings.watching.chunk_size
+    if chunk is not None and 0 < chunk <= size:
+        return settings
+    out = copy.copy(settings)
+    out.watching = copy.copy(settings.watching)
+    out.watching.chunk_size = size
+    return out
+
+
 def _restarting(fetch: Fetch) -> Fetch:
     async def fetch_objs(**kwargs: Any) -> AsyncIterator[tuple[Collection[Any], str]]:
         resource = kwargs.get("resource")
+        if getattr(resource, "plural", None) == "resourceslices" and kwargs.get("settings") is not None:
+            kwargs = {**kwargs, "settings": paged(kwargs["settings"], SLICE_PAGE)}
         restarts = 0
         while True:
             pages = 0

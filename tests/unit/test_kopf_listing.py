@@ -136,3 +136,27 @@ def test_other_list_errors_are_not_retried() -> None:
 
     with pytest.raises(errors.APIForbiddenError):
         asyncio.run(drain())
+
+
+def test_slices_are_listed_in_small_pages_and_kopfs_settings_are_left_as_they_were() -> None:
+    settings = configuration.OperatorSettings()
+    settings.watching.chunk_size = 100
+    asked: dict[str, int | None] = {}
+
+    async def fake_fetch(**kw: Any) -> Any:
+        asked[kw["resource"].plural] = kw["settings"].watching.chunk_size
+        yield [], "1"
+
+    slices = references.Resource(group="resource.k8s.io", version="v1", plural="resourceslices")
+
+    async def run() -> None:
+        fetch = kopf_listing._restarting(fake_fetch)
+        for resource in (slices, RESOURCE):
+            async for _ in fetch(settings=settings, resource=resource, namespace=None, logger=None):
+                pass
+
+    asyncio.run(run())
+    assert asked == {"resourceslices": kopf_listing.SLICE_PAGE, "resourceclaims": 100}
+    assert settings.watching.chunk_size == 100  # the operator's own settings: unchanged
+    settings.watching.chunk_size = 5
+    assert kopf_listing.paged(settings, kopf_listing.SLICE_PAGE) is settings  # already small enough

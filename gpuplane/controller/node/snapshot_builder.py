@@ -198,10 +198,12 @@ def build_view(
             geometry_of[kind] = got
             profiles.setdefault(kind[0], got)
     published: dict[str, frozenset[str]] = {}
+    one_copy: dict[frozenset[str], frozenset[str]] = {}  # GPUs of one model publish the same profiles
     for (node, minor), ks in per_parent.items():
         parent = f"{node}/gpu-{minor}"
         if parent in gpus:
-            published[parent] = frozenset(k[0] for k in ks if k in geometry_of)
+            profs = frozenset(k[0] for k in ks if k in geometry_of)
+            published[parent] = one_copy.setdefault(profs, profs)
     mig = MigLookup({n: tuple(ds) for n, ds in by_node.items()}, gpus, geometry_of)
 
     taken_whole: set[str] = set()
