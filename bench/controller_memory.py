@@ -1,7 +1,7 @@
 """The controller's memory at fleet scale, before and after, on one cluster in one run, in minutes.
 
     python -m bench.controller_memory [--hgx 800] [--gb200 200] [--claims 10000] [--with-pods 2800]
-        [--gangs 100] [--before REV] [--order before,after,traced] [--hold 60] [--trace-memory N]
+        [--gangs 100] [--before REV | --sides NAME=REV,...] [--hold 60] [--trace-memory N]
         [--state-dir DIR] [--write FILE]
 
 The issue-17 target is the controller's resident memory at 1,000 nodes and 10,000 claims (<= 200
@@ -14,14 +14,17 @@ would, their pods bound), so a change to the controller's memory can be measured
    identity (as ``bench.fleet_scale``);
 2. one controller of this tree (the warm-up leader) while the claims, pods and ``--gangs`` TP=8
    gangs are created, until every gang is placed and its members Running; then it is stopped;
-3. for each side of ``--order`` in turn, a controller of that tree (``before``: ``git archive
-   --before``; ``after``: this tree) starts as the only replica on everything in place, as after an
-   upgrade: until it leads and has been quiet (under 25 % of a CPU for 10 s), then ``--hold`` seconds
-   more; its RSS, its peak (``VmHWM``), its CPU and its own memory report (``kill -USR2``) are read,
-   and it is stopped before the next side starts. ``traced`` is this tree again with allocation
-   tracing (its report then says where the live memory was allocated; tracing adds its own memory).
+3. for each side of ``--sides`` in turn (``NAME=REV``: ``git archive REV``; ``NAME=tree``: this
+   tree; ``NAME=tree+trace``: this tree with allocation tracing, whose report then says where the
+   live memory was allocated, tracing adding its own), a controller of that code starts as the only
+   replica on everything in place, as after an upgrade: until it leads and has been quiet (under 25 %
+   of a CPU for 10 s), then ``--hold`` seconds more; its RSS, its peak (``VmHWM``), its CPU and its
+   own memory report (``kill -USR2``) are read, and it is stopped before the next side starts.
+   ``--before REV`` is ``--sides before=REV,after=tree``.
 
-Prints one table (both sides, their ratio) and each side's memory report; ``--write`` appends them.
+Prints one table (every side, and the last against the first, then the warm-up leader as ``lived``:
+its figures once quiet after the gangs, its peak covering the whole build) and each one's memory
+report; ``--write`` appends them.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from e2e.plane import components, fleet, fleetslices, identity  # noqa: E402
 from gpuplane.driver import logs  # noqa: E402
 
 TARGET_MB = 200.0
+WARM = "lived"  # the warm-up leader: started on the fleet, through the claims and the gangs
 Printer = Callable[[str], None]
 
 
@@ -75,7 +79,7 @@ def measure(
     argv = components.controller_argv(who.kubeconfig, replica, free_port(taken), free_port(taken))
     argv = [sys.executable, "-m", "gpuplane.controller.main", *argv[fleet_before._skip(argv) :]]
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    if side == "traced":
+    if side in args.traced:
         env["PYTHONTRACEMALLOC"] = str(args.trace_memory)
     t0 = time.monotonic()
     proc, record = procs.spawn(
@@ -124,19 +128,46 @@ def measure(
     return figures, report
 
 
+def lived(pid: int, args: argparse.Namespace, say: Printer) -> tuple[dict[str, float], str]:
+    """The warm-up leader's figures once quiet after the claims and gangs (plus ``--hold``), and its report."""
+    quiet_s = fleet_controller.settle(pid, args.timeout)
+    time.sleep(args.hold)
+    figures = {
+        "leader s": float("nan"),
+        "quiet s": quiet_s,
+        "RSS MB": _status_kb(pid, "VmRSS") / 1024,
+        "peak RSS MB": _status_kb(pid, "VmHWM") / 1024,
+        "CPU s": fleet_probe.cpu_s(pid),
+    }
+    say(f"  {WARM}: " + ", ".join(f"{k} {v:.1f}" for k, v in figures.items()))
+    return figures, fleet_controller.memory_report(pid)
+
+
 def table(rows: dict[str, dict[str, float]], commits: dict[str, str]) -> str:
-    """Both sides' figures and the ratio after/before where there are both."""
+    """Every side's figures, and the last side's against the first's."""
     sides = list(rows)
     keys = list(next(iter(rows.values())))
+    measured = [s for s in sides if s != WARM]
+    first, last = measured[0], measured[-1]
+    ratio = len(measured) > 1
     head = "| figure | " + " | ".join(f"{s} ({commits[s]})" for s in sides)
-    ratio = "before" in rows and "after" in rows
-    out = [head + (" | after/before |" if ratio else " |"), "|---" * (len(sides) + 1 + ratio) + "|"]
+    out = [head + (f" | {last}/{first} |" if ratio else " |"), "|---" * (len(sides) + 1 + ratio) + "|"]
     for k in keys:
         cells = [f"{rows[s][k]:.1f}" for s in sides]
         if ratio:
-            cells.append(f"{rows['after'][k] / max(rows['before'][k], 1e-9):.2f}")
+            cells.append(f"{rows[last][k] / max(rows[first][k], 1e-9):.2f}")
         out.append(f"| {k} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
+
+
+def parse_sides(text: str) -> list[tuple[str, str]]:
+    """``NAME=REV,...`` as (name, rev) pairs in order (REV ``tree`` or ``tree+trace``: this tree)."""
+    pairs = [item.strip().partition("=") for item in text.split(",") if item.strip()]
+    bad = [f"{n}{e}{r}" for n, e, r in pairs if not n or not e or not r]
+    names_ = [n for n, _, _ in pairs]
+    if bad or not pairs or len(set(names_)) != len(names_):
+        raise SystemExit(f"--sides takes distinct NAME=REV items, got {text!r}")
+    return [(n, r) for n, _, r in pairs]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,20 +177,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--claims", type=int, default=10000, help="background claims")
     p.add_argument("--with-pods", type=int, default=2800, help="of them allocated, each with a bound pod")
     p.add_argument("--gangs", type=int, default=100, help="TP=8 gangs placed by the warm-up leader")
-    p.add_argument("--before", help="git revision of the 'before' controller (none: only this tree)")
-    p.add_argument("--order", default="before,after", help="the sides, measured one after the other")
+    p.add_argument("--before", help="git revision of the 'before' controller (--sides before=REV,after=tree)")
+    p.add_argument("--sides", default="after=tree", help="NAME=REV,...: the controllers measured, in order")
     p.add_argument("--hold", type=float, default=60.0, help="seconds each side runs after it is quiet")
-    p.add_argument("--trace-memory", type=int, default=8, help="frames the 'traced' side keeps (PYTHONTRACEMALLOC=N)")
+    p.add_argument("--trace-memory", type=int, default=8, help="frames a tree+trace side keeps (PYTHONTRACEMALLOC)")
     p.add_argument("--workers", type=int, default=4, help="client threads creating objects")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds any one wait may take")
     p.add_argument("--state-dir", type=Path, help="keep the cluster's state here (default: a temporary directory)")
     p.add_argument("--write", type=Path, help="append the report as a Markdown section to this file")
     args = p.parse_args(argv)
-    sides = [s.strip() for s in args.order.split(",") if s.strip()]
-    if not args.before:
-        sides = [s for s in sides if s != "before"] or ["after"]
-    if any(s not in ("before", "after", "traced") for s in sides):
-        raise SystemExit(f"--order takes before, after and traced, got {args.order!r}")
+    chosen = parse_sides(f"before={args.before},after=tree" if args.before else args.sides)
+    sides = [name for name, _ in chosen]
+    args.traced = {name for name, rev in chosen if rev == "tree+trace"}
     say: Printer = lambda text: print(text, flush=True)  # noqa: E731
     logs.configure("WARNING", "console")
     say(f"machine: {fleet_probe.machine()}; load average before: {fleet_probe.load_average()}")
@@ -167,11 +196,15 @@ def main(argv: list[str] | None = None) -> int:
     kwok_bin = kwok.ensure_kwok(out=say)
     tmp = None if args.state_dir else tempfile.mkdtemp(prefix="ctl-memory-")
     state_dir = (args.state_dir or Path(str(tmp))).resolve()
-    trees = {"after": REPO_ROOT, "traced": REPO_ROOT}
-    commits = {"after": "this tree", "traced": f"this tree, PYTHONTRACEMALLOC={args.trace_memory}"}
-    if args.before:
-        commits["before"] = fleet_before.extract(args.before, state_dir / "before")
-        trees["before"] = state_dir / "before"
+    trees: dict[str, Path] = {}
+    commits: dict[str, str] = {}
+    for name, rev in chosen:
+        if rev in ("tree", "tree+trace"):
+            trees[name] = REPO_ROOT
+            commits[name] = "this tree" + (f", PYTHONTRACEMALLOC={args.trace_memory}" if rev != "tree" else "")
+        else:
+            trees[name] = state_dir / f"tree-{name}"
+            commits[name] = fleet_before.extract(rev, trees[name])
     memlimit = fleet_probe.apiserver_memlimit("auto")
     plane = controlplane.ControlPlane(
         state_dir,
@@ -210,12 +243,16 @@ def main(argv: list[str] | None = None) -> int:
         gangs = fleet_controller.place_gangs(api, args.gangs, args.timeout, say) if args.gangs else None
         if gangs is not None:
             say(f"gangs: {gangs.phase_running}/{gangs.gangs} Running, {gangs.one_domain} in one NVLink domain")
+        warm_pid = procs.read_records(state_dir / "pids")[f"{components.CONTROLLER_PREFIX}0"].pid
+        warm_row, warm_report = lived(warm_pid, args, say)
         warm.stop()
         warm = None
         built = time.monotonic() - started
         say(f"state built in {built:.0f} s; measuring {', '.join(sides)} one after the other ...")
         for side in sides:
             rows[side], reports[side] = measure(handle, state_dir, side, trees[side], args=args, say=say)
+        rows[WARM], reports[WARM] = warm_row, warm_report
+        commits[WARM] = "this tree"
     finally:
         if warm is not None:
             warm.stop()

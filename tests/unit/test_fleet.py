@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench import fleet_probe
+from bench import fleet_controller, fleet_probe, fleet_state
 from e2e.cluster import build, controlplane, kwok
 from e2e.plane import fleet
 from gpuplane.driver.hw.sim import SimConfig, Simulator
@@ -162,3 +162,25 @@ def test_a_step_never_reached_says_so_instead_of_nan() -> None:
     assert took(12.34) == "in 12.3s"
     assert took(41.6, "after the start", 0) == "42s after the start"
     assert took(float("nan")) == "not within the timeout"
+
+
+def test_the_memory_bench_allocates_no_whole_gpu_twice_and_four_shares_to_a_gpu() -> None:
+    kinds = fleet_controller.background_mix(1000)  # 50 four-GPU, 150 one-GPU, 800 shares
+    nodes = [f"hgx-{i}" for i in range(100)]
+    placed = list(fleet_state.assign(kinds, nodes, with_pods=400))
+    assert len(placed) == 400
+    assert [p.kind for p in placed].count("gpu-4") == 50 and [p.kind for p in placed].count("gpu-share") == 200
+    for p in placed:
+        if p.kind == "gpu-4":
+            assert len(p.devices) == 4  # four GPUs of one node: one NVLink domain
+    whole = [(p.node, d) for p in placed if not p.share for d in p.devices]
+    assert len(whole) == len(set(whole))
+    shared: dict[tuple[str, str], int] = {}
+    for p in placed:
+        if p.share:
+            shared[(p.node, p.devices[0])] = shared.get((p.node, p.devices[0]), 0) + 1
+    assert set(shared.values()) == {4} and not set(shared) & set(whole)
+    status = fleet_state.allocation(placed[-1], "pod-uid")["status"]
+    (result,) = status["allocation"]["devices"]["results"]
+    assert result["pool"] == placed[-1].node and result["consumedCapacity"] == {"sharePercent": "25"}
+    assert status["reservedFor"] == [{"resource": "pods", "name": placed[-1].name, "uid": "pod-uid"}]

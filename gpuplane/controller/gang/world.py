@@ -9,8 +9,10 @@ reconciled back to back cannot be placed on the same GPUs.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +50,11 @@ class World:
             str(u) for pods in self.pods.values() for p in pods if (u := (p.get("metadata") or {}).get("uid"))
         )
 
+    @functools.cached_property
+    def claim_keys(self) -> tuple[str, ...]:
+        """Every claim's "ns/name", sorted (once per world): a prefix's claims are one range of it."""
+        return tuple(sorted(self.claims))
+
     def members(self, key: str, count: int) -> membership.Members:
         """The gang's member pods (:func:`membership.members_of`)."""
         return membership.members_of(key.split("/", 1)[1], count, self.pods.get(key, ()))
@@ -70,7 +77,10 @@ class World:
         ns, name = key.split("/", 1)
         out: dict[str, writes.ExistingClaim] = {}
         prefix = f"{ns}/{name}-"  # a member claim's name is "<gang>-<index>": no pattern match for the others
-        names_ = [k[len(ns) + 1 :] for k in self.claims if k.startswith(prefix)]
+        keys = self.claim_keys  # 100 gang timers each scanned 10,000 claims every 2 s (fleet run 7's profile)
+        first = bisect.bisect_left(keys, prefix)
+        ours = itertools.takewhile(lambda k: k.startswith(prefix), itertools.islice(keys, first, None))
+        names_ = [k[len(ns) + 1 :] for k in ours]
         for cname in membership.gang_claim_names(name, names_):
             claim = self.claims[f"{ns}/{cname}"]
             meta = claim.get("metadata") or {}

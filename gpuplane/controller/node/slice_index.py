@@ -25,6 +25,7 @@ API; the interner is the only state, and it holds values, never decisions.
 from __future__ import annotations
 
 import sys
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -35,6 +36,7 @@ from gpuplane.driver.api import names as dn
 from gpuplane.driver.api import noisy_taint
 
 MAX_DEVICES = 128  # the API's limit on devices in one ResourceSlice (resource.k8s.io/v1)
+MIG_MAPS = 4096  # distinct per-slice MIG mappings shared (nodes of one model publish equal ones)
 MAX_NAME = 253  # a DNS subdomain: the longest node, pool or device name the API accepts
 
 
@@ -94,14 +96,32 @@ class SliceDigest:
 
 
 class Interner:
-    """One shared object per distinct value (MIG devices, strings); kept for the controller's lifetime."""
+    """One shared object per distinct value (MIG devices, strings); kept for the controller's lifetime.
+
+    A slice's whole name -> device mapping is shared too (nodes of one model publish the same MIG
+    slices: 3,600 mappings of ~100 devices on an 800-node HGX fleet were 5.3 MB), for the last
+    :data:`MIG_MAPS` distinct mappings; past that a slice keeps its own (nothing is shared wrongly).
+    """
 
     def __init__(self) -> None:
         self._mig: dict[MigDevice, MigDevice] = {}
+        self._maps: OrderedDict[tuple[MigDevice, ...], Mapping[str, MigDevice]] = OrderedDict()
 
     def mig(self, device: MigDevice) -> MigDevice:
         """The shared copy of ``device``."""
         return self._mig.setdefault(device, device)
+
+    def mig_map(self, devices: dict[str, MigDevice]) -> Mapping[str, MigDevice]:
+        """A read-only mapping equal to ``devices`` (of shared devices), shared with every equal one."""
+        key = tuple(devices.values())  # the devices carry their names: equal keys, equal mappings
+        got = self._maps.get(key)
+        if got is None:
+            got = self._maps[key] = MappingProxyType(devices)
+            if len(self._maps) > MIG_MAPS:
+                self._maps.popitem(last=False)
+        else:
+            self._maps.move_to_end(key)
+        return got
 
     def __len__(self) -> int:
         return len(self._mig)
@@ -202,7 +222,7 @@ def digest(
         generation=_int(pool.get("generation")) or 0,
         node=node,
         gpus=tuple(gpus),
-        mig=mig,
+        mig=interner.mig_map(mig) if mig else mig,
         noisy=tuple(noisy),
     )
 
