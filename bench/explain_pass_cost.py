@@ -5,7 +5,7 @@ indexes once per claim (before) against once per pass (after), side by side in o
 
 No API server: the indexes of ``bench.gang_reconcile_cost`` (the driver's own slices as digests,
 claims in their indexed form, 60 s old), a writer that keeps what would be written, and the
-controller's own ``explainer.explain_pass`` and ``runtime.explain_claim``. A first pass explains
+controller's own ``explainer.explain_pass`` and ``handling.explain_claim``. A first pass explains
 every pending claim (an Event and the explained annotation each); the timed passes are the steady
 state a restarted controller meets, every claim already explained, so nothing is written and the
 cost is all on the event loop. Before: the cluster copied out of the indexes for every claim and the
@@ -24,7 +24,7 @@ from typing import Any
 
 from bench import gang_reconcile_cost as fleetkit
 from gpuplane.controller import config, events, indexed, metrics, runtime
-from gpuplane.controller.claim import checks, explainer
+from gpuplane.controller.claim import checks, explainer, handling
 from gpuplane.controller.gang import status
 
 GPU = {
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def per_claim() -> explainer.Explain:  # before: the world copied for every claim
         async def explain(claim: Mapping[str, Any], now: float) -> None:
-            await runtime.explain_claim(rt, claim, classes, world(), now)
+            await handling.explain_claim(rt, claim, classes, world(), now)
 
         return explain
 
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         w = world()
 
         async def explain(claim: Mapping[str, Any], now: float) -> None:
-            await runtime.explain_claim(rt, claim, classes, w, now)
+            await handling.explain_claim(rt, claim, classes, w, now)
 
         return explain
 

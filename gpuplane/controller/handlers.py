@@ -20,7 +20,7 @@ from typing import Any
 import kopf
 
 from gpuplane.controller import config, heap, indexed, kopf_barrier, names, rejects, runtime, slim, startup, steering
-from gpuplane.controller.claim import checks, explainer, review
+from gpuplane.controller.claim import checks, explainer, handling, review
 from gpuplane.controller.gang import leaderworkersets, owners
 from gpuplane.controller.node import slice_index
 from gpuplane.controller.rebalance import act, decide, loop
@@ -258,7 +258,7 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
             if rejected:
                 await rejects.refuse_claim(memo, body, classes, consumers)
             else:
-                await runtime.check_claim(memo, body, classes, consumers)
+                await handling.check_claim(memo, body, classes, consumers)
 
         replay = startup.replay(
             memo.shared.deferred, lambda n: label(n, memo, kw), check, startup.exists_in(kw["claim_idx"])
@@ -280,7 +280,7 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
         if rejects.rejected(body):
             await rejects.refuse_claim(memo, body, classes, consumers)
             return
-        await runtime.check_claim(memo, _plain(body, "spec", "status"), classes, consumers)
+        await handling.check_claim(memo, _plain(body, "spec", "status"), classes, consumers)
 
     # Pending claims are explained by a loop over the claim index, not a kopf timer: kopf would keep
     # the last body of every claim for a timer on claims (gpuplane.controller.claim.explainer).
@@ -293,7 +293,7 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
                 if rejects.rejected(claim) or not checks.is_ours(claim, classes):
                     return
                 async with memo.lock():
-                    await runtime.explain_claim(memo, claim, classes, w, now)
+                    await handling.explain_claim(memo, claim, classes, w, now)
 
             return explain
 

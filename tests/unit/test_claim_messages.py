@@ -7,7 +7,7 @@
   older than the controller's own annotation reviewed the claim again.
 
 Slices are the real driver's (:mod:`tests.controllerkit`); the review runs through
-``runtime.check_claim`` with a writer that records what it would write.
+``handling.check_claim`` with a writer that records what it would write.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from gpuplane.controller import config, events, kube, metrics, runtime
-from gpuplane.controller.claim import checks
+from gpuplane.controller.claim import checks, handling
 from gpuplane.controller.node import snapshot_builder
 from tests import controllerkit as kit
 
@@ -87,7 +87,7 @@ def test_invalid_device_config_is_recorded_once_though_stale_bodies_arrive() -> 
     bad = kit.claim_body([kit.req("g")], [{"requests": ["g"], "opaque": opaque}])
     bad["metadata"]["uid"] = "u-bad"
     for _ in range(4):  # the scheduler's and kubelet's updates, each a body older than the annotation
-        asyncio.run(runtime.check_claim(rt, copy.deepcopy(bad), kit.CLASSES, ["p"]))
+        asyncio.run(handling.check_claim(rt, copy.deepcopy(bad), kit.CLASSES, ["p"]))
     claim_events = [w for w in writer.writes if w[0] == "event" and w[1][0] == "ResourceClaim"]
     assert [e[1][2] for e in claim_events] == [events.CLAIM_INVALID_CONFIG], writer.writes
     assert sum(1 for w in writer.writes if w[0] == "annotate") == 1, writer.writes

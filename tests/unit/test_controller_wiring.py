@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from gpuplane.controller import config, events, handlers, kube, metrics, names, runtime
+from gpuplane.controller.claim import handling
 from gpuplane.controller.gang import world, writes
 
 
@@ -94,7 +95,7 @@ def test_standby_decides_nothing_and_a_new_term_drops_the_caches() -> None:
         "metadata": {"name": "c", "namespace": "ns", "uid": "u"},
         "spec": {"devices": {"config": [{"opaque": {"driver": "gpu.gpuplane.dev", "parameters": {"kind": "?"}}}]}},
     }
-    asyncio.run(runtime.check_claim(rt, bad, {}, ["p"]))
+    asyncio.run(handling.check_claim(rt, bad, {}, ["p"]))
     node = {"metadata": {"name": "n", "uid": "n-uid", "labels": {names.NODE_LABEL_NVLINK_DOMAIN: "stale"}}}
     asyncio.run(runtime.sync_node_label(rt, "n", node, []))
     rt.shared.overlay["ns/old"] = (0.0, {"phase": "Placing"})

@@ -8,4 +8,6 @@
 - ``no_match``: why a request's selectors admit no GPU at all (an attribute no GPU publishes, or a
   filter nothing passes); pure.
 - ``explainer``: a pass over the claim index every few seconds: why each pending claim waits.
+- ``handling``: what the operator does about one claim (the review's writes, the explanation's
+  Event and annotation), leader-only; the handlers delegate to it.
 """

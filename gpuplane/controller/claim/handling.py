@@ -1,0 +1,66 @@
+"""What the operator does about one ResourceClaim: review it, and say why it stays unallocated.
+
+:func:`check_claim` runs the review (:mod:`gpuplane.controller.claim.review`) and makes its writes
+once per finding, failing the pending pods of a claim the driver is sure to refuse;
+:func:`explain_claim` (called by :mod:`gpuplane.controller.claim.explainer`'s pass) posts why a claim
+waits, from the placement view, once per distinct reason. Both are leader-only and delegate every
+decision to the pure modules of this package.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from gpuplane.controller import events, failfast, names, runtime
+from gpuplane.controller.claim import checks, review
+from gpuplane.controller.gang import status, world
+
+EXPLAIN_VIEW_AGE_S = 5.0  # an unallocated claim's explanation may use a view this old (one per claim timer otherwise)
+
+
+async def check_claim(
+    rt: runtime.Runtime, claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], consumers: Iterable[str]
+) -> None:
+    """Validate a claim's config and its NVLink-domain constraint; record findings once (annotations)."""
+    if not rt.leading():
+        return
+    consumers = list(consumers)
+    claim = review.with_notes(claim, rt.shared.claim_notes)  # what this replica wrote counts, if not seen yet
+    found = review.decide(claim, classes, consumers, status.now_rfc3339())
+    if found is None:
+        return
+    for finding in found.findings:
+        rt.metrics.claim_findings.labels(finding=finding).inc()
+    await asyncio.to_thread(review.apply, rt.writer, found)
+    review.remember(rt.shared.claim_notes, found, str((claim.get("metadata") or {}).get("uid") or ""))
+    if found.error:
+        await failfast.fail_pending_consumers(rt, claim, consumers, found.error)
+
+
+def _gang_member_claim(claim: Mapping[str, Any], w: world.World) -> bool:
+    """A claim made from a template for a gang member's pod: gated or finished, its GpuGang explains it."""
+    owners_ = (claim.get("metadata") or {}).get("ownerReferences") or []
+    return any(o.get("kind") == "Pod" and o.get("controller") and o.get("uid") in w.member_uids for o in owners_)
+
+
+async def explain_claim(
+    rt: runtime.Runtime, claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], w: world.World, now: float
+) -> None:
+    """For a claim that stays unallocated, say why in an Event (once per distinct reason)."""
+    meta = claim.get("metadata") or {}
+    if not rt.leading() or (claim.get("status") or {}).get("allocation") or not checks.is_ours(claim, classes):
+        return
+    age = now - (status.parse_time(meta.get("creationTimestamp")) or now)
+    if age < rt.cfg.claim_explain_after_s or _gang_member_claim(claim, w):
+        return
+    _, view = runtime.plan_for(rt, w, now, max_age_s=EXPLAIN_VIEW_AGE_S)
+    reason = rt.shared.reasons.reason(claim, classes, view)
+    if not reason or (meta.get("annotations") or {}).get(names.ANNOTATION_EXPLAINED) == reason[:250]:
+        return
+    rt.metrics.claim_findings.labels(finding="unallocated").inc()
+    ref = events.ObjectRef.of(claim, "resource.k8s.io/v1", "ResourceClaim")
+    await asyncio.to_thread(rt.writer.event, ref, "Warning", events.CLAIM_UNALLOCATED, reason)
+    ns, name = meta.get("namespace", ""), meta.get("name", "")
+    await asyncio.to_thread(rt.writer.annotate_claim, ns, name, {names.ANNOTATION_EXPLAINED: reason[:250]})
