@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import time
 from typing import Any
 
 import pytest
 
-from gpuplane.controller import config, events, kube, metrics, runtime
+from gpuplane.controller import config, events, kube, metrics, names, runtime
 from gpuplane.controller.claim import checks, handling
+from gpuplane.controller.gang import world
 from gpuplane.controller.node import snapshot_builder
 from tests import controllerkit as kit
 
@@ -130,3 +132,31 @@ def test_a_claim_asked_again_under_the_same_view_and_classes_is_answered_by_uid(
     assert cache.reason(claim, other_classes, view) == want and cache.hits == 2 and len(encoded) == 1
     odd = {**kit.CLASSES, "gpu.gpuplane.dev": _nothing_class('device.driver == "x"')}
     assert cache.reason(claim, odd, view) == checks.explain_unallocated(claim, odd, view)  # new classes: again
+
+
+def test_an_explanation_is_written_again_when_its_wording_changes_not_its_counts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    writer = Recorder()
+    rt = runtime.Runtime.create(config.parse_args(["--identity", "a"], {}), writer, metrics.ControllerMetrics())
+    monkeypatch.setattr(runtime, "plan_for", lambda *a, **k: (None, None))
+    answers = iter(
+        [
+            "request g needs 4 GPUs on one node; largest free block: 3 GPUs on one node, 120 free in all",
+            "request g needs 4 GPUs on one node; largest free block: 2 GPUs on one node, 97 free in all",
+            "request g: no GPU matches the selectors of class gpu.gpuplane.dev (0 of 8 GPUs free)",
+        ]
+    )
+    monkeypatch.setattr(rt.shared.reasons, "reason", lambda *a: next(answers))
+    claim = kit.claim_body([kit.req("g", count=4)])
+    claim["metadata"].update(uid="u-1", creationTimestamp="2026-01-01T00:00:00Z")
+    w = world.World(gangs={}, pods={}, claims={}, slices=(), nodes={}, classes=kit.CLASSES)
+    for _ in range(3):  # three explainer passes; the fleet's counts changed between them
+        asyncio.run(handling.explain_claim(rt, claim, kit.CLASSES, w, time.time()))
+        written = [a for kind, a in writer.writes if kind == "annotate"]
+        if written:
+            claim["metadata"]["annotations"] = written[-1]  # the index shows the annotation written
+    said = [a[names.ANNOTATION_EXPLAINED] for kind, a in writer.writes if kind == "annotate"]
+    assert len(said) == 2 and "120 free in all" in said[0] and "no GPU matches" in said[1]
+    assert sum(1 for kind, _ in writer.writes if kind == "event") == 2
+    assert handling.same_reason("3 of 4 free", "9 of 4 free") and not handling.same_reason(None, "x")
