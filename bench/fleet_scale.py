@@ -286,6 +286,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             run.remember_memory(f"{gangs} gangs")
         if measure_controller and gangs:
             fleet_steps.where_cpu_goes(run, "the leader after the gangs, nothing changing")
+            say("asking the leader that lived through it all for its memory report (kill -USR2) ...")
+            lived = fleet_controller.memory_report(run.ctl_pid)  # after its RSS was recorded: its own cost unseen
+            run.section("3. what the long-lived leader's memory holds after the gangs", f"```text\n{lived}```")
         if measure_controller and "restart" not in skip:
             ctl = fleet_steps.restart(
                 run,

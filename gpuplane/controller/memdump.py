@@ -11,6 +11,7 @@ temporary directory). It holds
   peak is allocator fragmentation, which ``MALLOC_ARENA_MAX`` or a trim address, not live data);
 * the live objects the garbage collector tracks, by type: count and shallow bytes (the types
   name what holds the memory: kopf's per-object bookkeeping, index entries, decoded bodies);
+* the live dicts by their keys (a decoded body, a condition, an index entry: whose dicts they are);
 * where the live memory was allocated, by source line and by call path, when the process runs
   with allocation tracing (``PYTHONTRACEMALLOC=<frames>`` in its environment; it costs CPU and
   memory, so it is for a diagnosis run, never on by default).
@@ -25,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import itertools
 import os
 import signal
 import sys
@@ -43,6 +45,8 @@ log = structlog.get_logger(__name__)
 TOP_TYPES = 30
 TOP_SITES = 40
 TOP_CLASSES = 8  # pymalloc size classes listed, most free bytes first
+TOP_DICT_SHAPES = 20
+SHAPE_KEYS = 8  # a dict of more keys is named by its size and first keys
 
 
 def _status_kb(field: str) -> int:
@@ -170,6 +174,28 @@ def type_table(objects: Iterable[object], top: int = TOP_TYPES) -> list[str]:
     return [f"{counts[k]:>10}  {sizes[k] / 1e6:9.2f} MB  {k}" for k, _ in sizes.most_common(top)]
 
 
+def dict_shapes(objects: Iterable[object], top: int = TOP_DICT_SHAPES) -> list[str]:
+    """Rows ``count  shallow-MB  keys`` for the ``top`` key sets of live dicts, by count.
+
+    The type table says "dict"; the keys say whose: a decoded object body (``apiVersion, kind,
+    metadata, ...``), a container or a condition inside one, an index entry, a handler's kwargs.
+    Dicts of more than :data:`SHAPE_KEYS` keys are named by their size and first keys.
+    """
+    counts: Counter[str] = Counter()
+    sizes: Counter[str] = Counter()
+    for o in objects:
+        if type(o) is not dict:
+            continue
+        keys = [k if isinstance(k, str) else type(k).__name__ for k in itertools.islice(o, SHAPE_KEYS + 1)]
+        if len(keys) > SHAPE_KEYS:
+            shape = f"{len(o)} keys: {', '.join(keys[:3])}, ..."
+        else:
+            shape = ", ".join(sorted(keys)) or "(empty)"
+        counts[shape[:100]] += 1
+        sizes[shape[:100]] += sys.getsizeof(o)
+    return [f"{n:>10}  {sizes[k] / 1e6:9.2f} MB  {{{k}}}" for k, n in counts.most_common(top)]
+
+
 def site_tables(snapshot: tracemalloc.Snapshot, top: int = TOP_SITES) -> list[str]:
     """The live allocations by source line, then by call path (as deep as the tracing keeps)."""
     rows = ["## allocated at (by line)"]
@@ -193,10 +219,17 @@ def report() -> str:
         *malloc_rows(),
         *pymalloc_rows(),
         "",
+    ]
+    objects = gc.get_objects()
+    rows += [
         "## live objects by type (gc-tracked; count, shallow size)",
-        *type_table(gc.get_objects()),
+        *type_table(objects),
+        "",
+        "## live dicts by their keys (count, shallow size)",
+        *dict_shapes(objects),
         "",
     ]
+    del objects
     if tracemalloc.is_tracing():
         current, peak = tracemalloc.get_traced_memory()
         rows.append(f"traced: {current / 1e6:.1f} MB now, {peak / 1e6:.1f} MB peak")

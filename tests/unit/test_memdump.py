@@ -27,6 +27,16 @@ def test_type_table_counts_and_sizes_by_type() -> None:
     assert lists.split()[0] == "2"
 
 
+def test_dict_shapes_name_dicts_by_their_keys() -> None:
+    bodies = [{"metadata": {}, "spec": [], "kind": "Pod"} for _ in range(5)]
+    wide = {f"k{i}": [i] for i in range(12)}
+    rows = memdump.dict_shapes([*bodies, wide, {}, {1: "a"}, "not a dict"], top=10)
+    assert rows[0].split()[0] == "5" and rows[0].endswith("{kind, metadata, spec}")
+    assert any(r.endswith("{12 keys: k0, k1, k2, ...}") for r in rows)
+    assert any(r.endswith("{(empty)}") for r in rows) and any(r.endswith("{int}") for r in rows)
+    assert len(rows) == 4  # the string is not a dict
+
+
 def test_malloc_rows_say_what_the_allocator_holds_and_what_a_trim_returns() -> None:
     if memdump._glibc() is None:
         pytest.skip("not glibc 2.33+")
