@@ -92,8 +92,7 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
     def claim_consumer_idx(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> Mapping[str, str]:
         refs = [r.get("resourceClaimName") for r in (body.get("spec") or {}).get("resourceClaims") or []]
         refs += [s.get("resourceClaimName") for s in (body.get("status") or {}).get("resourceClaimStatuses") or []]
-        out = {f"{namespace}/{r}": name for r in refs if r}
-        return out
+        return {f"{namespace}/{r}": name for r in refs if r}
 
     @kopf.index(*RESOURCE, "resourceclaims", id="claim_idx", registry=reg)
     def claim_idx(body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any) -> Mapping[str, Any]:

@@ -188,11 +188,11 @@ def dict_shapes(objects: Iterable[object], top: int = TOP_DICT_SHAPES) -> list[s
             continue
         keys = [k if isinstance(k, str) else type(k).__name__ for k in itertools.islice(o, SHAPE_KEYS + 1)]
         if len(keys) > SHAPE_KEYS:
-            shape = f"{len(o)} keys: {', '.join(keys[:3])}, ..."
+            shape = f"{len(o)} keys: {', '.join(keys[:3])}, ..."[:100]
         else:
-            shape = ", ".join(sorted(keys)) or "(empty)"
-        counts[shape[:100]] += 1
-        sizes[shape[:100]] += sys.getsizeof(o)
+            shape = (", ".join(sorted(keys)) or "(empty)")[:100]
+        counts[shape] += 1
+        sizes[shape] += sys.getsizeof(o)
     return [f"{n:>10}  {sizes[k] / 1e6:9.2f} MB  {{{k}}}" for k, n in counts.most_common(top)]
 
 

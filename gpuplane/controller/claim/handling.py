@@ -19,6 +19,7 @@ from gpuplane.controller.claim import checks, review
 from gpuplane.controller.gang import status, world
 
 EXPLAIN_VIEW_AGE_S = 5.0  # an unallocated claim's explanation may use a view this old (one per claim timer otherwise)
+EXPLAINED_MAX = 250  # characters of the reason kept in the claim's annotation
 
 
 async def check_claim(
@@ -51,7 +52,7 @@ def same_reason(written: str | None, reason: str) -> bool:
     and an Event per explainer pass (7,200 such claims: 14,400 writes every 10 s). A claim is told
     again when what is wrong changes; its Events keep the counts of when it was told.
     """
-    return written is not None and _COUNTS.sub("#", written) == _COUNTS.sub("#", reason[:250])
+    return written is not None and _COUNTS.sub("#", written) == _COUNTS.sub("#", reason)
 
 
 def _gang_member_claim(claim: Mapping[str, Any], w: world.World) -> bool:
@@ -72,10 +73,11 @@ async def explain_claim(
         return
     _, view = runtime.plan_for(rt, w, now, max_age_s=EXPLAIN_VIEW_AGE_S)
     reason = rt.shared.reasons.reason(claim, classes, view)
-    if not reason or same_reason((meta.get("annotations") or {}).get(names.ANNOTATION_EXPLAINED), reason):
+    said = reason[:EXPLAINED_MAX]  # as the annotation holds it
+    if not reason or same_reason((meta.get("annotations") or {}).get(names.ANNOTATION_EXPLAINED), said):
         return
     rt.metrics.claim_findings.labels(finding="unallocated").inc()
     ref = events.ObjectRef.of(claim, "resource.k8s.io/v1", "ResourceClaim")
     await asyncio.to_thread(rt.writer.event, ref, "Warning", events.CLAIM_UNALLOCATED, reason)
     ns, name = meta.get("namespace", ""), meta.get("name", "")
-    await asyncio.to_thread(rt.writer.annotate_claim, ns, name, {names.ANNOTATION_EXPLAINED: reason[:250]})
+    await asyncio.to_thread(rt.writer.annotate_claim, ns, name, {names.ANNOTATION_EXPLAINED: said})
