@@ -13,11 +13,15 @@ if [ ! -x "$ROOT/.venv/bin/python" ]; then
 fi
 # shellcheck disable=SC1091
 . "$ROOT/.venv/bin/activate"
+# The exact versions and hashes of requirements/dev.lock (scripts/lock.sh writes it), then gpuplane
+# itself without resolving anything again: CI, the demo and every developer run the same set.
 stamp="$ROOT/.venv/.gpuplane-installed"
-if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
-  echo "==> installing gpuplane and dev tools into .venv"
+if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ] || [ "$ROOT/requirements/dev.lock" -nt "$stamp" ]; then
+  echo "==> installing gpuplane and dev tools into .venv (requirements/dev.lock)"
   python -m pip install --quiet --upgrade pip
-  python -m pip install --quiet -e "$ROOT[dev]"
+  python -m pip install --quiet --require-hashes -r "$ROOT/requirements/dev.lock"
+  python -m pip install --quiet --no-deps -e "$ROOT"
+  python -m pip check
   touch "$stamp"
 fi
 if ! command -v go >/dev/null 2>&1; then
