@@ -98,6 +98,7 @@ def controller_argv(
         f"--identity={replica}",
         f"--lease-namespace={identity.NAMESPACE}",
         f"--metrics-port={metrics_port}",
+        "--metrics-auth=none",  # loopback plain HTTP (development); the Deployment wants a token
         f"--liveness=http://127.0.0.1:{health_port}/healthz",
         "--log-format=json",
         "--noisy-persist=5",

@@ -90,6 +90,7 @@ class DriverProcess:
             f"--boot-id-file={self.root / 'boot_id'}",
             f"--mps-control-binary={STANDIN_MPS}",
             f"--metrics-address=127.0.0.1:{self.metrics_port}",
+            "--metrics-auth=none",  # loopback plain HTTP (development); the DaemonSet wants a token
             "--log-format=json",
             "--republish-interval=5",
             *self.extra_args,

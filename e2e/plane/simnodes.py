@@ -102,6 +102,7 @@ def driver_argv(node: SimNode, kubeconfig: Path, extra: Sequence[str] = ()) -> l
         f"--cdi-root={node.cdi_root}",
         f"--mps-control-binary={MPS_STANDIN}",
         f"--metrics-address=127.0.0.1:{node.metrics_port}",
+        "--metrics-auth=none",  # loopback plain HTTP (development); the DaemonSet wants a token
         "--log-format=json",
     ]
     if node.sim_config:

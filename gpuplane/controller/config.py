@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpuplane.controller import leader, names, supervisor
+from gpuplane.httpauth import settings as serving
 
 
 class ControllerConfig(BaseModel):
@@ -28,6 +29,7 @@ class ControllerConfig(BaseModel):
     liveness: str = "http://127.0.0.1:8080/healthz"  # the Deployment binds the pod IP
     metrics_port: int = 0  # 0: no metrics server
     metrics_host: str = "127.0.0.1"  # the Deployment binds the pod IP (downward API)
+    metrics_serving: serving.ServingSettings = serving.ServingSettings()  # HTTPS + token review, or loopback HTTP
     stall_exit_s: float = Field(default=30.0, gt=0)  # event loop silent this long: release the Lease, exit 1
     stop_grace_s: float = Field(default=20.0, gt=0)  # SIGTERM: wait this long for the operator to stop
     fail_invalid_pods: bool = True  # Pending pods of a claim the driver will refuse fail at once (failfast)
@@ -109,6 +111,7 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Contro
         help="fail the Pending pods of a claim whose config the driver will refuse, releasing its devices",
     )
     p.add_argument("--metrics-port", type=int, default=int(env("METRICS_PORT", "0") or 0))
+    serving.add_arguments(p, lambda name, default: env(name, default) or default)
     p.add_argument("--resync", type=float, default=float(env("RESYNC", "2") or 2))
     p.add_argument("--claim-explain-after", type=float, default=float(env("CLAIM_EXPLAIN_AFTER", "10") or 10))
     p.add_argument("--policy", default=env("POLICY", "gpuplane"))
@@ -160,6 +163,12 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Contro
     p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
     p.add_argument("--log-format", choices=["auto", "json", "console"], default=env("LOG_FORMAT", "auto"))
     a = p.parse_args(argv)
+    metrics_serving = serving.from_arguments(p, a)
+    if a.metrics_port:
+        try:
+            metrics_serving.check_bind(a.metrics_host, "--metrics-host")
+        except ValueError as exc:
+            p.error(str(exc))
     return ControllerConfig(
         kubeconfig=a.kubeconfig,
         identity=a.identity,
@@ -172,6 +181,7 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Contro
         liveness=a.liveness,
         metrics_port=a.metrics_port,
         metrics_host=a.metrics_host,
+        metrics_serving=metrics_serving,
         stall_exit_s=a.stall_exit,
         stop_grace_s=a.stop_grace,
         fail_invalid_pods=a.fail_invalid_pods == "true",

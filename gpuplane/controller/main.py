@@ -51,6 +51,7 @@ from gpuplane.controller import (
     supervisor,
 )
 from gpuplane.driver import logs
+from gpuplane.httpauth.review import KubeReviewer
 
 log = structlog.get_logger(__name__)
 
@@ -97,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     api = kube.make_api_client(cfg.kubeconfig)
     m = metrics.ControllerMetrics()
     if cfg.metrics_port:
-        m.serve(cfg.metrics_port, cfg.metrics_host)
+        m.serve(cfg.metrics_port, cfg.metrics_host, serving=cfg.metrics_serving, reviewer=lambda: KubeReviewer(api))
     elector = None if cfg.standalone else make_elector(cfg, api)
     leadership: leader.Leadership = elector if elector is not None else leader.AlwaysLeader()
     m.is_leader.set_function(lambda: float(leadership.is_leader()))

@@ -6,7 +6,11 @@ make as many as they like), created in main() and kept in the operator memo.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import prometheus_client as prom
+
+from gpuplane.httpauth import review, server, settings
 
 
 class ControllerMetrics:
@@ -83,6 +87,28 @@ class ControllerMetrics:
             "gpuplane_controller_is_leader", "1 while this replica holds the leader Lease.", registry=self.registry
         )
 
-    def serve(self, port: int, address: str = "127.0.0.1") -> None:
-        """Start the HTTP exposition server in a daemon thread."""
-        prom.start_http_server(port, addr=address, registry=self.registry)
+    def serve(
+        self,
+        port: int,
+        address: str = "127.0.0.1",
+        *,
+        serving: settings.ServingSettings,
+        reviewer: Callable[[], review.Reviewer] | None = None,
+    ) -> server.Server:
+        """Serve /metrics in daemon threads: HTTPS behind a token review, or (auth none) loopback HTTP.
+
+        Gang names, namespaces and tiers are in these metrics: a scraper needs a bearer token allowed to
+        ``get /metrics`` (the gpuplane-metrics-reader ClusterRole), as the driver's (gpuplane.httpauth).
+        """
+
+        def no_reviewer() -> review.Reviewer:
+            raise ValueError("--metrics-auth=kubernetes needs the API client for its token reviews")
+
+        host = f"[{address}]" if ":" in address else address
+        return server.serve_metrics(
+            f"{host}:{port}",
+            prom.make_wsgi_app(self.registry),
+            serving,
+            reviewer=reviewer or no_reviewer,
+            common_name="gpuplane-controller",
+        )

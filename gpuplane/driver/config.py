@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpuplane.controller.placement.fragmentation import SizeMix
 from gpuplane.driver.api import names
 from gpuplane.driver.plugin import socket_names
+from gpuplane.httpauth import settings as serving
 
 
 class DriverConfig(BaseModel):
@@ -43,7 +44,9 @@ class DriverConfig(BaseModel):
     pod_name: str = ""
     pod_namespace: str = ""
     dev_root: Path = Path("/dev")  # where /dev/nvidia* live as the container runtime sees them
-    metrics_address: str = ""  # "host:port" of /metrics, /healthz and /readyz; empty disables the server
+    metrics_address: str = ""  # "host:port" of /metrics (and the probes without health_address); empty: none
+    health_address: str = ""  # "host:port" of /healthz and /readyz alone, plain HTTP without a token
+    metrics_serving: serving.ServingSettings = serving.ServingSettings()  # HTTPS + token review, or loopback HTTP
     liveness_stale_after_s: float = Field(default=60.0, gt=0)  # /healthz fails when a loop stops this long
     republish_interval_s: float = 30.0
     cleanup_interval_s: float = 60.0
@@ -131,7 +134,18 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
         help="seconds an MPS control daemon may take to answer (default 10; 60 with --mps-daemons=pod)",
     )
     p.add_argument("--dev-root", default=_env("DEV_ROOT", "/dev"))
-    p.add_argument("--metrics-address", default=_env("METRICS_ADDRESS", ""))
+    p.add_argument(
+        "--metrics-address",
+        default=_env("METRICS_ADDRESS", ""),
+        help="host:port of /metrics (HTTPS with a bearer token unless --metrics-auth=none); empty: no metrics",
+    )
+    p.add_argument(
+        "--health-address",
+        default=_env("HEALTH_ADDRESS", ""),
+        help="host:port of /healthz and /readyz alone, plain HTTP without a token (kubelet's probes); "
+        "empty: they are served beside /metrics",
+    )
+    serving.add_arguments(p, lambda name, default: _env(name, default) or default)
     p.add_argument(
         "--liveness-stale-after",
         type=float,
@@ -191,6 +205,12 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
     start_timeout = args.mps_start_timeout or (60.0 if args.mps_daemons == "pod" else 10.0)
     if start_timeout <= 0:
         p.error("--mps-start-timeout must be positive")
+    metrics_serving = serving.from_arguments(p, args)
+    if args.metrics_address:
+        try:
+            metrics_serving.check_bind(args.metrics_address.rpartition(":")[0].strip("[]"))
+        except ValueError as exc:
+            p.error(str(exc))
     try:
         SizeMix.parse(args.steer_mix)
     except ValueError as exc:
@@ -215,6 +235,8 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
         pod_namespace=pod_namespace,
         dev_root=Path(args.dev_root),
         metrics_address=args.metrics_address,
+        health_address=args.health_address,
+        metrics_serving=metrics_serving,
         liveness_stale_after_s=args.liveness_stale_after,
         republish_interval_s=args.republish_interval,
         cleanup_interval_s=args.cleanup_interval,

@@ -35,6 +35,7 @@ from gpuplane.driver.publish.slices import DeviceTaint, PoolContent
 from gpuplane.driver.sharing.mps import MpsControl
 from gpuplane.driver.sharing.mps_pods import DaemonPods, PodTemplate
 from gpuplane.driver.sharing.mps_spec import MpsError
+from gpuplane.httpauth.review import KubeReviewer
 
 log = structlog.get_logger(__name__)
 
@@ -88,10 +89,22 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
             stale_after_s=cfg.liveness_stale_after_s,
             ready_checks={"slices-published": published.is_set, "kubelet-registered": lambda: False},
         )
-        http = probes.serve(cfg.metrics_address, metrics.registry, checks) if cfg.metrics_address else None
-        if http is not None:
-            log.info("serving /metrics, /healthz, /readyz", address=cfg.metrics_address, port=http.port)
-        api = KubeApi(make_api_client(cfg.kubeconfig))
+        api_client = make_api_client(cfg.kubeconfig)
+        api = KubeApi(api_client)
+        http = (
+            probes.serve(
+                cfg.metrics_address,
+                metrics.registry,
+                checks,
+                serving=cfg.metrics_serving,
+                reviewer=lambda: KubeReviewer(api_client),
+                health_address=cfg.health_address,
+            )
+            if cfg.metrics_address
+            else []
+        )
+        for endpoint in http:
+            log.info("serving", tls=endpoint.tls, port=endpoint.port, auth=cfg.metrics_serving.auth)
         mps = MpsControl(
             cfg.mps_root,
             cfg.mps_control_binary,
@@ -267,8 +280,8 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
             # Calls already running finish (an MPS prepare waits for its daemon pod): kubelet sends no
             # new ones once registration is withdrawn, and the DaemonSet gives the pod 30 s in all.
             server.stop(grace=SHUTDOWN_GRACE_S)
-            if http is not None:
-                http.stop()
+            for endpoint in http:
+                endpoint.stop()
             log.info("driver stopped")
         return 0
     finally:

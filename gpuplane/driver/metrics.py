@@ -1,8 +1,11 @@
-"""Prometheus metrics of the node driver (one registry, created in main and passed in)."""
+"""Prometheus metrics of the node driver (one registry, created in main and passed in).
+
+Served by gpuplane.driver.probes.serve (a bearer token allowed to ``get /metrics``: they name tenants' claims).
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -65,13 +68,3 @@ class DriverMetrics:
     # gRPC timing hook
     def rpc(self, op: str, seconds: float, n_errors: int) -> None:
         self.rpc_seconds.labels(op).observe(seconds)
-
-    def serve(self, address: str) -> int:
-        """Start the /metrics HTTP server on "host:port" (port 0 picks one; no host: 127.0.0.1); returns the port.
-
-        The metrics name claims, pods and GPU UUIDs and are not authenticated: bind to localhost or the
-        pod's own IP (the DaemonSet passes status.podIP), never to every interface by default.
-        """
-        host, _, port = address.rpartition(":")
-        server, _thread = start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1", registry=self.registry)
-        return int(server.server_port)

@@ -10,9 +10,15 @@ unhealthy and kubelet restarts it; /metrics alone, served by its own thread,
 would keep answering. ``/readyz`` answers 200 only when the driver is live and
 every readiness check holds (the node's ResourceSlices published, kubelet's
 registration of the plugin), so a rolling update waits for the new pod to be
-registered before it moves on. One HTTP server (:func:`serve`, a thread per
-request) answers all three paths; any other path is the Prometheus exposition,
-as before.
+registered before it moves on.
+
+:func:`serve` starts the servers (gpuplane.httpauth: a capped number of
+connections, each with a deadline). ``/metrics`` names tenants' claims and
+namespaces, so it wants a bearer token allowed to ``get /metrics`` (TokenReview
+and SubjectAccessReview, over HTTPS) unless ``--metrics-auth=none`` serves it in
+plain HTTP on loopback for development. The probes say only which driver loops
+and checks pass, nothing about tenants: they answer without a token, on a port of
+their own (``--health-address``, the DaemonSet's setting) or beside /metrics.
 """
 
 from __future__ import annotations
@@ -22,11 +28,12 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from socketserver import ThreadingMixIn
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
+
+from gpuplane.httpauth import review, server, settings
+from gpuplane.httpauth.server import Server, WSGIApp
 
 LIVENESS_PATH = "/healthz"
 READINESS_PATH = "/readyz"
@@ -115,61 +122,65 @@ class Probes:
         return ProbeResult(ok, detail)
 
 
-def wsgi_app(registry: CollectorRegistry, probes: Probes) -> Callable[..., Iterable[bytes]]:
-    """A WSGI app: /healthz and /readyz from ``probes``, everything else the metrics of ``registry``."""
-    metrics = make_wsgi_app(registry)
+def probe_paths(probes: Probes) -> dict[str, WSGIApp]:
+    """/healthz and /readyz of ``probes`` as WSGI apps (kubelet's probes: no authentication, no tenant names)."""
 
-    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO", "")
-        if path in (LIVENESS_PATH, READINESS_PATH):
-            result = probes.liveness() if path == LIVENESS_PATH else probes.readiness()
-            body = result.body()
-            status = "200 OK" if result.ok else "503 Service Unavailable"
-            start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
-            return [body]
-        answer: Iterable[bytes] = metrics(environ, start_response)
-        return answer
+    def answer(result: ProbeResult, start_response: Callable[..., Any]) -> Iterable[bytes]:
+        body = result.body()
+        status = "200 OK" if result.ok else "503 Service Unavailable"
+        start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+        return [body]
 
-    return app
+    def live(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        del environ
+        return answer(probes.liveness(), start_response)
 
+    def ready(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        del environ
+        return answer(probes.readiness(), start_response)
 
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
+    return {LIVENESS_PATH: live, READINESS_PATH: ready}
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        del format, args
+def serve(
+    address: str,
+    registry: CollectorRegistry,
+    probes: Probes,
+    *,
+    serving: settings.ServingSettings,
+    reviewer: Callable[[], review.Reviewer] | None = None,
+    health_address: str = "",
+) -> list[Server]:
+    """Serve /metrics on ``address`` as ``serving`` says, and the probes (first server returned).
 
+    With ``health_address`` the probes get a plain-HTTP server of their own there (the DaemonSet's
+    setting: kubelet probes it without a token, the metrics port needs one); without it they are
+    open paths of the metrics server. ``reviewer`` makes the TokenReview/SubjectAccessReview client
+    (needed unless ``serving.auth`` is none).
+    """
 
-@dataclasses.dataclass
-class Server:
-    """The running HTTP server (``port`` is the bound port)."""
+    def no_reviewer() -> review.Reviewer:
+        raise ValueError("--metrics-auth=kubernetes needs the API client for its token reviews")
 
-    httpd: WSGIServer
-    thread: threading.Thread
-
-    @property
-    def port(self) -> int:
-        return int(self.httpd.server_port)
-
-    def stop(self) -> None:
-        """Stop answering and close the socket."""
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(5.0)
-
-
-def serve(address: str, registry: CollectorRegistry, probes: Probes) -> Server:
-    """Serve /metrics, /healthz and /readyz on ``"host:port"`` (port 0 picks one) in a background thread."""
-    host, _, port = address.rpartition(":")
-    httpd = make_server(
-        host or "0.0.0.0",
-        int(port),
-        wsgi_app(registry, probes),
-        server_class=_ThreadingServer,
-        handler_class=_QuietHandler,
-    )
-    thread = threading.Thread(target=httpd.serve_forever, name="http-probes", daemon=True)
-    thread.start()
-    return Server(httpd, thread)
+    paths = probe_paths(probes)
+    limits = server.Limits(serving.max_connections, serving.request_timeout_s)
+    started: list[Server] = []
+    try:
+        if health_address:
+            started.append(server.serve(health_address, server.probe_app(paths), limits=limits, name="http-probes"))
+        started.append(
+            server.serve_metrics(
+                address,
+                make_wsgi_app(registry),
+                serving,
+                reviewer=reviewer or no_reviewer,
+                open_paths=None if health_address else paths,
+                common_name="gpuplane-driver",
+                name="http-metrics",
+            )
+        )
+    except BaseException:
+        for s in started:
+            s.stop()
+        raise
+    return started

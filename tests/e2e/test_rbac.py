@@ -348,6 +348,7 @@ def test_controller_runs_under_its_own_identity(installed: cluster.Cluster, cont
         "--identity=e2e-rbac-controller",
         "--lease-namespace=gpuplane-system",
         f"--metrics-port={metrics_port}",
+        "--metrics-auth=none",
         f"--liveness=http://127.0.0.1:{health_port}/healthz",
         "--log-format=json",
     ]

@@ -12,6 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from gpuplane.driver import probes
+from gpuplane.httpauth.settings import ServingSettings
 
 
 class Clock:
@@ -102,7 +103,8 @@ class TestServer:
         p.watch(["main-loop"])
         worker = threading.Thread(target=loop, daemon=True)
         worker.start()
-        server = probes.serve("127.0.0.1:0", registry, p)
+        # loopback plain HTTP (--metrics-auth=none): tests/unit/test_metrics_auth.py covers the token gate
+        (server,) = probes.serve("127.0.0.1:0", registry, p, serving=ServingSettings(auth="none"))
         try:
             status, body = get(server.port, "/healthz")
             assert status == 200, body

@@ -1,6 +1,7 @@
 """Metrics and health endpoints bind to localhost (or the pod IP the manifests pass), never to every interface.
 
-The driver's metrics name claims, pods and GPU UUIDs and are not authenticated (issue 18, defect 8).
+The driver's metrics name claims, pods and GPU UUIDs (issue 18, defect 8); since issue 32 (defect 8) they want a
+bearer token off loopback (tests/unit/test_metrics_auth.py), and unauthenticated serving is loopback only.
 The listening address is read back from the kernel (/proc/net/tcp), not from our own arguments.
 """
 
@@ -10,9 +11,11 @@ import socket
 from pathlib import Path
 
 import yaml
+from prometheus_client import CollectorRegistry
 
 from gpuplane.controller import metrics as controller_metrics
-from gpuplane.driver import metrics as driver_metrics
+from gpuplane.driver import probes
+from gpuplane.httpauth.settings import ServingSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,14 +38,21 @@ def free_port() -> int:
 
 
 def test_driver_metrics_without_a_host_bind_localhost() -> None:
-    port = driver_metrics.DriverMetrics().serve(":0")
-    assert listening(port) == {"127.0.0.1"}
+    check = probes.Probes(stale_after_s=30)
+    (server,) = probes.serve(":0", CollectorRegistry(), check, serving=ServingSettings(auth="none"))
+    try:
+        assert listening(server.port) == {"127.0.0.1"}
+    finally:
+        server.stop()
 
 
 def test_controller_metrics_bind_localhost_by_default() -> None:
     port = free_port()
-    controller_metrics.ControllerMetrics().serve(port)
-    assert listening(port) == {"127.0.0.1"}
+    server = controller_metrics.ControllerMetrics().serve(port, serving=ServingSettings(auth="none"))
+    try:
+        assert listening(port) == {"127.0.0.1"}
+    finally:
+        server.stop()
 
 
 def _container(path: str) -> dict[str, object]:

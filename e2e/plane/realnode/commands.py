@@ -62,6 +62,7 @@ def driver_argv(node: RealNode, kubeconfig: Path) -> list[str]:
         f"--cdi-root={node.cdi_root}",
         f"--mps-control-binary={teardown.MPS_STANDIN}",
         f"--metrics-address=127.0.0.1:{node.metrics_port}",
+        "--metrics-auth=none",  # loopback plain HTTP (development); the DaemonSet wants a token
         "--republish-interval=10",
         "--log-format=json",
     ]
