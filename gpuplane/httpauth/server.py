@@ -80,6 +80,9 @@ class Counters:
 
 class _BoundedServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True
+    # socketserver's listen backlog is 5: a burst of scrapes and probes would see SYNs dropped and
+    # retried a second later; connections beyond the cap are accepted and closed instead.
+    request_queue_size = 128
     limits = Limits()
     counters: Counters
     slots: threading.BoundedSemaphore
