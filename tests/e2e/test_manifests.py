@@ -217,7 +217,10 @@ def test_controller_role_grants_no_secrets_and_no_wildcards() -> None:
     # No one creates pods cluster-wide; the driver's pods rights are in its own namespace only (its MPS
     # daemon pods, narrowed by the policy gpuplane-driver-own-node-pods), without update or patch.
     for role in by_kind(objects, "ClusterRole").values():
-        assert not any("pods" in r["resources"] and "create" in r["verbs"] for r in role["rules"])
+        assert not any("pods" in r.get("resources", []) and "create" in r["verbs"] for r in role["rules"])
+    # The metrics reader (for Prometheus) reads /metrics and nothing else (issue 32, defect 8).
+    reader = by_kind(objects, "ClusterRole")["gpuplane-metrics-reader"]
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
     assert not any("pods" in r["resources"] for r in by_kind(objects, "ClusterRole")["gpuplane-driver"]["rules"])
     roles = by_kind(objects, "Role")
     daemons = roles.pop("gpuplane-driver-mps-daemons")

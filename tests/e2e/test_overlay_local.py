@@ -67,10 +67,11 @@ def test_local_driver_runs_the_simulator_with_its_host_paths() -> None:
     assert args["cdi-root"] == f"{node_dir}/cdi"
     # $(NODE_NAME) expands from the container's env (kubelet does it); it must be defined there.
     assert c["env"][0]["name"] == "NODE_NAME" and c["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    paths = {k: v for k, v in args.items() if k != "metrics-address"}
+    paths = {k: v for k, v in args.items() if k not in ("metrics-address", "health-address")}
     assert {re.sub(r"\$\(NODE_NAME\).*", "", v) for v in paths.values() if "$(" in v} == {f"{LOCAL_ROOT}/"}
     # Metrics on the pod's own IP (downward API), as in the production overlay, never 0.0.0.0.
     assert args["metrics-address"] == "$(POD_IP):9400"
+    assert args["health-address"] == "$(POD_IP):9402"  # the probes' plain port (metrics want a token)
     assert any(e["name"] == "POD_IP" and e["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP" for e in c["env"])
     # Paths the driver writes into CDI specs must be the host's: mounted at the same path.
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
