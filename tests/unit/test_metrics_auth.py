@@ -13,20 +13,23 @@
 from __future__ import annotations
 
 import http.client
+import ipaddress
 import socket
 import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+from cryptography import x509
 from prometheus_client import CollectorRegistry, Counter, make_wsgi_app
 
 from gpuplane.controller import config as controller_config
 from gpuplane.controller import metrics as controller_metrics
 from gpuplane.driver import config as driver_config
 from gpuplane.driver import probes
-from gpuplane.httpauth import review, server, settings
+from gpuplane.httpauth import review, server, settings, tls
 
 READER = "system:serviceaccount:monitoring:prometheus"
 TENANT = "system:serviceaccount:tenant-a:default"
@@ -356,3 +359,30 @@ def test_a_slow_reviewer_does_not_stop_other_scrapes() -> None:
         stuck.set()
         waiting.join(5)
         s.stop()
+
+
+def test_a_mounted_certificate_is_served_and_verifies(tmp_path: Path) -> None:
+    """--metrics-tls-cert-file/--metrics-tls-key-file: the scraper can verify the server with the CA it was given."""
+    cert, key = tls.self_signed("gpuplane-driver", ["127.0.0.1"])
+    (tmp_path / "tls.crt").write_bytes(cert)
+    (tmp_path / "tls.key").write_bytes(key)
+    cfg = settings.ServingSettings(tls_cert_file=str(tmp_path / "tls.crt"), tls_key_file=str(tmp_path / "tls.key"))
+    api = FakeReviewer()
+    s = server.serve_metrics(
+        "127.0.0.1:0", make_wsgi_app(CollectorRegistry()), cfg, reviewer=lambda: api, common_name="t"
+    )
+    try:
+        verify = ssl.create_default_context(cadata=cert.decode())  # hostname checked against the SAN 127.0.0.1
+        conn = http.client.HTTPSConnection("127.0.0.1", s.port, timeout=5, context=verify)
+        conn.request("GET", "/metrics", headers={"Authorization": "Bearer reader-token"})
+        assert conn.getresponse().status == 200
+        conn.close()
+    finally:
+        s.stop()
+
+
+def test_the_self_signed_certificate_names_the_bind_address() -> None:
+    cert = x509.load_pem_x509_certificate(tls.self_signed("gpuplane-controller", ["10.1.2.3", "localhost"])[0])
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert ipaddress.ip_address("10.1.2.3") in names.get_values_for_type(x509.IPAddress)
+    assert "localhost" in names.get_values_for_type(x509.DNSName)
