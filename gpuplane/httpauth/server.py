@@ -6,10 +6,11 @@ One thread per connection, as before, but:
   as it is accepted (counted in ``refused``), so a flood cannot grow the threads
   without bound;
 - each connection has one deadline for its whole life (the TLS handshake, the
-  request line and headers, the answer): a watchdog shuts the socket down when it
-  passes (counted in ``cut_off``), so a client that sends half a request, or
-  reads the answer a byte a minute, frees its slot after ``request_timeout_s``;
-  every socket operation also times out after it;
+  request line and headers, the answer): one reaper thread per server shuts the
+  socket down when it passes (counted in ``cut_off``), so a client that sends half
+  a request, or reads the answer a byte a minute, frees its slot after
+  ``request_timeout_s``; every socket operation also times out after it. Threads:
+  at most ``max_connections`` + 2 (the accepting loop, the reaper);
 - the TLS handshake runs on the connection's thread, never on the accepting one.
 
 :func:`metrics_app` puts the :class:`~gpuplane.httpauth.review.Gate` in front of
@@ -21,9 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from socketserver import ThreadingMixIn
 from typing import Any
@@ -78,6 +81,52 @@ class Counters:
             self.cut_off += 1
 
 
+class _Reaper:
+    """One thread that shuts each connection's socket down when its deadline passes."""
+
+    def __init__(self, on_cut: Callable[[], None], clock: Callable[[], float] = time.monotonic) -> None:
+        self._cond = threading.Condition()
+        self._deadlines: dict[int, tuple[float, socket.socket]] = {}
+        self._keys = itertools.count()
+        self._stopped = False
+        self._on_cut = on_cut
+        self._clock = clock
+        self._thread = threading.Thread(target=self._run, name="http-deadlines", daemon=True)
+        self._thread.start()
+
+    def watch(self, sock: socket.socket, timeout_s: float) -> int:
+        """Shut ``sock`` down ``timeout_s`` from now unless :meth:`forget` comes first."""
+        key = next(self._keys)
+        with self._cond:
+            self._deadlines[key] = (self._clock() + timeout_s, sock)
+            self._cond.notify()
+        return key
+
+    def forget(self, key: int) -> None:
+        """The connection ended in time (call before closing its socket)."""
+        with self._cond:
+            self._deadlines.pop(key, None)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+        self._thread.join(5.0)
+
+    def _run(self) -> None:
+        with self._cond:
+            while not self._stopped:
+                now = self._clock()
+                for key in [k for k, (due, _) in self._deadlines.items() if due <= now]:
+                    _, sock = self._deadlines.pop(key)
+                    self._on_cut()
+                    # The base method: no TLS state touched (the connection's thread may be inside it).
+                    with contextlib.suppress(OSError):
+                        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+                soonest = min((due for due, _ in self._deadlines.values()), default=now + 60.0)
+                self._cond.wait(max(soonest - now, 0.005))
+
+
 class _BoundedServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True
     # socketserver's listen backlog is 5: a burst of scrapes and probes would see SYNs dropped and
@@ -86,6 +135,7 @@ class _BoundedServer(ThreadingMixIn, WSGIServer):
     limits = Limits()
     counters: Counters
     slots: threading.BoundedSemaphore
+    reaper: _Reaper
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self.slots.acquire(blocking=False):
@@ -100,9 +150,7 @@ class _BoundedServer(ThreadingMixIn, WSGIServer):
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
-        watchdog = threading.Timer(self.limits.request_timeout_s, self._cut, (request,))
-        watchdog.daemon = True
-        watchdog.start()
+        watched = self.reaper.watch(request, self.limits.request_timeout_s)
         self.counters.enter()
         try:
             request.settimeout(self.limits.request_timeout_s)
@@ -112,16 +160,10 @@ class _BoundedServer(ThreadingMixIn, WSGIServer):
         except Exception as exc:  # a client gone, cut off, or speaking garbage: its problem, not the server's
             log.debug("connection ended", client=str(client_address[0]), error=exc.__class__.__name__)
         finally:
-            watchdog.cancel()
+            self.reaper.forget(watched)
             self.shutdown_request(request)
             self.counters.leave()
             self.slots.release()
-
-    def _cut(self, request: Any) -> None:
-        """The connection's deadline passed: shut its socket (the base method: no TLS state touched)."""
-        self.counters.cut()
-        with contextlib.suppress(OSError):
-            socket.socket.shutdown(request, socket.SHUT_RDWR)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.debug("request failed", client=str(client_address[0]))
@@ -156,6 +198,7 @@ class Server:
         """Stop answering and close the socket."""
         self.httpd.shutdown()
         self.httpd.server_close()
+        self.httpd.reaper.stop()
         self.thread.join(5.0)
 
 
@@ -178,6 +221,7 @@ def serve(
     httpd.limits = limits
     httpd.counters = Counters()
     httpd.slots = threading.BoundedSemaphore(limits.max_connections)
+    httpd.reaper = _Reaper(httpd.counters.cut)
     if context is not None:
         httpd.socket = context.wrap_socket(httpd.socket, server_side=True, do_handshake_on_connect=False)
     thread = threading.Thread(target=httpd.serve_forever, name=name, daemon=True)
