@@ -54,7 +54,13 @@ class TestContext:
         assert context.context_sources(DOCKERFILE) == ["pyproject.toml", "README.md", "pkg", "extra/tool"]
 
     def test_the_real_dockerfiles_copy_only_what_the_dockerignore_lets_in(self) -> None:
-        allowed = {"pyproject.toml", "README.md", "gpuplane", "tests/fakes/nvidia-cuda-mps-control"}
+        allowed = {
+            "pyproject.toml",
+            "README.md",
+            "requirements/runtime.lock",
+            "gpuplane",
+            "tests/fakes/nvidia-cuda-mps-control",
+        }
         for name in ("Dockerfile.driver", "Dockerfile.controller"):
             assert set(context.context_sources((REPO / name).read_text())) <= allowed
         ignore = (REPO / ".dockerignore").read_text().splitlines()
