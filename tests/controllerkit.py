@@ -136,11 +136,14 @@ def member_pod(
     gated: bool = True,
     node: str = "",
     affinity: Mapping[str, Any] | None = None,
+    priority: int | None = None,
 ) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "resourceClaims": [{"name": "gpus", "resourceClaimName": f"{gang}-{i}"}],
         "schedulingGates": [{"name": names.SCHEDULING_GATE}] if gated else [],
     }
+    if priority is not None:  # as the API server's Priority admission resolves it from priorityClassName
+        spec["priority"] = priority
     if node:
         spec["nodeName"] = node
     if affinity:
@@ -222,7 +225,7 @@ class FakeApi:
                     assert pod["spec"].get(field, []) == op["value"], "json-patch test failed"
                 else:
                     pod["spec"][field] = op["value"]
-        elif step.kind == "delete-pod":
+        elif step.kind == "delete-pod" or (step.kind == "evict-pod" and not step.body.dry_run):
             self.pods.pop(step.name, None)
         elif step.kind == "wait":
             raise RuntimeError(step.why)
@@ -249,10 +252,8 @@ def holding(
     members = {str(i): n for i, n in enumerate(nodes)}
     devices = {str(i): ",".join(f"gpu-{k}" for k in range(gpus)) for i in range(len(nodes))}
     st = {"phase": "Scheduled", "placement": {"id": "x", "domains": [], "members": members, "devices": devices}}
-    body = gang_body(
-        name, ns=ns, created=created, status_=st, members=len(nodes), gpusPerMember=gpus, priority=priority
-    )
-    pods = [member_pod(name, i, ns=ns, gated=False, node=n) for i, n in enumerate(nodes)]
+    body = gang_body(name, ns=ns, created=created, status_=st, members=len(nodes), gpusPerMember=gpus)
+    pods = [member_pod(name, i, ns=ns, gated=False, node=n, priority=priority) for i, n in enumerate(nodes)]
     claim_objs = []
     for i, n in enumerate(nodes):
         results = [

@@ -114,6 +114,8 @@ class KubeWriter:
                 written = self.core.delete_namespaced_pod(
                     step.name, namespace, grace_period_seconds=step.body, _preload_content=False
                 )
+            elif step.kind == "evict-pod":
+                written = self._evict(namespace, step)
             elif step.kind in SUSPENDABLE:
                 group, version, plural = SUSPENDABLE[step.kind]
                 written = self.custom.patch_namespaced_custom_object(
@@ -136,7 +138,26 @@ class KubeWriter:
                 return  # created by an earlier attempt; the next plan checks its decision annotation
             if step.kind.startswith(("delete-", "suspend-")) and exc.status == 404:
                 return  # gone already: nothing left to delete or to stop
+            if step.kind == "evict-pod" and exc.status in (404, 409):
+                return  # gone, or replaced by another pod of the name (uid precondition): not the one meant
+            if step.kind == "evict-pod" and exc.status == 429:
+                raise StepFailed(f"evict-pod {namespace}/{step.name} refused: {api_message(exc)}") from exc
             raise StepFailed(f"{step.kind} {namespace}/{step.name}: {exc.status} {exc.reason}") from exc
+
+    def _evict(self, namespace: str, step: writes.Step) -> Any:
+        """A gang preemption's eviction (Eviction API, PDBs apply), only of the pod with the step's uid."""
+        ev = step.body
+        if not isinstance(ev, writes.Eviction) or not ev.uid:
+            raise StepFailed(f"evict-pod {namespace}/{step.name}: no uid to pin the eviction to")
+        options = client.V1DeleteOptions(
+            grace_period_seconds=ev.grace_seconds,
+            preconditions=client.V1Preconditions(uid=ev.uid) if ev.uid else None,
+        )
+        body = client.V1Eviction(
+            metadata=client.V1ObjectMeta(name=step.name, namespace=namespace), delete_options=options
+        )
+        extra: dict[str, Any] = {"dry_run": "All"} if ev.dry_run else {}
+        return self.core.create_namespaced_pod_eviction(step.name, namespace, body, _preload_content=False, **extra)
 
     # --- right-sizing: GpuRequests and their ResourceClaimTemplates -------------------------------
     def create_claim_template(self, namespace: str, body: Mapping[str, Any]) -> None:

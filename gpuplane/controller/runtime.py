@@ -278,6 +278,8 @@ async def _reconcile_gang(rt: Runtime, key: str, w: world.World, now: float) -> 
             settings=rt.settings,
         )
     )
+    if outcome.victims:  # every victim pod's eviction dry-run first: a PodDisruptionBudget may refuse it
+        outcome = await asyncio.to_thread(reconciler.checked_preemption, rt.writer, body, outcome, w, rt.settings)
     written, _ = await asyncio.to_thread(
         functools.partial(
             reconciler.apply, rt.writer, rt.writer, rt.coalescer, key=key, body=body, outcome=outcome, now=now

@@ -27,11 +27,9 @@ def test_preemption_picks_fewest_lower_priority_never_equal(cluster_slices: list
     low = holding("low", "team-b", 0, ["nvl-0", "nvl-1"], T0)
     mid = holding("mid", "team-b", 5, ["nvl-2"], T0)
     eq = holding("eq", "team-c", 10, ["nvl-3"], T0)
-    hi = gang_body(
-        "hi", members=2, gpusPerMember=4, tensorParallelSize=8, priority=10, selectors=[GB200], created=T0 + 5
-    )
+    hi = gang_body("hi", members=2, gpusPerMember=4, tensorParallelSize=8, selectors=[GB200], created=T0 + 5)
     gangs_ = [low[0], mid[0], eq[0], hi]
-    pods = low[1] + mid[1] + eq[1] + [member_pod("hi", i) for i in range(2)]
+    pods = low[1] + mid[1] + eq[1] + [member_pod("hi", i, priority=10) for i in range(2)]
     w = make_world(cluster_slices, gangs_, pods, low[2] + mid[2] + eq[2])
     plan, _ = run_pass(w)
     act = plan.actions["team-a/hi"]
@@ -40,15 +38,15 @@ def test_preemption_picks_fewest_lower_priority_never_equal(cluster_slices: list
     # Equal priority only: no preemption at all.
     w2 = make_world(
         cluster_slices,
-        [eq[0], gang_body("peer", members=2, gpusPerMember=4, tensorParallelSize=8, priority=10, selectors=[GB200])],
-        eq[1] + [member_pod("peer", i) for i in range(2)] + [],
+        [eq[0], gang_body("peer", members=2, gpusPerMember=4, tensorParallelSize=8, selectors=[GB200])],
+        eq[1] + [member_pod("peer", i, priority=10) for i in range(2)] + [],
         eq[2],
     )
     full = holding("eq2", "team-c", 10, ["nvl-0", "nvl-1", "nvl-2"], T0)
     w2 = make_world(
         cluster_slices,
         [eq[0], full[0], w2.gangs["team-a/peer"]],
-        eq[1] + full[1] + [member_pod("peer", i) for i in range(2)],
+        eq[1] + full[1] + [member_pod("peer", i, priority=10) for i in range(2)],
         eq[2] + full[2],
     )
     plan2, _ = run_pass(w2)
@@ -63,14 +61,13 @@ def test_preemptor_waits_until_capacity_is_really_free(cluster_slices: list[dict
         members=2,
         gpusPerMember=4,
         tensorParallelSize=8,
-        priority=10,
         selectors=[GB200],
         status_={"phase": "Queued", "nominatedVictims": ["team-b/low"]},
     )
-    w = make_world(cluster_slices, [low[0], hi], [member_pod("hi", i) for i in range(2)], low[2])
+    w = make_world(cluster_slices, [low[0], hi], [member_pod("hi", i, priority=10) for i in range(2)], low[2])
     plan, _ = run_pass(w)
     assert plan.actions["team-a/hi"].kind == "await-victims"
-    w_freed = make_world(cluster_slices, [low[0], hi], [member_pod("hi", i) for i in range(2)], [])
+    w_freed = make_world(cluster_slices, [low[0], hi], [member_pod("hi", i, priority=10) for i in range(2)], [])
     plan, _ = run_pass(w_freed)
     assert plan.actions["team-a/hi"].kind == "place"
 
@@ -83,8 +80,8 @@ def test_preemptor_waits_for_its_victim_before_its_own_status_shows_the_nominati
     low = holding("low", "team-b", 0, ["nvl-0", "nvl-1"], T0)
     low[0]["status"].update(phase="Preempted", message="preempted by higher-priority gang team-a/hi")
     other = holding("other", "team-b", 0, ["nvl-2", "nvl-3"], T0)
-    hi = gang_body("hi", members=2, gpusPerMember=4, tensorParallelSize=8, priority=10, selectors=[GB200])
-    pods = other[1] + [member_pod("hi", i) for i in range(2)]
+    hi = gang_body("hi", members=2, gpusPerMember=4, tensorParallelSize=8, selectors=[GB200])
+    pods = other[1] + [member_pod("hi", i, priority=10) for i in range(2)]
     plan, _ = run_pass(make_world(cluster_slices, [low[0], other[0], hi], pods, low[2] + other[2]))
     assert plan.actions["team-a/hi"].kind == "await-victims", plan.actions["team-a/hi"]
     assert plan.actions["team-a/hi"].victims == ("team-b/low",)
@@ -122,8 +119,10 @@ def test_aging_lifts_old_low_priority_gangs() -> None:
 def test_victim_choice_is_deterministic_and_minimal(cluster_slices: list[dict[str, Any]]) -> None:
     # Four one-node gangs fill the clique; a TP=8 gang needs two of them gone. Pick the two lowest priorities.
     parts = [holding(f"v{i}", "team-b", p, [f"nvl-{i}"], T0 + i) for i, p in enumerate([3, 1, 2, 1])]
-    hi = gang_body("hi", members=2, gpusPerMember=4, tensorParallelSize=8, priority=9, selectors=[GB200])
-    pods = list(itertools.chain.from_iterable(p[1] for p in parts)) + [member_pod("hi", i) for i in range(2)]
+    hi = gang_body("hi", members=2, gpusPerMember=4, tensorParallelSize=8, selectors=[GB200])
+    pods = list(itertools.chain.from_iterable(p[1] for p in parts)) + [
+        member_pod("hi", i, priority=9) for i in range(2)
+    ]
     w = make_world(
         cluster_slices, [p[0] for p in parts] + [hi], pods, list(itertools.chain.from_iterable(p[2] for p in parts))
     )
@@ -164,8 +163,10 @@ def test_victims_seen_through_the_preemptors_filter(cluster_slices: list[dict[st
     # A low-priority gang holds GPUs in both the clique and an HGX node; the GB200-only preemptor sees
     # (and frees) only its clique part, without tripping over the GPUs outside its filter.
     wide = holding("wide", "team-b", 0, ["nvl-0", "nvl-1", "nvl-2", "nvl-3", "hgx-0"], T0)
-    hi = gang_body("hi", members=2, gpusPerMember=4, tensorParallelSize=8, priority=5, selectors=[GB200])
-    w = make_world(cluster_slices, [wide[0], hi], wide[1] + [member_pod("hi", i) for i in range(2)], wide[2])
+    hi = gang_body("hi", members=2, gpusPerMember=4, tensorParallelSize=8, selectors=[GB200])
+    w = make_world(
+        cluster_slices, [wide[0], hi], wide[1] + [member_pod("hi", i, priority=5) for i in range(2)], wide[2]
+    )
     plan, _ = run_pass(w)
     assert plan.actions["team-a/hi"].kind == "preempt" and plan.actions["team-a/hi"].victims == ("team-b/wide",)
 
@@ -173,10 +174,10 @@ def test_victims_seen_through_the_preemptors_filter(cluster_slices: list[dict[st
 def test_a_running_gang_is_nominated_by_one_preemptor_per_pass(cluster_slices: list[dict[str, Any]]) -> None:
     low = holding("low", "team-b", 0, ["nvl-0", "nvl-1", "nvl-2", "nvl-3"], T0)
     his = [
-        gang_body(n, members=2, gpusPerMember=4, tensorParallelSize=8, priority=5, selectors=[GB200], created=T0 + i)
+        gang_body(n, members=2, gpusPerMember=4, tensorParallelSize=8, selectors=[GB200], created=T0 + i)
         for i, n in enumerate(("hi-a", "hi-b"))
     ]
-    pods = low[1] + [member_pod(n, i) for n in ("hi-a", "hi-b") for i in range(2)]
+    pods = low[1] + [member_pod(n, i, priority=5) for n in ("hi-a", "hi-b") for i in range(2)]
     plan, _ = run_pass(make_world(cluster_slices, [low[0], *his], pods, low[2]))
     assert plan.actions["team-a/hi-a"].kind == "preempt" and plan.actions["team-a/hi-a"].victims == ("team-b/low",)
     assert plan.actions["team-a/hi-b"].kind == "wait"  # behind the preemptor; no second eviction

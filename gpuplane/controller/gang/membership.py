@@ -57,6 +57,9 @@ LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
 LWS_SIZE = "leaderworkerset.sigs.k8s.io/size"
 LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
 
+SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease", "gpuplane-system"})
+"""Namespaces whose gangs gpuplane never preempts (issue 32; :mod:`gpuplane.controller.gang.preemption`)."""
+
 MODE_NAMED = "named-claim"
 MODE_TEMPLATE = "template"
 
@@ -217,6 +220,8 @@ class MemberPod:
     claims: tuple[str, ...] = ()  # template mode: the pod's generated claims known so far
     controlled: bool = False  # a controller (Job, ...) owns it and may replace it
     job: str = ""  # the Job that controls it ('' when none does)
+    priority: int = 0  # spec.priority, resolved by the API server from priorityClassName (0 when none)
+    never_preempts: bool = False  # spec.preemptionPolicy: Never (resolved from the PriorityClass)
 
     @property
     def templated(self) -> bool:
@@ -251,6 +256,19 @@ class Members:
         """Some member's claims come from a template (the controller creates none for it)."""
         return any(p.templated for p in self.by_index.values())
 
+    @property
+    def priority(self) -> int:
+        """The gang's Kubernetes priority: its lowest member's (0 with no members).
+
+        Only what the API server resolved from a PriorityClass counts; a GpuGang's own ``spec.priority``
+        is a number its tenant picks and never orders or preempts across namespaces."""
+        return min((p.priority for p in self.by_index.values()), default=0)
+
+    @property
+    def preempts(self) -> bool:
+        """Whether the gang may preempt: no member's PriorityClass says ``preemptionPolicy: Never``."""
+        return not any(p.never_preempts for p in self.by_index.values())
+
 
 def _member(pod: Mapping[str, Any], who: Identity) -> MemberPod:
     meta = pod.get("metadata") or {}
@@ -270,7 +288,21 @@ def _member(pod: Mapping[str, Any], who: Identity) -> MemberPod:
         claims=claim_names(pod) if who.mode == MODE_TEMPLATE else (),
         controlled=controller is not None,
         job=controller[1] if controller is not None and controller[0] == "Job" else "",
+        priority=pod_priority(spec),
+        never_preempts=spec.get("preemptionPolicy") == "Never",
     )
+
+
+PRIORITY_BOUND = 2_000_001_000  # the API server's limit (system-node-critical); anything past it is not a priority
+
+
+def pod_priority(spec: Mapping[str, Any]) -> int:
+    """A pod's Kubernetes priority: ``spec.priority``, which the API server's Priority admission writes from
+    the pod's ``priorityClassName`` (and refuses when a pod states another number); 0 when absent or unreadable."""
+    raw = spec.get("priority")
+    if isinstance(raw, bool) or not isinstance(raw, int) or abs(raw) > PRIORITY_BOUND:
+        return 0
+    return raw
 
 
 def members_of(gang: str, member_count: int, pods: Iterable[Mapping[str, Any]]) -> Members:

@@ -15,6 +15,11 @@ the reconciler applies:
   pass places gangs;
 * preemption: :func:`gpuplane.controller.placement.queue.select_victims` (the fewest
   strictly-lower-priority gangs in one NVLink domain; never for equal priority).
+  A gang's priority is its member pods' Kubernetes priority (the lowest member's,
+  resolved by the API server from a PriorityClass an administrator grants), never
+  the tenant's ``spec.priority``; a gang whose PriorityClass says
+  ``preemptionPolicy: Never`` never preempts, and gangs in system namespaces are
+  never victims.
   The plan only nominates them; the gang is placed by a later pass, from the
   real allocations, once their capacity is really free.
 
@@ -40,6 +45,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from gpuplane.controller.gang.membership import SYSTEM_NAMESPACES
 from gpuplane.controller.gang.spec import GangSpec, to_request
 from gpuplane.controller.node import snapshot_builder
 from gpuplane.controller.placement import model, place, snapshot
@@ -62,6 +68,8 @@ class Entry:
     holding: bool  # placed (or being placed): holds capacity in the view
     nominated: tuple[str, ...] = ()  # victims this gang already asked to evict
     geometry_profile: str | None = None  # MIG profile in geometry names (None: not offered)
+    priority: int = 0  # Kubernetes priority of its lowest member pod (membership.Members.priority)
+    preempts: bool = True  # no member's PriorityClass says preemptionPolicy: Never
 
 
 @dataclass(frozen=True)
@@ -101,7 +109,9 @@ class Plan:
 
 def request_of(entry: Entry) -> model.Request:
     """The placement request for a gang; its arrival is when it became ready."""
-    return to_request(entry.spec, entry.key, entry.namespace, entry.waiting_since, entry.geometry_profile)
+    return to_request(
+        entry.spec, entry.key, entry.namespace, entry.waiting_since, entry.geometry_profile, priority=entry.priority
+    )
 
 
 def effective_priority(entry: Entry, now: float, settings: Settings) -> int:
@@ -183,7 +193,8 @@ def plan(
     rank = {r.id: i for i, r in enumerate(pq.order([requests[e.key] for e in waiting], now, aging))}
     eff = {e.key: pq.effective_priority(requests[e.key], now, aging) for e in waiting}
     # Running gangs that may be preempted: placed ones, each nominated by at most one preemptor per pass.
-    preemptible = {e.key: requests[e.key] for e in entries if e.holding}
+    # Never a gang in a system namespace.
+    preemptible = {e.key: requests[e.key] for e in entries if e.holding and e.namespace not in SYSTEM_NAMESPACES}
     actions: dict[str, Action] = {}
     order: list[str] = []
     barrier = ""
@@ -244,7 +255,7 @@ def plan(
             )
             barrier = nxt.key
             continue
-        chosen = victims_for(request, snap, work, preemptible, policy)
+        chosen = victims_for(request, snap, work, preemptible, policy) if nxt.preempts else None
         if chosen is not None:
             victims = tuple(sorted(chosen.victims))  # a canonical form for status and Events
             for v in victims:
@@ -259,7 +270,8 @@ def plan(
             )
             barrier = nxt.key
             continue
-        actions[nxt.key] = Action("wait", decision.reason, effective_priority=prio, position=position)
+        why = decision.reason if nxt.preempts else f"{decision.reason} (preemptionPolicy Never: it does not preempt)"
+        actions[nxt.key] = Action("wait", why, effective_priority=prio, position=position)
         if now - nxt.waiting_since >= settings.starvation_s:
             barrier = nxt.key
     return Plan(actions=actions, order=tuple(order))

@@ -29,7 +29,7 @@ left, from the API, so a crash at any point converges.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +42,7 @@ from gpuplane.controller.gang import (
     membership,
     owners,
     placement_record,
+    preemption,
     queue_runner,
     release,
     status,
@@ -53,7 +54,7 @@ from gpuplane.controller.gang.outcome import EventTuple, GangRead, Outcome, fini
 from gpuplane.controller.gang.spec import SpecError, parse_gang_spec
 from gpuplane.controller.node import snapshot_builder
 
-__all__ = ["Outcome", "Settings", "apply", "decide", "victim_outcome"]
+__all__ = ["Outcome", "Settings", "apply", "checked_preemption", "decide", "victim_members", "victim_outcome"]
 
 log = structlog.get_logger(__name__)
 
@@ -96,7 +97,7 @@ def decide(
     if outcome is None:
         outcome = _holding(g, domains, settings, now)
     if outcome is None:
-        outcome = _waiting_for_members(g)
+        outcome = _waiting_for_members(g, w, settings)
     if outcome is None:
         outcome = _queued(g, w, planned()[0], now)
     return outcome
@@ -223,14 +224,24 @@ def _holding(g: GangRead, domains: Domains, settings: Settings, now: float) -> O
     )
 
 
-def _waiting_for_members(g: GangRead) -> Outcome | None:
-    """Members missing or not gated: ``Pending`` (a preempted or released gang stays so until its pods return)."""
+def _waiting_for_members(g: GangRead, w: world.World, settings: Settings) -> Outcome | None:
+    """Members missing or not gated: ``Pending`` (a preempted or released gang stays so until its pods return).
+
+    A gang preempted by another finishes its release here (:func:`preemption.leftover_steps`): its pods
+    still running are evicted (as their PodDisruptionBudgets allow), its claims deleted once no pod is left.
+    """
     spec, members = g.spec, g.members
     if members.complete(spec.members) and all(p.gated for p in members.by_index.values()):
         return None
-    if g.prev_phase in ("Preempted", "Released") and g.present < spec.members:
+    message = str(g.prev.get("message") or "")
+    preempted = g.prev_phase == "Preempted" and message.startswith(world.PREEMPTED_BY)
+    if g.prev_phase in ("Preempted", "Released") and (g.present < spec.members or preempted):
         # Stay in whichever of the two it is until its pods come back (then it queues again).
-        return finish(g, g.prev_phase, str(g.prev.get("reason") or g.prev_phase), str(g.prev.get("message") or ""))
+        steps: tuple[writes.Step, ...] = ()
+        if preempted:
+            left = _terminating(w.pods.get(g.key, ()))
+            steps = preemption.leftover_steps(members, g.claims, left, settings.eviction_grace_s, message)
+        return finish(g, g.prev_phase, str(g.prev.get("reason") or g.prev_phase), message, steps=steps)
     ungated = [p.name for p in members.by_index.values() if not p.gated]
     msg = (
         f"{g.present} of {spec.members} member pods present"
@@ -249,6 +260,9 @@ def _queued(g: GangRead, w: world.World, plan: queue_runner.Plan, now: float) ->
         return finish(g, "Pending", events.GANG_MEMBER_PROBLEM, g.shape[0], {"placement": None}, etype="Warning")
     ready_since = g.prev.get("readySince") or g.stamp
     if not g.prev.get("readySince"):  # once per queueing: the gang just became ready
+        ignored = preemption.priority_ignored_note(spec.priority, g.members)
+        if ignored:
+            g = g.with_event(("Normal", preemption.REASON_PRIORITY_IGNORED, ignored))
         approx = world.unfiltered_selectors(w, spec)
         if approx:
             g = g.with_event(
@@ -305,17 +319,25 @@ def _queued(g: GangRead, w: world.World, plan: queue_runner.Plan, now: float) ->
     return finish(g, "Queued", events.GANG_QUEUED, action.reason, queue_extra)
 
 
-def victim_outcome(victim_key: str, preemptor: str, w: world.World, settings: Settings) -> Outcome | None:
-    """Release a preempted gang: status Preempted (first), then its member pods and claims."""
-    body = w.gangs.get(victim_key)
-    if body is None:
-        return None
-    ns, name = victim_key.split("/", 1)
+def victim_members(victim_key: str, w: world.World) -> membership.Members:
+    """A victim gang's member pods (every labelled pod of its namespace when its spec does not parse)."""
+    body = w.gangs.get(victim_key) or {}
     spec = world.parse_spec(body)
-    members = membership.members_of(name, spec.members if spec else 1 << 20, w.pods.get(victim_key, ()))
-    ref = desired.GangRef(ns, name, (body.get("metadata") or {}).get("uid", ""))
+    name = victim_key.split("/", 1)[1]
+    return membership.members_of(name, spec.members if spec else 1 << 20, w.pods.get(victim_key, ()))
+
+
+def victim_outcome(victim_key: str, preemptor: str, w: world.World, settings: Settings) -> Outcome | None:
+    """Release a preempted gang: status Preempted (first), then its member pods through the Eviction API.
+
+    Its claims are deleted by its own reconcile once its pods are gone (:func:`preemption.leftover_steps`).
+    Never a gang of a system namespace."""
+    body = w.gangs.get(victim_key)
+    if body is None or victim_key.split("/", 1)[0] in preemption.SYSTEM_NAMESPACES:
+        return None
+    members = victim_members(victim_key, w)
     why = f"{world.PREEMPTED_BY}{preemptor}"
-    steps = writes.release_steps(ref, members, w.gang_claims(victim_key), settings.eviction_grace_s, why)
+    steps = writes.eviction_steps(members.by_index.values(), settings.eviction_grace_s, why)
     st = {
         "phase": "Preempted",
         "reason": "Preempted",
@@ -325,6 +347,31 @@ def victim_outcome(victim_key: str, preemptor: str, w: world.World, settings: Se
         "readySince": None,
     }
     return Outcome(status=st, steps=steps, events=(("Warning", events.GANG_PREEMPTED, why),))
+
+
+def checked_preemption(
+    writer: kube.KubeWriter, body: Mapping[str, Any], outcome: Outcome, w: world.World, settings: Settings
+) -> Outcome:
+    """``outcome`` if every victim pod's eviction passes a dry run, else the preemptor waiting, saying why.
+
+    Run before anything of the preemption is written, so a refused one leaves the victim untouched."""
+    if not outcome.victims:
+        return outcome
+    victims = [(v, victim_members(v, w)) for v in outcome.victims]
+    why = preemption.preflight(writer.run, victims, settings.eviction_grace_s, kube.StepFailed)
+    if not why:
+        return outcome
+    log.info("gang preemption refused", gang=body.get("metadata", {}).get("name"), why=why)
+    return preemption.refused(outcome, body.get("status") or {}, why)
+
+
+def _terminating(pods: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether a pod of these is being deleted and not finished (it may still use its devices)."""
+    return any(
+        (p.get("metadata") or {}).get("deletionTimestamp")
+        and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        for p in pods
+    )
 
 
 def apply(

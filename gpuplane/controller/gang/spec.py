@@ -31,6 +31,8 @@ class GangSpec(BaseModel):
     tensorParallelSize: StrictInt = Field(default=1, ge=1, le=1024)
     deviceClassName: StrictStr | None = Field(default=None, max_length=253)
     selectors: tuple[Annotated[StrictStr, Field(min_length=1, max_length=1024)], ...] = Field(default=(), max_length=16)
+    # Accepted for objects written before issue 32 and otherwise ignored: a number the tenant picks is no
+    # entitlement. A gang's priority is its member pods' (PriorityClass), see membership.Members.priority.
     priority: StrictInt = Field(default=0, ge=-1_000_000, le=1_000_000)
     timeoutSeconds: StrictInt | None = Field(default=None, ge=1, le=10**9)
 
@@ -84,13 +86,16 @@ def to_request(
     namespace: str,
     created: float,
     geometry_profile: str | None = None,
+    *,
+    priority: int = 0,
 ) -> model.Request:
-    """The placement request for the gang. ``geometry_profile`` is the MIG profile in the geometry's names."""
+    """The placement request for the gang. ``geometry_profile`` is the MIG profile in the geometry's names;
+    ``priority`` the gang's Kubernetes priority (its pods' PriorityClass), never ``spec.priority``."""
     try:
         return model.Request(
             id=request_id,
             namespace=namespace,
-            priority=spec.priority,
+            priority=priority,
             gpus_per_member=spec.gpusPerMember or 1,
             members=spec.members,
             tp_size=spec.tensorParallelSize,

@@ -289,6 +289,8 @@ def entries(world: World, view: snapshot_builder.ClusterView) -> list[queue_runn
                 holding=phase in HOLDING_PHASES,
                 nominated=tuple(dict.fromkeys([*(st.get("nominatedVictims") or ()), *released_for.get(key, ())])),
                 geometry_profile=view.profiles.get(spec.migProfile) if spec.migProfile else None,
+                priority=members.priority,
+                preempts=members.preempts,
             )
         )
     return out

@@ -23,7 +23,7 @@ from typing import Any
 
 from gpuplane.controller import names
 from gpuplane.controller.gang.desired import GangRef, desired_claim, narrowed_affinity, pinned_elsewhere
-from gpuplane.controller.gang.membership import Members
+from gpuplane.controller.gang.membership import MemberPod, Members
 from gpuplane.controller.gang.placement_record import decision_id
 from gpuplane.controller.gang.spec import GangSpec
 from gpuplane.controller.placement import model
@@ -31,13 +31,23 @@ from gpuplane.controller.placement import model
 
 @dataclass(frozen=True)
 class Step:
-    """One idempotent API write. ``kind``: create-claim, delete-claim, patch-pod, delete-pod, suspend-job,
-    suspend-jobset, wait."""
+    """One idempotent API write. ``kind``: create-claim, delete-claim, patch-pod, delete-pod, evict-pod,
+    suspend-job, suspend-jobset, wait. An evict-pod's ``body`` is an :class:`Eviction`."""
 
     kind: str
     name: str
     body: Any = None
     why: str = ""
+
+
+@dataclass(frozen=True)
+class Eviction:
+    """An eviction through the Eviction API (PodDisruptionBudgets apply) of the pod with ``uid`` only;
+    ``dry_run``: the API server checks it (the budgets included) and changes nothing."""
+
+    uid: str
+    grace_seconds: int | None = None
+    dry_run: bool = False
 
 
 @dataclass(frozen=True)
@@ -153,3 +163,14 @@ def release_steps(
     steps = [Step("delete-pod", p.name, grace_seconds, why=why) for p in members.by_index.values()]
     steps.extend(Step("delete-claim", c, why=why) for c in sorted(claims))
     return tuple(steps)
+
+
+def eviction_steps(
+    members: Iterable[MemberPod], grace_seconds: int | None, why: str, *, dry_run: bool = False
+) -> tuple[Step, ...]:
+    """Evict each pod through the Eviction API, pinned to its uid (a pod made again under the name is not
+    evicted). A preemption's: another tenant's pods go only as their PodDisruptionBudgets allow."""
+    return tuple(
+        Step("evict-pod", p.name, Eviction(p.uid, grace_seconds, dry_run), why=why)
+        for p in sorted(members, key=lambda m: m.index)
+    )

@@ -1,0 +1,210 @@
+"""Issue 32, defect 1: a gang's priority is an entitlement (its pods' PriorityClass), never a number its tenant
+writes; preemption goes through the Eviction API, is dry-run first, and a PodDisruptionBudget refuses it whole.
+
+The NVL72 clique of the simulated cluster is full with tenant B's running gang; tenant A asks for it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from gpuplane.controller import kube
+from gpuplane.controller.gang import membership, preemption, reconciler, world, writes
+from tests import controllerkit
+from tests.controllerkit import GB200, T0, decide, gang_body, holding, make_world, member_pod, run_pass
+
+HI = "team-a/hi"
+
+
+@pytest.fixture(scope="module")
+def cluster_slices(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return controllerkit.cluster_slices(tmp_path_factory.mktemp("sim"))
+
+
+def _victim(ns: str = "team-b", priority: int = 0) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    return holding("low", ns, priority, ["nvl-0", "nvl-1", "nvl-2", "nvl-3"], T0)
+
+
+def _hi(spec_priority: int | None = None, **pod: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    extra: dict[str, Any] = {"priority": spec_priority} if spec_priority is not None else {}
+    body = gang_body("hi", members=2, gpusPerMember=4, tensorParallelSize=8, selectors=[GB200], **extra)
+    pods = [member_pod("hi", i, **pod) for i in range(2)]
+    return body, pods
+
+
+def _world(cluster_slices: list[dict[str, Any]], victim_ns: str = "team-b", **hi: Any) -> world.World:
+    low = _victim(victim_ns)
+    body, pods = _hi(**hi)
+    return make_world(cluster_slices, [low[0], body], low[1] + pods, low[2])
+
+
+def test_self_declared_spec_priority_never_preempts_another_namespace(cluster_slices: list[dict[str, Any]]) -> None:
+    # Tenant A writes spec.priority 1,000,000 and has no PriorityClass: before issue 32 it preempted B.
+    w = _world(cluster_slices, spec_priority=1_000_000)
+    act = run_pass(w)[0].actions[HI]
+    assert act.kind == "wait", act
+    assert act.victims == () and act.effective_priority == 0
+    out = decide(w, HI)
+    assert out.victims == () and out.status["phase"] == "Queued"
+    assert out.status.get("nominatedVictims") is None
+    # The tenant is told that the number does nothing, and what their priority is.
+    ignored = [e for e in out.events if e[1] == preemption.REASON_PRIORITY_IGNORED]
+    assert ignored and "spec.priority 1000000 is ignored" in ignored[0][2] and ignored[0][2].endswith("here 0")
+
+
+def test_priority_class_of_the_pods_preempts_a_lower_priority_gang(cluster_slices: list[dict[str, Any]]) -> None:
+    w = _world(cluster_slices, priority=1000)
+    act = run_pass(w)[0].actions[HI]
+    assert (act.kind, act.victims, act.effective_priority) == ("preempt", ("team-b/low",), 1000)
+    assert not [e for e in decide(w, HI).events if e[1] == preemption.REASON_PRIORITY_IGNORED]
+
+
+def test_lowest_member_priority_counts(cluster_slices: list[dict[str, Any]]) -> None:
+    low = _victim()
+    body, _ = _hi()
+    pods = [member_pod("hi", 0, priority=1000), member_pod("hi", 1)]  # one member without the class
+    act = run_pass(make_world(cluster_slices, [low[0], body], low[1] + pods, low[2]))[0].actions[HI]
+    assert act.kind == "wait" and act.effective_priority == 0
+
+
+def test_preemption_policy_never_does_not_preempt(cluster_slices: list[dict[str, Any]]) -> None:
+    low = _victim()
+    body, pods = _hi(priority=1000)
+    pods[1]["spec"]["preemptionPolicy"] = "Never"
+    act = run_pass(make_world(cluster_slices, [low[0], body], low[1] + pods, low[2]))[0].actions[HI]
+    assert act.kind == "wait" and "preemptionPolicy Never" in act.reason
+
+
+def test_gangs_in_system_namespaces_are_never_victims(cluster_slices: list[dict[str, Any]]) -> None:
+    w = _world(cluster_slices, victim_ns="kube-system", priority=1000)
+    assert run_pass(w)[0].actions[HI].kind == "wait"
+    assert reconciler.victim_outcome("kube-system/low", HI, w, reconciler.Settings()) is None
+
+
+def test_a_pod_of_another_namespace_is_never_a_member() -> None:
+    mine = member_pod("hi", 0, priority=10)
+    foreign = member_pod("hi", 1, ns="team-b", priority=1_000_000_000)
+    lists = world.member_lists([mine, foreign])
+    assert set(lists) == {"team-a/hi", "team-b/hi"}
+    members = membership.members_of("hi", 2, lists["team-a/hi"])
+    assert list(members.by_index) == [0] and members.priority == 10
+
+
+def test_unreadable_pod_priority_counts_as_zero() -> None:
+    for raw in ("1000", True, 10**12, None, 1.5):
+        assert membership.pod_priority({"priority": raw}) == 0
+    assert membership.pod_priority({"priority": -5}) == -5
+
+
+def test_victim_is_evicted_by_uid_and_its_claims_go_only_after_its_pods(cluster_slices: list[dict[str, Any]]) -> None:
+    low = _victim()
+    body, pods = _hi(priority=1000)
+    w = make_world(cluster_slices, [low[0], body], low[1] + pods, low[2])
+    vo = reconciler.victim_outcome("team-b/low", HI, w, reconciler.Settings(eviction_grace_s=5))
+    assert vo is not None and vo.status["phase"] == "Preempted"
+    assert [s.kind for s in vo.steps] == ["evict-pod"] * 4  # no plain delete, no claim deleted under a pod
+    first = vo.steps[0]
+    assert first.name == "low-pod-0" and first.body == writes.Eviction("pod-low-0", 5, dry_run=False)
+    # The victim's own reconcile: pods still running (the eviction not done yet) are evicted again ...
+    seen = {**low[0], "status": {**low[0]["status"], **vo.status}}
+    again = decide(make_world(cluster_slices, [seen], low[1], low[2]), "team-b/low")
+    assert again.status["phase"] == "Preempted" and [s.kind for s in again.steps] == ["evict-pod"] * 4
+    # ... while a pod is terminating nothing is deleted ...
+    dying = [{**p, "metadata": {**p["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}} for p in low[1]]
+    waiting = decide(make_world(cluster_slices, [seen], dying, low[2]), "team-b/low")
+    assert waiting.status["phase"] == "Preempted" and waiting.steps == ()
+    # ... and once no pod is left its claims are deleted.
+    gone = decide(make_world(cluster_slices, [seen], [], low[2]), "team-b/low")
+    assert [(s.kind, s.name) for s in gone.steps] == [("delete-claim", f"low-{i}") for i in range(4)]
+
+
+class _Writer:
+    """KubeWriter.run as the API server answers it: dry-run evictions of ``refuse`` pods get 429."""
+
+    def __init__(self, refuse: set[str]) -> None:
+        self.refuse = refuse
+        self.ran: list[tuple[str, str, bool]] = []
+
+    def run(self, namespace: str, step: writes.Step) -> None:
+        assert step.kind == "evict-pod"
+        self.ran.append((namespace, step.name, step.body.dry_run))
+        if step.name in self.refuse:
+            raise kube.StepFailed(f"evict-pod {namespace}/{step.name} refused: violates PodDisruptionBudget b-pdb")
+
+
+def test_a_refused_eviction_refuses_the_whole_preemption_before_anything_is_written(
+    cluster_slices: list[dict[str, Any]],
+) -> None:
+    w = _world(cluster_slices, priority=1000)
+    out = decide(w, HI)
+    assert out.victims == ("team-b/low",)
+    writer = _Writer(refuse={"low-pod-2"})
+    checked = reconciler.checked_preemption(writer, w.gangs[HI], out, w, reconciler.Settings())  # type: ignore[arg-type]
+    assert all(dry for _, _, dry in writer.ran)  # only dry runs: the victim is untouched
+    assert writer.ran[-1] == ("team-b", "low-pod-2", True)
+    assert checked.victims == ()
+    assert checked.status["reason"] == preemption.REASON_REFUSED
+    assert checked.status["nominatedVictims"] is None
+    msg = checked.status["message"]
+    assert msg.startswith("preemption of gang team-b/low refused: ") and "PodDisruptionBudget b-pdb" in msg
+    assert msg.endswith("; waiting")
+    assert ("Warning", preemption.REASON_REFUSED, msg) in checked.events
+    assert not [e for e in checked.events if e[1] == preemption.PREEMPTING]
+    # The next pass refuses the same way without a second Event.
+    seen = {**w.gangs[HI], "status": checked.status}
+    again = reconciler.checked_preemption(_Writer({"low-pod-2"}), seen, out, w, reconciler.Settings())  # type: ignore[arg-type]
+    assert not [e for e in again.events if e[1] == preemption.REASON_REFUSED]
+    # Every eviction allowed: the preemption stands as decided.
+    ok = reconciler.checked_preemption(_Writer(set()), w.gangs[HI], out, w, reconciler.Settings())  # type: ignore[arg-type]
+    assert ok is out
+
+
+class _Core:
+    """CoreV1Api.create_namespaced_pod_eviction, recording what was sent; ``status`` is the answer."""
+
+    def __init__(self, status: int = 0) -> None:
+        self.status = status
+        self.calls: list[tuple[str, str, Any, dict[str, Any]]] = []
+
+    def create_namespaced_pod_eviction(self, name: str, namespace: str, body: Any, **kw: Any) -> None:
+        self.calls.append((name, namespace, body, kw))
+        if self.status:
+            exc = ApiException(status=self.status, reason="Too Many Requests")
+            exc.body = json.dumps(
+                {
+                    "message": "Cannot evict pod as it would violate the pod's disruption budget.",
+                    "details": {"causes": [{"message": "The disruption budget b-pdb needs 4 healthy pods"}]},
+                }
+            )
+            raise exc
+
+
+def _kube_writer(core: _Core) -> kube.KubeWriter:
+    w = kube.KubeWriter.__new__(kube.KubeWriter)
+    w.core = core  # type: ignore[assignment]
+    w.guard = lambda: True
+    return w
+
+
+def test_eviction_step_pins_the_uid_and_passes_dry_run() -> None:
+    core = _Core()
+    _kube_writer(core).run("team-b", writes.Step("evict-pod", "low-pod-0", writes.Eviction("u-1", 5, dry_run=True)))
+    name, ns, body, kw = core.calls[0]
+    assert (name, ns, kw.get("dry_run")) == ("low-pod-0", "team-b", "All")
+    assert body.delete_options.preconditions.uid == "u-1" and body.delete_options.grace_period_seconds == 5
+    _kube_writer(core).run("team-b", writes.Step("evict-pod", "low-pod-0", writes.Eviction("u-1")))
+    assert "dry_run" not in core.calls[1][3]
+
+
+def test_eviction_step_refused_by_a_budget_says_which() -> None:
+    step = writes.Step("evict-pod", "low-pod-0", writes.Eviction("u-1"))
+    with pytest.raises(kube.StepFailed, match=r"refused: Cannot evict pod .* \(The disruption budget b-pdb"):
+        _kube_writer(_Core(429)).run("team-b", step)
+    for done in (404, 409):  # gone, or another pod of the name: not the one meant
+        _kube_writer(_Core(done)).run("team-b", step)
+    with pytest.raises(kube.StepFailed, match="no uid"):
+        _kube_writer(_Core()).run("team-b", writes.Step("evict-pod", "low-pod-0", writes.Eviction("")))
