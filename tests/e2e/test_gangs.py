@@ -131,11 +131,11 @@ def ns(gpu_cluster: tuple[cluster.Cluster, list[Controller]]) -> Iterator[str]:
     handle.kubectl("delete", "namespace", name, "--wait=true", "--timeout=120s", timeout=150)
 
 
-def make_gang(handle: cluster.Cluster, ns: str, name: str, **spec: Any) -> None:
+def make_gang(handle: cluster.Cluster, ns: str, name: str, *, priority_class: str = "", **spec: Any) -> None:
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GpuGang", "metadata": {"name": name}, "spec": spec}
     handle.custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
     for i in range(spec["members"]):
-        pod = {
+        pod: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": f"{name}-{i}", "labels": {"gpuplane.dev/gang": name}},
@@ -146,6 +146,8 @@ def make_gang(handle: cluster.Cluster, ns: str, name: str, **spec: Any) -> None:
                 "terminationGracePeriodSeconds": 0,
             },
         }
+        if priority_class:  # a gang's priority is its pods' PriorityClass (issue 32), never spec.priority
+            pod["spec"]["priorityClassName"] = priority_class
         handle.core.create_namespaced_pod(ns, pod)
 
 
@@ -279,7 +281,22 @@ def test_high_priority_gang_preempts_a_lower_one(
     time.sleep(3)
     assert {phase(handle, ns, g) for g in ("tp8", "waiter")} == {"Running"}
     started = time.monotonic()
-    make_gang(handle, ns, "urgent", members=2, gpusPerMember=4, tensorParallelSize=8, selectors=[GB200], priority=10)
+    urgent = client.V1PriorityClass(metadata=client.V1ObjectMeta(name="gpuplane-e2e-urgent"), value=10)
+    try:
+        client.SchedulingV1Api(handle.api).create_priority_class(urgent)
+    except ApiException as exc:
+        if exc.status != 409:  # left by an earlier run on this control plane
+            raise
+    make_gang(
+        handle,
+        ns,
+        "urgent",
+        members=2,
+        gpusPerMember=4,
+        tensorParallelSize=8,
+        selectors=[GB200],
+        priority_class="gpuplane-e2e-urgent",
+    )
     obj = wait_phase(handle, ns, "urgent", "Running", timeout=120)
     print(f"\nurgent: Running {time.monotonic() - started:.1f}s after creation")
     victims = [g for g in ("tp8", "waiter") if phase(handle, ns, g) == "Preempted"]
@@ -288,6 +305,7 @@ def test_high_priority_gang_preempts_a_lower_one(
     assert events_for(handle, ns, victims[0], "Preempted")
     assert not pods_of(handle, ns, victims[0])
     assert phase(handle, ns, "peer") == "Queued"  # the freed capacity went to the preemptor
+    client.SchedulingV1Api(handle.api).delete_priority_class("gpuplane-e2e-urgent")
 
 
 def test_leader_killed_standby_takes_over_without_losing_decisions(
