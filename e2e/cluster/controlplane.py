@@ -295,6 +295,7 @@ class ControlPlane:
 
         # kube-apiserver ----------------------------------------------------------
         self._progress(started, f"starting kube-apiserver on {self.server}")
+        flags.admission_config_path(self.state_dir).write_text(json.dumps(flags.admission_config()))
         self._spawn(
             "kube-apiserver",
             flags.apiserver_argv(

@@ -103,6 +103,7 @@ def apiserver_argv(
         f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
         "--authorization-mode=Node,RBAC",
         "--enable-admission-plugins=NodeRestriction",
+        f"--admission-control-config-file={admission_config_path(state_dir)}",
         # The `kubernetes` Service cannot point at a loopback address; no pod needs it here.
         "--endpoint-reconciler-type=none",
         # Fills kube-system/extension-apiserver-authentication, which the
@@ -122,6 +123,38 @@ def apiserver_argv(
         "--profiling=false",
         f"--v={verbosity}",
     ]
+
+
+ENTITLED_PRIORITY_CLASSES = ("gpuplane-high", "gpuplane-urgent")
+"""gpuplane's example PriorityClasses (issue 32): only a namespace with a ResourceQuota scoped to one may
+run pods of it (ResourceQuota ``limitedResources``, the upstream way to grant a PriorityClass)."""
+
+
+def admission_config_path(state_dir: Path) -> Path:
+    """Where the apiserver's AdmissionConfiguration is written (:func:`admission_config`)."""
+    return state_dir / "admission-config.json"
+
+
+def admission_config() -> dict[str, object]:
+    """The AdmissionConfiguration: pods of gpuplane's example PriorityClasses need a quota scoped to them."""
+    limited = {
+        "resource": "pods",
+        "matchScopes": [{"scopeName": "PriorityClass", "operator": "In", "values": list(ENTITLED_PRIORITY_CLASSES)}],
+    }
+    return {
+        "apiVersion": "apiserver.config.k8s.io/v1",
+        "kind": "AdmissionConfiguration",
+        "plugins": [
+            {
+                "name": "ResourceQuota",
+                "configuration": {
+                    "apiVersion": "apiserver.config.k8s.io/v1",
+                    "kind": "ResourceQuotaConfiguration",
+                    "limitedResources": [limited],
+                },
+            }
+        ],
+    }
 
 
 def _served(name: str, state_dir: Path, kubeconfig: Path, port: int) -> list[str]:

@@ -13,23 +13,25 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
+from e2e.cluster import flags
 from tests.e2e.conftest import GpuCluster, eventually
 from tests.hostilekit import apply_text, events_of, pod_body
 
 pytestmark = pytest.mark.e2e
 
 GB200 = 'device.attributes["gpu.gpuplane.dev"].productName == "NVIDIA GB200"'
-HIGH = "gpuplane-e2e-gang-high"
+HIGH = flags.ENTITLED_PRIORITY_CLASSES[0]  # granted per namespace by a ResourceQuota scoped to it
 
 
 @pytest.fixture
 def tenants(gpu_cluster: GpuCluster) -> Iterator[tuple[str, str]]:
-    """Two tenant namespaces and a PriorityClass above the default (deleted at the end)."""
+    """Two tenant namespaces, a PriorityClass above the default, granted to tenant A only (deleted at the end)."""
     core = gpu_cluster.cluster.core
     suffix = uuid.uuid4().hex[:6]
     names_ = (f"tenant-a-{suffix}", f"tenant-b-{suffix}")
@@ -45,6 +47,16 @@ def tenants(gpu_cluster: GpuCluster) -> Iterator[tuple[str, str]]:
         "description": "e2e: a gang priority an administrator grants",
     }
     apply_text(gpu_cluster, json.dumps(pc))
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": HIGH, "namespace": names_[0]},
+        "spec": {
+            "hard": {"pods": "4"},
+            "scopeSelector": {"matchExpressions": [{"scopeName": "PriorityClass", "operator": "In", "values": [HIGH]}]},
+        },
+    }
+    apply_text(gpu_cluster, json.dumps(quota))
     try:
         yield names_
     finally:
@@ -88,6 +100,24 @@ def assert_b_untouched(gc: GpuCluster, ns: str, uids: dict[str, str]) -> None:
     assert status_of(gc, ns, "train").get("phase") == "Running", status_of(gc, ns, "train")
     assert pod_uids(gc, ns, "train") == uids
     assert not [e for e in events_of(gc, ns, "train") if e["reason"] == "Preempted"]
+
+
+def test_a_priority_class_is_granted_per_namespace(gpu_cluster: GpuCluster, tenants: tuple[str, str]) -> None:
+    """The e2e API server limits gpuplane's example PriorityClasses (AdmissionConfiguration, ResourceQuota
+    limitedResources): tenant B, without a quota scoped to it, cannot make a pod of it; tenant A can."""
+    ns_a, ns_b = tenants
+    core = gpu_cluster.cluster.core
+    pod = pod_body(ns_b, "wants-high", "none")
+    pod["spec"]["priorityClassName"] = HIGH
+    with pytest.raises(ApiException) as refused:
+        core.create_namespaced_pod(ns_b, cast(Any, pod), dry_run="All")
+    # kube-apiserver answers this refusal with code 500 (the quota plugin returns a plain error), not 403.
+    assert refused.value.status in (403, 500), refused.value.body
+    assert "insufficient quota to match these scopes" in str(refused.value.body)
+    why = json.loads(refused.value.body or "{}").get("message")
+    print(f"\n[e2e] tenant B, pod of PriorityClass {HIGH}: {refused.value.status} {why}")
+    pod["metadata"]["namespace"] = ns_a
+    core.create_namespaced_pod(ns_a, cast(Any, pod), dry_run="All")  # entitled: admitted
 
 
 def test_a_tenant_cannot_preempt_another_by_spec_priority_or_past_its_budget(
