@@ -22,8 +22,13 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from gpuplane.controller.gang import membership, writes
+import structlog
+
+from gpuplane.controller import events
+from gpuplane.controller.gang import membership, world, writes
 from gpuplane.controller.gang.outcome import EventTuple, Outcome
+
+log = structlog.get_logger(__name__)
 
 SYSTEM_NAMESPACES = membership.SYSTEM_NAMESPACES
 
@@ -93,4 +98,59 @@ def leftover_steps(
         return ()
     return tuple(
         writes.Step("delete-claim", c, why=why) for c, e in sorted(claims.items()) if e.owned and not e.deleting
+    )
+
+
+def victim_members(victim_key: str, w: world.World) -> membership.Members:
+    """A victim gang's member pods (every labelled pod of its namespace when its spec does not parse)."""
+    body = w.gangs.get(victim_key) or {}
+    spec = world.parse_spec(body)
+    name = victim_key.split("/", 1)[1]
+    return membership.members_of(name, spec.members if spec else 1 << 20, w.pods.get(victim_key, ()))
+
+
+def victim_outcome(victim_key: str, preemptor: str, w: world.World, grace_seconds: int | None) -> Outcome | None:
+    """Release a preempted gang: status Preempted (first), then its member pods through the Eviction API.
+
+    Its claims are deleted by its own reconcile once its pods are gone (:func:`leftover_steps`).
+    Never a gang of a system namespace."""
+    body = w.gangs.get(victim_key)
+    if body is None or victim_key.split("/", 1)[0] in SYSTEM_NAMESPACES:
+        return None
+    members = victim_members(victim_key, w)
+    why = f"{world.PREEMPTED_BY}{preemptor}"
+    steps = writes.eviction_steps(members.by_index.values(), grace_seconds, why)
+    st: dict[str, Any] = {"phase": "Preempted", "reason": "Preempted", "message": why}
+    st.update(dict.fromkeys(("placement", "domain", "readySince")))  # what it held: cleared
+    return Outcome(status=st, steps=steps, events=(("Warning", events.GANG_PREEMPTED, why),))
+
+
+def checked(
+    run: Callable[[str, writes.Step], None],
+    body: Mapping[str, Any],
+    outcome: Outcome,
+    w: world.World,
+    *,
+    grace_seconds: int | None,
+    failed: type[Exception],
+) -> Outcome:
+    """``outcome`` if every victim pod's eviction passes a dry run, else the preemptor waiting, saying why.
+
+    Run before anything of the preemption is written, so a refused one leaves the victim untouched."""
+    if not outcome.victims:
+        return outcome
+    victims = [(v, victim_members(v, w)) for v in outcome.victims]
+    why = preflight(run, victims, grace_seconds, failed)
+    if not why:
+        return outcome
+    log.info("gang preemption refused", gang=(body.get("metadata") or {}).get("name"), why=why)
+    return refused(outcome, body.get("status") or {}, why)
+
+
+def terminating(pods: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether a pod of these is being deleted and not finished (it may still use its devices)."""
+    return any(
+        (p.get("metadata") or {}).get("deletionTimestamp")
+        and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        for p in pods
     )

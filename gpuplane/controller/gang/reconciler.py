@@ -29,7 +29,7 @@ left, from the API, so a crash at any point converges.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +39,6 @@ from gpuplane.controller import events, kube, names
 from gpuplane.controller.gang import (
     desired,
     leaderworkersets,
-    membership,
     owners,
     placement_record,
     preemption,
@@ -54,7 +53,7 @@ from gpuplane.controller.gang.outcome import EventTuple, GangRead, Outcome, fini
 from gpuplane.controller.gang.spec import SpecError, parse_gang_spec
 from gpuplane.controller.node import snapshot_builder
 
-__all__ = ["Outcome", "Settings", "apply", "checked_preemption", "decide", "victim_members", "victim_outcome"]
+__all__ = ["Outcome", "Settings", "apply", "checked_preemption", "decide", "victim_outcome"]
 
 log = structlog.get_logger(__name__)
 
@@ -239,7 +238,7 @@ def _waiting_for_members(g: GangRead, w: world.World, settings: Settings) -> Out
         # Stay in whichever of the two it is until its pods come back (then it queues again).
         steps: tuple[writes.Step, ...] = ()
         if preempted:
-            left = _terminating(w.pods.get(g.key, ()))
+            left = preemption.terminating(w.pods.get(g.key, ()))
             steps = preemption.leftover_steps(members, g.claims, left, settings.eviction_grace_s, message)
         return finish(g, g.prev_phase, str(g.prev.get("reason") or g.prev_phase), message, steps=steps)
     ungated = [p.name for p in members.by_index.values() if not p.gated]
@@ -319,58 +318,17 @@ def _queued(g: GangRead, w: world.World, plan: queue_runner.Plan, now: float) ->
     return finish(g, "Queued", events.GANG_QUEUED, action.reason, queue_extra)
 
 
-def victim_members(victim_key: str, w: world.World) -> membership.Members:
-    """A victim gang's member pods (every labelled pod of its namespace when its spec does not parse)."""
-    body = w.gangs.get(victim_key) or {}
-    spec = world.parse_spec(body)
-    name = victim_key.split("/", 1)[1]
-    return membership.members_of(name, spec.members if spec else 1 << 20, w.pods.get(victim_key, ()))
-
-
 def victim_outcome(victim_key: str, preemptor: str, w: world.World, settings: Settings) -> Outcome | None:
-    """Release a preempted gang: status Preempted (first), then its member pods through the Eviction API.
-
-    Its claims are deleted by its own reconcile once its pods are gone (:func:`preemption.leftover_steps`).
-    Never a gang of a system namespace."""
-    body = w.gangs.get(victim_key)
-    if body is None or victim_key.split("/", 1)[0] in preemption.SYSTEM_NAMESPACES:
-        return None
-    members = victim_members(victim_key, w)
-    why = f"{world.PREEMPTED_BY}{preemptor}"
-    steps = writes.eviction_steps(members.by_index.values(), settings.eviction_grace_s, why)
-    st = {
-        "phase": "Preempted",
-        "reason": "Preempted",
-        "message": why,
-        "placement": None,
-        "domain": None,
-        "readySince": None,
-    }
-    return Outcome(status=st, steps=steps, events=(("Warning", events.GANG_PREEMPTED, why),))
+    """Release a preempted gang (:func:`preemption.victim_outcome`)."""
+    return preemption.victim_outcome(victim_key, preemptor, w, settings.eviction_grace_s)
 
 
 def checked_preemption(
     writer: kube.KubeWriter, body: Mapping[str, Any], outcome: Outcome, w: world.World, settings: Settings
 ) -> Outcome:
-    """``outcome`` if every victim pod's eviction passes a dry run, else the preemptor waiting, saying why.
-
-    Run before anything of the preemption is written, so a refused one leaves the victim untouched."""
-    if not outcome.victims:
-        return outcome
-    victims = [(v, victim_members(v, w)) for v in outcome.victims]
-    why = preemption.preflight(writer.run, victims, settings.eviction_grace_s, kube.StepFailed)
-    if not why:
-        return outcome
-    log.info("gang preemption refused", gang=body.get("metadata", {}).get("name"), why=why)
-    return preemption.refused(outcome, body.get("status") or {}, why)
-
-
-def _terminating(pods: Iterable[Mapping[str, Any]]) -> bool:
-    """Whether a pod of these is being deleted and not finished (it may still use its devices)."""
-    return any(
-        (p.get("metadata") or {}).get("deletionTimestamp")
-        and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-        for p in pods
+    """``outcome`` once every victim pod's eviction passed a dry run (:func:`preemption.checked`)."""
+    return preemption.checked(
+        writer.run, body, outcome, w, grace_seconds=settings.eviction_grace_s, failed=kube.StepFailed
     )
 
 
