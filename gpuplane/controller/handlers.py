@@ -144,7 +144,7 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
             or (body.get("metadata") or {}).get("deletionTimestamp")
         ):
             return NOT_INDEXED
-        return {f"{namespace}/{name}": _plain(body, "spec")}
+        return {f"{namespace}/{name}": indexed.pending_pod(body)}  # bounded: no tenant-sized fields
 
     def makes_members(body: kopf.Body, **_: Any) -> bool:
         return owners.gang_of_job(body) is not None

@@ -156,6 +156,36 @@ def node(body: Mapping[str, Any]) -> dict[str, Any]:
     return {"schedulable": ready and not spec.get("unschedulable"), "metadata": out_meta}
 
 
+POD_SPEC_KEYS = ("nodeName", "resourceClaims", "schedulingGates", "nodeSelector", "affinity")
+MAX_OWN_ANNOTATION = 1024  # longer values of a gpuplane.dev/ key are not gpuplane's and are dropped
+
+
+def pending_pod(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The indexed form of an unbound pod with a claim: what steering reads, nothing a tenant can inflate.
+
+    Its identity, the spec fields steering decides and patches on (the claims, the gates, the node
+    selector and the affinity it rewrites), and only gpuplane's own annotation keys, each at most
+    ``MAX_OWN_ANNOTATION`` characters: a pod's owner may write 256 KiB of annotations and a large
+    spec (containers, volumes, env), and every pending pod is held here until it is bound.
+    """
+    meta = body.get("metadata") or {}
+    out_meta: dict[str, Any] = {k: meta[k] for k in ("name", "namespace", "uid", "creationTimestamp") if k in meta}
+    own = {
+        str(k): str(v)
+        for k, v in (meta.get("annotations") or {}).items()
+        if str(k).startswith(names.GROUP + "/") and isinstance(v, str) and len(v) <= MAX_OWN_ANNOTATION
+    }
+    if own:
+        out_meta["annotations"] = own
+    spec = body.get("spec") or {}
+    return {
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": out_meta,
+        "spec": {k: copy.deepcopy(spec[k]) for k in POD_SPEC_KEYS if k in spec},
+    }
+
+
 def single(index: Mapping[Any, Iterable[Any]]) -> dict[Any, Any]:
     """A kopf index whose keys each hold one value, as a plain dict (the first value of each key)."""
     out: dict[Any, Any] = {}

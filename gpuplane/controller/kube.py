@@ -189,6 +189,12 @@ class KubeWriter:
             names.GROUP, names.VERSION, namespace, "gpurequests", name, {"status": dict(status)}, _content_type=MERGE
         )
 
+    # --- steering: the namespaces an administrator opted in ---------------------------------------
+    def namespaces_labelled(self, selector: str) -> frozenset[str]:
+        """Names of the namespaces matching a label selector (a read: not fenced)."""
+        got = self.core.list_namespace(label_selector=selector, _request_timeout=30)
+        return frozenset(str(n.metadata.name) for n in got.items if n.metadata is not None)
+
     # --- rebalancing: pods, evictions, DeviceTaintRules -------------------------------------------
     def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A pod as a plain dict (camelCase keys), or None when it is gone."""

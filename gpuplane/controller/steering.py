@@ -29,6 +29,22 @@ def node_labels(nodes: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, s
     return {n: dict(((v.get("metadata") or {}).get("labels")) or {}) for n, v in nodes.items()}
 
 
+async def _opted_in(rt: Runtime, now: float) -> frozenset[str] | None:
+    """The namespaces opted in to steering, re-read at most every ``OPTED_IN_TTL_S`` (the last good
+    answer kept when a read fails). Read from the Namespaces, which tenants cannot label: a pod that
+    carries the steer gate elsewhere put it there itself and is not gpuplane's to decide."""
+    state = rt.shared.steer
+    if now - state.opted_in_at < steer_reconciler.OPTED_IN_TTL_S:
+        return state.opted_in
+    try:
+        got = await asyncio.to_thread(rt.writer.namespaces_labelled, steer_reconciler.OPTED_IN_SELECTOR)
+    except Exception as exc:  # the API or the network: keep the last answer, try again next pass
+        log.warning("could not list the namespaces opted in to steering", error=str(exc))
+        return state.opted_in
+    state.opted_in, state.opted_in_at = got, now
+    return got
+
+
 async def steer_pass(
     rt: Runtime,
     w: world.World,
@@ -43,8 +59,9 @@ async def steer_pass(
         return
     pods = list(pending)
     settings = steer_decide.Settings(mode=rt.cfg.steer_mode, timeout_s=rt.cfg.steer_timeout_s)
-    if not steer_reconciler.gated_pods(pods, rt.shared.steer, settings, now):
-        return  # nothing gated that this replica has not just decided: no view to build
+    opted_in = await _opted_in(rt, now)
+    if opted_in is None or not steer_reconciler.gated_pods(pods, rt.shared.steer, settings, now, opted_in):
+        return  # nothing gated that this replica may decide now: no view to build
     started = time.monotonic()
     base = snapshot_builder.build_view(w.slices, w.claims.values(), w.nodes)
     extra = [
@@ -69,6 +86,7 @@ async def steer_pass(
                 classes=w.classes,
                 now=now,
                 node_labels=node_labels,
+                opted_in=opted_in,
             )
         )
     except kube.NotLeader:

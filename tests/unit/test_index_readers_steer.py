@@ -187,6 +187,7 @@ def test_steering_over_the_indexes_decides_what_it_decides_over_the_api_objects(
     assert acts["ns/p-share"][:2] == ("release", "unsteerable")
     assert acts["ns/p-team"][:2] == ("steer", "steered") and acts["ns/p-team"][2].node == "hgx-1"
     assert acts["ns/p-3g"][:2] == ("steer", "steered") and acts["ns/p-3g"][2].mig
-    assert got_raw[1] == [] and len(steer_reconciler.reservations(pods, None, [], 1.0)) == 1
+    # The landed pod's annotation is not a reservation (only what a replica steered itself is: issue 32).
+    assert got_raw[1] == [] and steer_reconciler.reservations(pods, None, [], 1.0) == []
     assert len(got_raw[2]) == 4  # one patch per gated pod
     assert got_idx == got_raw

@@ -169,12 +169,13 @@ def test_run_pass_writes_once_and_reserves(pool: list[dict[str, Any]], classes: 
         reconciler.run_pass(w, gpuplane.GpuPlane(), None, state, decide.Settings(), pending=pending, now=2.0, **kw)
         == []
     )
-    # Once the patch lands, the pod is a reservation until it is bound.
+    # Once the patch lands, the pod is a reservation until its claim is allocated: from this replica's
+    # memory, never from the annotation (which the pod's owner can write: issue 32, defect 3).
     landed = {**pending[0], "metadata": {**pending[0]["metadata"], "annotations": {reconciler.ANNOTATION_STEERED: ann}}}
     landed["spec"] = {**landed["spec"], "schedulingGates": []}
-    (res,) = reconciler.reservations([landed])
-    assert res.placement == acts[0].placement
-    assert reconciler.reservations([{**landed, "spec": {**landed["spec"], "nodeName": "n1"}}]) == []
+    got = reconciler.reservations([landed], state, [], 2.0)
+    assert [r.placement for r in got] == [a.placement for a in acts]
+    assert reconciler.reservations([landed]) == []  # the annotation alone reserves nothing
 
 
 def test_a_pod_patched_but_not_yet_seen_patched_still_reserves(
@@ -276,3 +277,142 @@ def test_a_reservation_that_clashes_with_a_real_allocation_is_left_out(pool: lis
     view = snapshot_builder.build_view(pool, [claim], reservations=[clash])
     snap = view.snapshot()  # would raise on the overlap
     assert snap.gpu(gpu).mig == (model.MigInstance("2g", 4),)
+
+
+# --- hostile tenants (issue 32, defects 2, 3 and 9) ---------------------------------------------------
+
+
+def _pod_in(ns: str, name: str, **meta: Any) -> dict[str, Any]:
+    p = pod(name)
+    p["metadata"] = {**p["metadata"], "namespace": ns, "uid": f"uid-{ns}-{name}", **meta}
+    return p
+
+
+class FailingFor(Writer):
+    """Refuses every patch of the pods whose name starts with ``prefix`` (a pod too large to write)."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def run(self, namespace: str, step: gang_writes.Step) -> None:
+        from gpuplane.controller import kube
+
+        if step.name.startswith(self.prefix):
+            raise kube.StepFailed("413 request entity too large")
+        super().run(namespace, step)
+
+
+def _kw(pool: list[dict[str, Any]], classes: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "view": snapshot_builder.build_view(pool),
+        "claims": {},
+        "templates": {f"{ns}/t3g": template(ns, "t3g", MIG3) for ns in ("ns", "evil", "kube-system")},
+        "classes": classes,
+    }
+
+
+def test_gated_pods_outside_the_opted_in_namespaces_are_not_decided(
+    pool: list[dict[str, Any]], classes: dict[str, Any]
+) -> None:
+    evil = [_pod_in("evil", f"evil-{i}") for i in range(70)]
+    system = [_pod_in("kube-system", "sys")]
+    victim = _pod_in("ns", "victim")
+    state, w = reconciler.SteerState(), Writer()
+    acts = reconciler.run_pass(
+        w,
+        gpuplane.GpuPlane(),
+        None,
+        state,
+        decide.Settings(),
+        pending=[*evil, *system, victim],
+        now=1.0,
+        opted_in={"ns", "kube-system"},  # even a labelled system namespace is never steered
+        **_kw(pool, classes),
+    )
+    state.drain()
+    assert [a.key for a in acts] == ["ns/victim"] and [s[0] for s in w.steps] == ["ns"]
+
+
+def test_pods_whose_patches_fail_cannot_take_the_writes_of_the_others(
+    pool: list[dict[str, Any]], classes: dict[str, Any]
+) -> None:
+    evil = [_pod_in("ns", f"evil-{i:02d}") for i in range(reconciler.MAX_WRITES + 6)]
+    state, w = reconciler.SteerState(), FailingFor("evil-")
+    kw = _kw(pool, classes)
+    settings = decide.Settings(timeout_s=1000.0)
+    # The attacker's pods are older: the first pass spends its writes on them, and every one fails.
+    reconciler.run_pass(w, gpuplane.GpuPlane(), None, state, settings, pending=evil, now=1.0, **kw)
+    state.drain()
+    assert w.steps == [] and len(state.backoff) == reconciler.MAX_WRITES
+    victim = _pod_in("ns", "victim")
+    acts = reconciler.run_pass(w, gpuplane.GpuPlane(), None, state, settings, pending=[*evil, victim], now=1.5, **kw)
+    state.drain()
+    assert "ns/victim" in {a.key for a in acts} and [s[1].name for s in w.steps] == ["victim"]
+    # After their pause the failed pods are decided again, but behind every pod that never failed.
+    late = _pod_in("ns", "late")
+    order = reconciler.writes_of(
+        reconciler.run_pass(
+            FailingFor("evil-"), gpuplane.GpuPlane(), None, state, settings, pending=[*evil, late], now=10.0, **kw
+        ),
+        {f"ns/{p['metadata']['name']}": 1 for p in evil},
+    )
+    state.drain()
+    assert order[0].key == "ns/late"
+    assert state.backoff[evil[0]["metadata"]["uid"]][0] == 2  # the pause doubles
+
+
+def test_timeout_releases_are_never_capped(pool: list[dict[str, Any]], classes: dict[str, Any]) -> None:
+    many = [_pod_in("ns", f"p{i:03d}") for i in range(reconciler.MAX_WRITES * 2)]
+    state, w = reconciler.SteerState(), Writer()
+    for p in many:
+        state.first_seen[p["metadata"]["uid"]] = 0.0
+    acts = reconciler.run_pass(
+        w,
+        gpuplane.GpuPlane(),
+        None,
+        state,
+        decide.Settings(timeout_s=30.0),
+        pending=many,
+        now=100.0,
+        **_kw(pool, classes),
+    )
+    state.drain()
+    assert {a.outcome for a in acts} == {"timeout"} and len(w.steps) == len(many)
+
+
+def test_the_patch_names_only_gpuplanes_annotation_keys() -> None:
+    p = _pod_in("ns", "fat", annotations={"tenant/blob": "x" * 250_000, reconciler.ANNOTATION_RESULT: "old"})
+    placement = model.MemberPlacement(member=0, node="n1", domain="d", gpus=("n1/gpu-0",))
+    body = reconciler.patch_for(p, decide.Action("steer", "ns/fat", "steered", "r", placement), decide.Settings())
+    assert len(str(body)) < 2_000  # not the owner's 250 KB
+    paths = [op["path"] for op in body if op["path"].startswith("/metadata")]
+    assert paths == ["/metadata/annotations/gpuplane.dev~1steered", "/metadata/annotations/gpuplane.dev~1steer-result"]
+    assert [op["op"] for op in body if op["path"].startswith("/metadata")] == ["add", "remove"]
+
+
+def test_a_forged_steered_annotation_reserves_nothing(pool: list[dict[str, Any]], classes: dict[str, Any]) -> None:
+    view = snapshot_builder.build_view(pool)
+    every = [g.id for g in view.gpus]
+    forged = decide.encode_placement(model.MemberPlacement(member=0, node="n1", domain="d", gpus=tuple(every[:8])))
+    liar = _pod_in("evil", "liar", annotations={reconciler.ANNOTATION_STEERED: forged})
+    liar["spec"]["schedulingGates"] = []
+    assert reconciler.reservations([liar], reconciler.SteerState(), [], 1.0) == []
+
+
+def test_the_pending_pod_index_keeps_nothing_a_tenant_can_inflate() -> None:
+    from gpuplane.controller import indexed
+
+    body = _pod_in(
+        "evil",
+        "fat",
+        annotations={"tenant/blob": "x" * 250_000, "gpuplane.dev/steering": "off", "gpuplane.dev/big": "y" * 5000},
+        labels={f"l{i}": "v" * 63 for i in range(1000)},
+    )
+    body["spec"]["containers"] = [
+        {"name": "c", "image": "i", "env": [{"name": f"E{i}", "value": "v" * 100} for i in range(1000)]}
+    ]
+    kept = indexed.pending_pod(body)
+    assert len(str(kept)) < 1_000
+    assert kept["metadata"]["annotations"] == {"gpuplane.dev/steering": "off"}
+    assert set(kept["spec"]) == {"resourceClaims", "schedulingGates"} and "labels" not in kept["metadata"]

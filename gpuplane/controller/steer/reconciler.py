@@ -17,7 +17,7 @@ import dataclasses
 import json
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -36,8 +36,14 @@ ANNOTATION_STEERED = "gpuplane.dev/steered"  # "node;domain;placement" of a stee
 ANNOTATION_RESULT = "gpuplane.dev/steer-result"  # why the gate was lifted without a node (released pods)
 DECIDED_TTL_S = 30.0
 SHAPE_CACHE_SIZE = 256
-MAX_WRITES = 64  # per pass: the rest are decided again by the next pass, on the newer state
+MAX_WRITES = 64  # per pass, timeout releases aside: the rest are decided again by the next pass
 WRITERS = 8  # patches in flight at once
+OPTED_IN_SELECTOR = "gpuplane.dev/steering=enabled"  # the namespace label the steer gate's policy matches
+OPTED_IN_TTL_S = 10.0
+BACKOFF_FIRST_S = 1.0  # a pod whose patch failed waits this long before it is decided again, doubling
+BACKOFF_MAX_S = 60.0
+# Namespaces steering never acts in, whatever their labels (kube-system's pods are not a tenant's to move).
+SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease", "gpuplane-system"})
 
 
 class PodWriter(Protocol):
@@ -77,6 +83,14 @@ class SteerState:
     # Steered pods this replica patched: their placement counts until the claim shows allocated (the
     # annotation in the index and the allocation in the claim cache each arrive a little later).
     reserved: dict[str, tuple[float, str, model.MemberPlacement]] = field(default_factory=dict)
+    # Pods whose patch failed: uid -> (failures so far, not before). A failing pod is decided again only
+    # after its pause and goes behind every other pod of a pass, so pods that cannot be written (a tenant's
+    # own gate on an oversized pod) never take the writes of the pods that can.
+    backoff: dict[str, tuple[int, float]] = field(default_factory=dict)
+    # The namespaces opted in to steering (label below, set by an administrator), read at most every
+    # OPTED_IN_TTL_S; None until the first read succeeds (no pod is decided before it).
+    opted_in: frozenset[str] | None = None
+    opted_in_at: float = float("-inf")
     # Shapes by (claim spec, classes, published profiles): every pod of one template shares one entry.
     shape_cache: dict[str, shape.Shape | str] = field(default_factory=dict)
     # Patches are written by a small pool, so a pass holds the lock only while it decides; what it
@@ -106,6 +120,7 @@ class SteerState:
         self.decided.clear()
         self.shapes.clear()
         self.reserved.clear()
+        self.backoff.clear()
         self.shape_cache.clear()
 
 
@@ -135,40 +150,62 @@ def reservations(
     claims: Iterable[Mapping[str, Any]] = (),
     now: float = 0.0,
 ) -> list[snapshot_builder.Reservation]:
-    """Placements of steered pods whose claims are not allocated yet: from their annotation, or from memory."""
+    """Placements this replica steered whose claims are not allocated yet, from its own memory only.
+
+    The ``gpuplane.dev/steered`` annotation on a pod is display, never a reservation: the pod's owner
+    can write any annotation (a forged one reserved other tenants' GPUs on any number of nodes), and a
+    field manager's name in managedFields is the writer's own choice. What this replica decided is one
+    node and the pod's own request shape; a new leader starts without it (the scheduler, which
+    allocates, still refuses a double booking: at worst one pod is steered to a node that turns out
+    full and waits there as it would without steering). ``pending`` is kept for the callers' shape.
+    """
+    del pending
     owners = allocated_owners(claims)
     out = []
-    seen: set[str] = set()
-    for pod in pending:
-        uid = _uid(pod)
-        r = decide.reservation_of(pod, ANNOTATION_STEERED)
-        if r is not None and uid not in owners:
-            out.append(r)
-            seen.add(uid)
     if state is not None:
         with state.lock:
             for uid, (when, key, placement) in list(state.reserved.items()):
                 if uid in owners or now - when > DECIDED_TTL_S:
                     del state.reserved[uid]
-                elif uid not in seen:
+                else:
                     out.append(snapshot_builder.Reservation(f"{decide.RESERVATION_PREFIX}{key}", placement))
     return out
 
 
+def _namespace(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("namespace", ""))
+
+
 def gated_pods(
-    pending: Iterable[Mapping[str, Any]], state: SteerState, settings: decide.Settings, now: float
+    pending: Iterable[Mapping[str, Any]],
+    state: SteerState,
+    settings: decide.Settings,
+    now: float,
+    opted_in: Collection[str] | None = None,
 ) -> list[decide.Gated]:
-    """Pods held by the gate that this replica has not just patched, with when it first saw each."""
+    """Pods held by the gate that this replica may decide now, with when it first saw each.
+
+    Only pods of the namespaces in ``opted_in`` (labelled ``gpuplane.dev/steering=enabled`` by an
+    administrator; ``None``: every namespace, for tests), never a system namespace: anyone may put the
+    gate on their own pods, and a gated pod elsewhere is not gpuplane's to decide. Not a pod this
+    replica has just patched, nor one whose last patch failed less than its backoff ago.
+    """
     out = []
     live: set[str] = set()
     with state.lock:
         for pod in pending:
             uid = _uid(pod)
             live.add(uid)
+            ns = _namespace(pod)
+            if ns in SYSTEM_NAMESPACES or (opted_in is not None and ns not in opted_in):
+                continue
             if not gate.held_by(pod, settings.gate):
                 state.decided.pop(uid, None)
                 continue
             if uid in state.decided and now - state.decided[uid] < DECIDED_TTL_S:
+                continue
+            failed = state.backoff.get(uid)
+            if failed is not None and now < failed[1]:
                 continue
             first = state.first_seen.setdefault(uid, now)
             out.append(decide.Gated(_key(pod), pod, first))
@@ -176,6 +213,8 @@ def gated_pods(
             state.first_seen.pop(gone, None)
             state.decided.pop(gone, None)
             state.shapes.pop(gone, None)
+        for gone in [u for u in state.backoff if u not in live]:
+            state.backoff.pop(gone, None)
     return out
 
 
@@ -194,15 +233,37 @@ def waiting_shapes(pending: Iterable[Mapping[str, Any]], state: SteerState) -> d
 def patch_for(pod: Mapping[str, Any], action: decide.Action, settings: decide.Settings) -> list[dict[str, Any]]:
     """The JSON patch for one action: steer (affinity + gate + annotation) or release (gate + annotation)."""
     meta = pod.get("metadata") or {}
-    annotations = dict(meta.get("annotations") or {})
+    had = meta.get("annotations") or {}
     if action.kind == "steer" and action.placement is not None:
         ops = gate.steer_patch(pod, action.placement.node, settings.mode, settings.gate)
-        annotations[ANNOTATION_STEERED] = decide.encode_placement(action.placement)
-        annotations.pop(ANNOTATION_RESULT, None)
+        mine: dict[str, str | None] = {
+            ANNOTATION_STEERED: decide.encode_placement(action.placement),
+            ANNOTATION_RESULT: None,
+        }
     else:
         ops = gate.release_patch(pod, settings.gate)
-        annotations[ANNOTATION_RESULT] = f"{action.outcome}: {action.reason}"[:250]
-    return [*ops, {"op": "add", "path": "/metadata/annotations", "value": annotations}]
+        mine = {ANNOTATION_RESULT: f"{action.outcome}: {action.reason}"[:250]}
+    return [*ops, *annotation_ops(had, mine)]
+
+
+def annotation_ops(had: Mapping[str, Any], mine: Mapping[str, str | None]) -> list[dict[str, Any]]:
+    """JSON-patch operations on gpuplane's own annotation keys only (``None``: remove it if there).
+
+    Never the whole map: rewriting it carried every annotation of the pod in the patch (a pod with
+    250 KiB of its owner's annotations made every steering write fail), and a key written by someone
+    else between the read and the write would have been undone.
+    """
+    if not had:
+        value = {k: v for k, v in mine.items() if v is not None}
+        return [{"op": "add", "path": "/metadata/annotations", "value": value}] if value else []
+    ops: list[dict[str, Any]] = []
+    for key, v in mine.items():
+        path = "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+        if v is not None:
+            ops.append({"op": "add", "path": path, "value": v})
+        elif key in had:
+            ops.append({"op": "remove", "path": path})
+    return ops
 
 
 def run_pass(
@@ -219,10 +280,11 @@ def run_pass(
     classes: Mapping[str, Mapping[str, Any]],
     now: float,
     node_labels: Mapping[str, Mapping[str, str]] | None = None,
+    opted_in: Collection[str] | None = None,
 ) -> list[decide.Action]:
     """Decide every gated pod in ``pending`` and write the patches (blocking; run it in a thread)."""
     started = time.monotonic()
-    gated = gated_pods(pending, state, settings, now)
+    gated = gated_pods(pending, state, settings, now, opted_in)
     if not gated:
         return []
     inputs = decide.Inputs(view, claims, templates, classes, waiting_shapes(pending, state), node_labels or {})
@@ -230,7 +292,7 @@ def run_pass(
         gated, inputs, policy, now=now, settings=settings, shapes=lambda g: cached_shape(g, inputs, state)
     )
     by_key = {g.key: g for g in gated}
-    todo = [a for a in actions if a.kind != "wait"][:MAX_WRITES]
+    todo = writes_of(actions, {g.key: state.backoff.get(_uid(g.pod), (0, 0.0))[0] for g in gated})
     for action in todo:
         g = by_key[action.key]
         uid = _uid(g.pod)
@@ -242,12 +304,27 @@ def run_pass(
                 req = _shape_of_reason(g, inputs, state)
                 if req is not None:
                     state.shapes[uid] = req
-        patch = _Patch(action, g, uid, patch_for(g.pod, action, settings), started, time.time())
+        patch = _Patch(action, g, uid, patch_for(g.pod, action, settings), started, time.time(), now)
         state.inflight = [f for f in state.inflight if not f.done()]
         state.inflight.append(state.pool().submit(_write, writer, meter, state, patch))
     if meter is not None:
         meter.steer_pass_seconds.observe(time.monotonic() - started)
     return actions
+
+
+def writes_of(actions: Sequence[decide.Action], failures: Mapping[str, int]) -> list[decide.Action]:
+    """The actions a pass writes: every timeout release, then the others, pods that failed before last.
+
+    Timeout releases are never capped (the 30 s promise holds however many pods are gated); the rest
+    are at most ``MAX_WRITES``, in the pass's order (oldest first) but behind it the pods whose patches
+    failed, fewest failures first, so a pod that can never be written cannot take a slot from one
+    that can.
+    """
+    acting = [a for a in actions if a.kind != "wait"]
+    timeouts = [a for a in acting if a.outcome == "timeout"]
+    rest = [a for a in acting if a.outcome != "timeout"]
+    rest.sort(key=lambda a: failures.get(a.key, 0))  # stable: the pass's order among equals
+    return [*timeouts, *rest[:MAX_WRITES]]
 
 
 @dataclass(frozen=True)
@@ -258,6 +335,7 @@ class _Patch:
     body: list[dict[str, Any]]
     started: float  # the pass's start (monotonic)
     decided: float  # wall time the pass decided it (before the write)
+    now: float = 0.0  # the pass's clock (a failed write's backoff counts from it)
 
 
 def _write(writer: PodWriter, meter: Meter | None, state: SteerState, patch: _Patch) -> None:
@@ -267,18 +345,18 @@ def _write(writer: PodWriter, meter: Meter | None, state: SteerState, patch: _Pa
     try:
         writer.run(ns, gang_writes.Step("patch-pod", name, body, why=action.outcome))
     except (kube.StepFailed, kube.NotLeader) as exc:  # pod gone or changed, or no longer leader
-        log.info("steering patch failed", pod=action.key, outcome=action.outcome, error=str(exc))
         with state.lock:
-            state.decided.pop(uid, None)
-            state.reserved.pop(uid, None)
+            failures = _failed(state, uid, patch.now)
             state.shapes.pop(uid, None)
+        log.info("steering patch failed", pod=action.key, outcome=action.outcome, error=str(exc), failures=failures)
         return
     except Exception:  # never lose the pool thread
         log.exception("steering patch failed unexpectedly", pod=action.key)
         with state.lock:
-            state.decided.pop(uid, None)
-            state.reserved.pop(uid, None)
+            _failed(state, uid, patch.now)
         return
+    with state.lock:
+        state.backoff.pop(uid, None)
     if meter is not None:
         meter.steer_decisions.labels(outcome=action.outcome).inc()
         meter.steer_seconds.observe(max(0.0, time.time() - g.first_seen))
@@ -292,6 +370,15 @@ def _write(writer: PodWriter, meter: Meter | None, state: SteerState, patch: _Pa
         write_ms=round(1000 * (time.time() - patch.decided), 1),
         pass_ms=round(1000 * (time.monotonic() - started), 1),
     )
+
+
+def _failed(state: SteerState, uid: str, when: float) -> int:
+    """Undo a pass's marks for a pod whose patch failed and pause it (doubling); under the lock."""
+    state.decided.pop(uid, None)
+    state.reserved.pop(uid, None)
+    failures = state.backoff.get(uid, (0, 0.0))[0] + 1
+    state.backoff[uid] = (failures, when + min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** (failures - 1)))
+    return failures
 
 
 def cached_shape(g: decide.Gated, inputs: decide.Inputs, state: SteerState) -> shape.Shape | str:
