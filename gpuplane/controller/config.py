@@ -45,6 +45,8 @@ class ControllerConfig(BaseModel):
     rebalance_interval_s: float = Field(default=5.0, gt=0)
     noisy_persist_s: float = Field(default=60.0, ge=0)
     rebalance_cooldown_s: float = Field(default=300.0, gt=0)
+    rebalance_budget: int = Field(default=5, ge=0)  # evictions across the cluster per window (0: report only)
+    rebalance_budget_window_s: float = Field(default=600.0, gt=0)
     move_ledger: str | None = None  # JSON-lines cost ledger of moves; None: metric and log only
     eviction_grace_s: int | None = Field(default=None, ge=0)  # None: each pod's own grace period
     # Gate-and-steer (gpuplane.controller.steer): how the node choice is written into a gated pod
@@ -144,6 +146,18 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Contro
         default=float(env("REBALANCE_COOLDOWN", "300") or 300),
         help="seconds after a move before another neighbour is moved off the same GPU",
     )
+    p.add_argument(
+        "--rebalance-budget",
+        type=int,
+        default=int(env("REBALANCE_BUDGET", "5") or 5),
+        help="at most this many noisy-neighbour evictions across the cluster per --rebalance-budget-window",
+    )
+    p.add_argument(
+        "--rebalance-budget-window",
+        type=float,
+        default=float(env("REBALANCE_BUDGET_WINDOW", "600") or 600),
+        help="seconds of the cluster-wide eviction budget's window",
+    )
     p.add_argument("--move-ledger", default=env("MOVE_LEDGER"), help="JSON-lines ledger of moves (cost format)")
     grace = env("EVICTION_GRACE")
     p.add_argument("--eviction-grace", type=int, default=int(grace) if grace else None)
@@ -197,6 +211,8 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Contro
         rebalance_interval_s=a.rebalance_interval,
         noisy_persist_s=a.noisy_persist,
         rebalance_cooldown_s=a.rebalance_cooldown,
+        rebalance_budget=a.rebalance_budget,
+        rebalance_budget_window_s=a.rebalance_budget_window,
         move_ledger=a.move_ledger,
         eviction_grace_s=a.eviction_grace,
         steer_mode=a.steer_mode,

@@ -361,7 +361,12 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
             return
         rebalancer = act.Rebalancer(
             memo.writer,
-            decide.Settings(persist_s=cfg.noisy_persist_s, cooldown_s=cfg.rebalance_cooldown_s),
+            decide.Settings(
+                persist_s=cfg.noisy_persist_s,
+                cooldown_s=cfg.rebalance_cooldown_s,
+                budget=cfg.rebalance_budget,
+                budget_window_s=cfg.rebalance_budget_window_s,
+            ),
             memo.metrics,
             Path(cfg.move_ledger) if cfg.move_ledger else None,
         )

@@ -211,10 +211,15 @@ class KubeWriter:
         pods = self.core.list_namespaced_pod(namespace)
         return [cast(dict[str, Any], self.core.api_client.sanitize_for_serialization(p)) for p in pods.items]
 
-    def evict_pod(self, namespace: str, name: str) -> str | None:
-        """Evict through the Eviction API (PodDisruptionBudgets apply). None when done, else why not (429)."""
+    def evict_pod(self, namespace: str, name: str, uid: str) -> str | None:
+        """Evict the pod of that uid through the Eviction API (PodDisruptionBudgets apply).
+
+        None when done, else why not (429: a budget; 409: the name is another pod's now, by the uid
+        precondition; 404: gone).
+        """
         self.fence()
-        body = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace))
+        options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid))
+        body = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace), delete_options=options)
         try:
             self.core.create_namespaced_pod_eviction(name, namespace, body)
         except ApiException as exc:
@@ -222,8 +227,15 @@ class KubeWriter:
                 return api_message(exc)
             if exc.status == 404:
                 return "the pod is gone"
+            if exc.status == 409:
+                return f"pod {namespace}/{name} is no longer the pod of uid {uid} (uid precondition)"
             raise
         return None
+
+    def namespace_labels(self) -> dict[str, dict[str, str]]:
+        """Every namespace's labels (a read: not fenced), for the tier entitlements."""
+        got = self.core.list_namespace(_request_timeout=30)
+        return {str(n.metadata.name): dict(n.metadata.labels or {}) for n in got.items if n.metadata is not None}
 
     def list_device_taint_rules(self, label: str) -> list[dict[str, Any]] | None:
         """DeviceTaintRules with a label (None when the API is not served: DRADeviceTaintRules off)."""

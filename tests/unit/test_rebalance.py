@@ -89,11 +89,14 @@ class Writer:
     def list_pods(self, namespace: str) -> list[dict[str, Any]]:
         return list(self.pods.values())
 
-    def evict_pod(self, namespace: str, name: str) -> str | None:
+    def evict_pod(self, namespace: str, name: str, uid: str = "") -> str | None:
         self.calls.append(("evict", name))
         if self.refuse is None:
             self.pods.pop(name, None)
         return self.refuse
+
+    def namespace_labels(self) -> dict[str, dict[str, str]]:
+        return {"team": {"gpuplane.dev/max-tier": "gold"}}  # granted gold by its administrator
 
     def list_device_taint_rules(self, label: str) -> list[dict[str, Any]] | None:
         return None if self.rules is None else list(self.rules.values())
@@ -136,6 +139,7 @@ def world() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 
 
 S = Settings(persist_s=10.0, cooldown_s=100.0)
+TEAM = {"team": {"gpuplane.dev/max-tier": "gold"}}  # the namespace's labels: granted gold by its administrator
 
 
 def run(r: act.Rebalancer, slices: list[dict[str, Any]], claims: list[dict[str, Any]], now: float) -> list[str]:
@@ -149,32 +153,32 @@ def test_decide_follows_the_rule() -> None:
     slices, claims = world()
     (alert,) = signal.alerts(slices)
     assert (alert.pool, alert.device, alert.figures.share_pct, alert.since) == ("node-a", "gpu-3", 80, T0)
-    assert decide(alert, claims, None, T0 + 5, S).kind == "wait"
-    d = decide(alert, claims, None, T0 + 11, S)
+    assert decide(alert, claims, None, T0 + 5, S, namespaces=TEAM).kind == "wait"
+    d = decide(alert, claims, None, T0 + 11, S, namespaces=TEAM)
     assert d.kind == "evict" and d.hog is not None and d.hog.tier == "bronze"
     assert [v.tier for v in d.victims] == ["gold"]
     assert "80% of the memory bandwidth of node-a/gpu-3 (threshold 50%" in d.figures()
     # One move per GPU per cool-down: another hog within it waits; the same one is under way.
-    assert decide(alert, claims, LastMove("someone-else", T0), T0 + 50, S).kind == "cooldown"
-    assert decide(alert, claims, LastMove(HOG, T0), T0 + 50, S).kind == "ignore"
-    assert decide(alert, claims, LastMove("someone-else", T0), T0 + 101, S).kind == "evict"
+    assert decide(alert, claims, LastMove("someone-else", T0), T0 + 50, S, namespaces=TEAM).kind == "cooldown"
+    assert decide(alert, claims, LastMove(HOG, T0), T0 + 50, S, namespaces=TEAM).kind == "ignore"
+    assert decide(alert, claims, LastMove("someone-else", T0), T0 + 101, S, namespaces=TEAM).kind == "evict"
 
 
 def test_never_a_higher_or_equal_tier_for_a_lower_one() -> None:
     slices, _ = world()
     (alert,) = signal.alerts(slices)
     gold_hog = [claim(HOG, "gold-hog", "gold", 60, ["g"]), claim(GOLD, "bronze", "bronze", 20, ["b"])]
-    d = decide(alert, gold_hog, None, T0 + 999, S)
+    d = decide(alert, gold_hog, None, T0 + 999, S, namespaces=TEAM)
     assert d.kind == "ignore" and "no claim of a higher tier than gold" in d.why
     peers = [claim(HOG, "a", "silver", 40, ["a"]), claim(GOLD, "b", "silver", 40, ["b"])]
-    assert decide(alert, peers, None, T0 + 999, S).kind == "ignore"
+    assert decide(alert, peers, None, T0 + 999, S, namespaces=TEAM).kind == "ignore"
 
 
 def test_a_node_cannot_name_a_claim_elsewhere() -> None:
     slices, claims = world()
     claims[0] = claim(HOG, "bronze-claim", "bronze", 20, ["bronze-1"], device="gpu-4")  # not on gpu-3
     (alert,) = signal.alerts(slices)
-    d = decide(alert, claims, None, T0 + 999, S)
+    d = decide(alert, claims, None, T0 + 999, S, namespaces=TEAM)
     assert d.kind == "ignore" and "is not allocated on node-a/gpu-3" in d.why
 
 

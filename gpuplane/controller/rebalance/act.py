@@ -9,14 +9,24 @@ is looked up and:
   eviction is refused;
 * a bare pod (no controller: nothing would bring it back) is not evicted, only reported;
 * a claim used by several pods is not moved (evicting one would not free the GPU);
+* the eviction is pinned to the uid of the pod the claim names as its consumer
+  (``deleteOptions.preconditions.uid``): a pod made again under the same name is never evicted;
 * without the DeviceTaintRule API (DRADeviceTaintRules off) nothing is moved: the replacement
   could land on the same GPU again.
 
 Every outcome is an Event on the offender's pod and claim and on the higher-tier neighbours'
-claims and pods, and a log line with the figures; an outcome that is only reported is recorded on
-the offender's claim (annotation :data:`ANNOTATION`) so it is reported once per alert, and a
-refused eviction is tried again after a cool-down. Each pass also charges finished moves to the
-ledger (their replacement runs) and deletes the rules whose cool-down is over.
+claims and pods, and a log line with the figures; an outcome that is only reported is reported
+once per alert (the controller's memory), and a refused eviction is tried again after a cool-down.
+The annotation :data:`ANNOTATION` on the offender's claim shows the last outcome to its owner; it
+is display only and never read back: a tenant can write its own claim, so what it holds must not
+suppress or redirect a decision. A restarted or new leader may report an outcome once more.
+Each pass also charges finished moves to the ledger (their replacement runs) and deletes the rules
+whose cool-down is over.
+
+Tiers are read with the namespaces' labels (:mod:`gpuplane.controller.rebalance.entitlement`), listed
+once in a pass that has an alert; the cluster-wide eviction budget counts the evictions of the moves'
+DeviceTaintRules (in the API: a new leader honours them) and of this replica's memory (the rules go
+at the end of their cool-down).
 """
 
 from __future__ import annotations
@@ -52,7 +62,8 @@ class Writer(Protocol):
 
     def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
     def list_pods(self, namespace: str) -> list[dict[str, Any]]: ...
-    def evict_pod(self, namespace: str, name: str) -> str | None: ...
+    def evict_pod(self, namespace: str, name: str, uid: str) -> str | None: ...
+    def namespace_labels(self) -> dict[str, dict[str, str]]: ...
     def list_device_taint_rules(self, label: str) -> list[dict[str, Any]] | None: ...
     def create_device_taint_rule(self, body: Mapping[str, Any]) -> None: ...
     def delete_device_taint_rule(self, name: str) -> None: ...
@@ -86,6 +97,10 @@ class Rebalancer:
         self.s = settings
         self.metrics = metrics
         self.ledger = ledger
+        # What was reported for which offender (claim uid -> (outcome, alert since, when)): once per alert.
+        self._said: dict[str, tuple[str, float, float]] = {}
+        # This replica's evictions (claim uid, when), for the budget past their rules' deletion.
+        self._evicted: set[tuple[str, float]] = set()
 
     async def run_pass(
         self, slices: Iterable[Mapping[str, Any]], claims: Sequence[Mapping[str, Any]], now: float | None = None
@@ -100,15 +115,21 @@ class Rebalancer:
             if (m := moves.move_of(r)) is not None
         }
         out: list[tuple[Decision, str]] = []
-        for alert in signal.alerts(slices):
+        found = signal.alerts(slices)
+        namespaces = await asyncio.to_thread(self.w.namespace_labels) if found else {}
+        self._evicted = {e for e in self._evicted if now - e[1] < self.s.budget_window_s}
+        alerted = {a.figures.hog_uid for a in found}
+        self._said = {uid: said for uid, said in self._said.items() if uid in alerted}
+        for alert in found:
             rec = records.get((alert.pool, alert.device))
             last = LastMove(rec[1].hog_uid, rec[1].evicted_at) if rec else None
-            d = decide(alert, claims, last, now, self.s)
+            evictions = self._evicted | {(m.hog_uid, m.evicted_at) for _, m in records.values()}
+            d = decide(alert, claims, last, now, self.s, namespaces=namespaces, evictions=(at for _, at in evictions))
             outcome: str = d.kind
             if d.kind == "evict":
                 outcome = await self._move(d, claims, rules is not None, now)
-            elif d.kind == "cooldown":
-                outcome = await self._report(d, claims, "cooldown", d.why, now)
+            elif d.kind in ("cooldown", "budget"):
+                outcome = await self._report(d, claims, d.kind, d.why, now)
             out.append((d, outcome))
         clock = time.time if fixed_now is None else (lambda: now)
         for name, m in records.values():
@@ -127,11 +148,12 @@ class Rebalancer:
             )
             return await self._report(d, claims, "shared-claim", why, now)
         claim = next((c for c in claims if (c.get("metadata") or {}).get("uid") == hog.uid), {})
-        if self._reported(claim, "refused", d.alert.since, now):
+        if self._reported(hog.uid, "refused", d.alert.since, now):
             return "refused"  # refused for this alert less than a cool-down ago: not asked again yet
         pod = await asyncio.to_thread(self.w.read_pod, hog.namespace, hog.pods[0].name)
-        if pod is None:
-            return "gone"
+        uid = str((pod or {}).get("metadata", {}).get("uid", ""))
+        if pod is None or not uid or (hog.pods[0].uid and uid != hog.pods[0].uid):
+            return "gone"  # gone, or another pod of that name: not the claim's consumer
         owner = _controller_of(pod)
         if owner is None:
             why = (
@@ -169,10 +191,11 @@ class Rebalancer:
         except ApiException as exc:
             why = f"cannot create DeviceTaintRule {name} to keep the replacement off the GPU: {kube.api_message(exc)}"
             return await self._report(d, claims, "no-taint-rules", why, now)
-        refused = await asyncio.to_thread(self.w.evict_pod, hog.namespace, move.pod)
+        refused = await asyncio.to_thread(self.w.evict_pod, hog.namespace, move.pod, uid)
         if refused is not None:
             await asyncio.to_thread(self.w.delete_device_taint_rule, name)
             return await self._report(d, claims, "refused", f"the Eviction API refused: {refused}", now)
+        self._evicted.add((hog.uid, now))
         self.metrics.rebalance.labels(outcome="evicted").inc()
         until = time.strftime("%H:%M:%SZ", time.gmtime(now + self.s.cooldown_s))
         msg = (
@@ -212,9 +235,10 @@ class Rebalancer:
         """An outcome that moves nothing: say so once per alert (a refusal: again after a cool-down)."""
         hog = d.hog
         assert hog is not None
-        claim = next((c for c in claims if (c.get("metadata") or {}).get("uid") == hog.uid), {})
-        if self._reported(claim, outcome, d.alert.since, now):
+        del claims
+        if self._reported(hog.uid, outcome, d.alert.since, now):
             return outcome
+        self._said[hog.uid] = (outcome, d.alert.since, now)
         self.metrics.rebalance.labels(outcome=outcome).inc()
         who = ", ".join(v.label() for v in d.victims)
         msg = f"not moved: claim {hog.label()} uses {d.figures()} while {who} shares it; {why}"
@@ -232,7 +256,7 @@ class Rebalancer:
         targets = [_claim_ref(hog)] + [_pod_ref(hog.namespace, p.name, p.uid) for p in hog.pods]
         targets += [r for r, _ in self._victim_refs(d)]
         await self._events([(r, warn) for r in targets], NOT_MOVED, msg)
-        try:
+        try:  # display only: never read back
             await asyncio.to_thread(
                 self.w.annotate_claim, hog.namespace, hog.name, {ANNOTATION: f"{outcome}@{d.alert.since:.0f}@{now:.0f}"}
             )
@@ -240,16 +264,12 @@ class Rebalancer:
             log.info("could not annotate claim", claim=hog.label(), status=exc.status)
         return outcome
 
-    def _reported(self, claim: Mapping[str, Any], outcome: str, since: float, now: float) -> bool:
+    def _reported(self, hog_uid: str, outcome: str, since: float, now: float) -> bool:
         """Whether ``outcome`` was reported for this alert already (a refusal: less than a cool-down ago)."""
-        seen = ((claim.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION, "")
-        parts = str(seen).split("@")
-        if len(parts) != 3 or parts[0] != outcome or parts[1] != f"{since:.0f}":
+        said = self._said.get(hog_uid)
+        if said is None or said[0] != outcome or said[1] != since:
             return False
-        try:
-            return outcome != "refused" or now - float(parts[2]) < self.s.cooldown_s
-        except ValueError:
-            return False
+        return outcome != "refused" or now - said[2] < self.s.cooldown_s
 
     def _victim_refs(self, d: Decision) -> list[tuple[events.ObjectRef, events.EventType]]:
         refs: list[tuple[events.ObjectRef, events.EventType]] = []

@@ -4,7 +4,8 @@ An alert is a device taint :data:`gpuplane.driver.api.noisy_taint.KEY` on a devi
 gpuplane ResourceSlice (see that module for why a slice taint); its ``timeAdded`` is when the
 driver raised it. The tenants of a GPU are the allocated claims whose results name that device
 of that pool, each with its tier: the ``mps-<tier>`` DeviceClass of the request (or
-``firstAvailable`` subrequest) the device was allocated for.
+``firstAvailable`` subrequest) the device was allocated for, capped at the tier the claim's
+namespace is entitled to (:mod:`gpuplane.controller.rebalance.entitlement`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuplane.controller.rebalance import entitlement
 from gpuplane.controller.rightsize import fleet
 from gpuplane.driver.api import names, noisy_taint
 
@@ -51,12 +53,16 @@ class Tenant:
     uid: str
     namespace: str
     name: str
-    tier: str
+    tier: str  # as it counts: at most its namespace's entitled tier
     rank: int
     pods: tuple[PodRef, ...]
+    declared: str = ""  # the tier of its class, when above what its namespace is entitled to
+    system: bool = False  # in a system namespace: never evicted
 
     def label(self) -> str:
         """``ns/name (tier)`` for messages."""
+        if self.declared:
+            return f"{self.namespace}/{self.name} ({self.tier}: class {self.declared}, namespace not entitled)"
         return f"{self.namespace}/{self.name} ({self.tier})"
 
 
@@ -109,9 +115,19 @@ def _class_of(claim: Mapping[str, Any], request: str) -> str | None:
 
 
 def tenants(
-    claims: Iterable[Mapping[str, Any]], pool: str, device: str, ranks: Mapping[str, int] = DEFAULT_RANKS
+    claims: Iterable[Mapping[str, Any]],
+    pool: str,
+    device: str,
+    ranks: Mapping[str, int] = DEFAULT_RANKS,
+    namespaces: Mapping[str, entitlement.Labels] | None = None,
 ) -> list[Tenant]:
-    """The allocated claims on ``pool``/``device``, with their tiers (an untiered claim has rank 0)."""
+    """The allocated claims on ``pool``/``device``, with their tiers (an untiered claim has rank 0).
+
+    ``namespaces``: the labels of each namespace (an administrator's); a namespace missing there is
+    unlabelled, so its claims count as :data:`~gpuplane.controller.rebalance.entitlement.DEFAULT_MAX_TIER`
+    at most.
+    """
+    namespaces = namespaces or {}
     out: list[Tenant] = []
     for claim in claims:
         meta = claim.get("metadata") or {}
@@ -125,7 +141,10 @@ def tenants(
         if not here:
             continue
         class_name = _class_of(claim, str(here[0].get("request", "")))
-        tier = fleet.tier_of_class(class_name or "") or "none"
+        declared = fleet.tier_of_class(class_name or "") or "none"
+        ns = str(meta.get("namespace", ""))
+        labels = namespaces.get(ns)
+        tier = entitlement.entitled(declared, labels, ranks)
         pods = tuple(
             PodRef(str(r.get("name", "")), str(r.get("uid", "")))
             for r in status.get("reservedFor") or []
@@ -134,11 +153,13 @@ def tenants(
         out.append(
             Tenant(
                 uid=str(meta.get("uid", "")),
-                namespace=str(meta.get("namespace", "")),
+                namespace=ns,
                 name=str(meta.get("name", "")),
                 tier=tier,
                 rank=ranks.get(tier, 0),
                 pods=pods,
+                declared=declared if declared != tier else "",
+                system=entitlement.is_system(ns, labels),
             )
         )
     return sorted(out, key=lambda t: (-t.rank, t.namespace, t.name))
