@@ -175,7 +175,7 @@ def pending_pod(body: Mapping[str, Any]) -> dict[str, Any]:
         for k, v in (meta.get("annotations") or {}).items()
         if str(k).startswith(names.GROUP + "/") and isinstance(v, str) and len(v) <= MAX_OWN_ANNOTATION
     }
-    if own:
+    if meta.get("annotations"):  # present even when none is ours: a patch then adds keys, not the map
         out_meta["annotations"] = own
     spec = body.get("spec") or {}
     return {

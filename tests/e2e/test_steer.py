@@ -184,3 +184,43 @@ def test_fail_open_when_every_controller_is_dead(steer_ns: GpuCluster) -> None:
     # A controller back up decides what was gated meanwhile.
     eventually(lambda: GATE not in _gates(gc.pod(NS, "during")), 60, "the gate held during the outage to go")
     eventually(lambda: gc.pod(NS, "during")["spec"].get("nodeName"), 60, "the held pod to be bound")
+
+
+def _self_gated(ns: str, name: str, blob: int) -> dict[str, Any]:
+    """A tenant's pod that carries the steer gate itself, with ``blob`` bytes of its own annotations."""
+    body = _pod(ns, name, {"a": "x" * blob})
+    body["spec"]["schedulingGates"] = [{"name": GATE}]
+    return body
+
+
+def test_self_gated_pods_cannot_starve_steering(steer_ns: GpuCluster) -> None:
+    """Issue 32, defect 2: a tenant's own gated pods (outside the opted-in namespaces, and inside with
+    annotations so close to the 256 KiB limit that no write can add to them) never hold back another
+    pod's steering; the controller leaves the ones outside alone."""
+    gc = steer_ns
+    outside = [_self_gated(PLAIN_NS, f"hog-{i:02d}", 250_000) for i in range(70)]
+    inside = [_self_gated(NS, f"full-{i:02d}", 262_144 - 1 - 40) for i in range(8)]
+    for body in [*outside, *inside]:  # created, not applied: kubectl apply would copy the blob again
+        gc.cluster.core.create_namespaced_pod(body["metadata"]["namespace"], body)
+    try:
+        started = time.monotonic()
+        gc.cluster.apply(_pod(NS, "victim"))
+
+        def running() -> dict[str, Any] | None:
+            got = gc.pod(NS, "victim")
+            return got if (got.get("status") or {}).get("phase") == "Running" else None
+
+        victim = eventually(running, 90, "the victim pod running")
+        waited = time.monotonic() - started
+        assert (victim["metadata"].get("annotations") or {}).get(STEERED), "the victim was not steered"
+        assert waited < 30, f"the victim waited {waited:.0f} s behind the tenant's gated pods"
+        # Outside the opted-in namespaces the controller touched nothing: the gates are the tenant's.
+        for p in gc.kubectl_json("get", "pods", "-n", PLAIN_NS)["items"]:
+            if p["metadata"]["name"].startswith("hog-"):
+                assert GATE in _gates(p) and STEERED not in (p["metadata"].get("annotations") or {})
+    finally:
+        for ns, names in (
+            (PLAIN_NS, [b["metadata"]["name"] for b in outside]),
+            (NS, [*(b["metadata"]["name"] for b in inside), "victim"]),
+        ):
+            gc.cluster.kubectl("delete", "pod", "-n", ns, "--wait=false", "--ignore-not-found", *names, timeout=120)

@@ -391,6 +391,20 @@ def test_the_patch_names_only_gpuplanes_annotation_keys() -> None:
     assert [op["op"] for op in body if op["path"].startswith("/metadata")] == ["add", "remove"]
 
 
+def test_a_pod_with_only_foreign_annotations_keeps_them() -> None:
+    from gpuplane.controller import indexed
+
+    p = _pod_in("ns", "kept", annotations={"kubectl.kubernetes.io/last-applied-configuration": "{}"})
+    placement = model.MemberPlacement(member=0, node="n1", domain="d", gpus=("n1/gpu-0",))
+    act = decide.Action("steer", "ns/kept", "steered", "r", placement)
+    body = reconciler.patch_for(indexed.pending_pod(p), act, decide.Settings())
+    assert [op["path"] for op in body if op["path"].startswith("/metadata")] == [
+        "/metadata/annotations/gpuplane.dev~1steered"
+    ]  # the map itself is not replaced (it holds the owner's key, which the index leaves out)
+    bare = reconciler.patch_for(indexed.pending_pod(_pod_in("ns", "bare")), act, decide.Settings())
+    assert next(op for op in bare if op["path"] == "/metadata/annotations")["op"] == "add"
+
+
 def test_a_forged_steered_annotation_reserves_nothing(pool: list[dict[str, Any]], classes: dict[str, Any]) -> None:
     view = snapshot_builder.build_view(pool)
     every = [g.id for g in view.gpus]
@@ -414,5 +428,5 @@ def test_the_pending_pod_index_keeps_nothing_a_tenant_can_inflate() -> None:
     ]
     kept = indexed.pending_pod(body)
     assert len(str(kept)) < 1_000
-    assert kept["metadata"]["annotations"] == {"gpuplane.dev/steering": "off"}
+    assert kept["metadata"]["annotations"] == {"gpuplane.dev/steering": "off"}  # 5,000 characters: not ours
     assert set(kept["spec"]) == {"resourceClaims", "schedulingGates"} and "labels" not in kept["metadata"]

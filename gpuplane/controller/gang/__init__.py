@@ -20,6 +20,8 @@
 - ``outcome``: what one reconcile decides (``Outcome``), the gang as read (``GangRead``), ``finish``; pure.
 - ``unbound``: a placement the scheduler does not follow (members still unbound long after the
   gates were lifted); pure.
+- ``preemption``: a victim gang's release and the Eviction API dry run that refuses a preemption a
+  PodDisruptionBudget would stop (API reads through :mod:`gpuplane.controller.kube`).
 - ``deleted``: a deleted GpuGang: its placement released and every member pod told (API writes).
 - ``status``: gang status as merge patches of changed fields, coalesced per gang; pure.
 """

@@ -233,7 +233,7 @@ def waiting_shapes(pending: Iterable[Mapping[str, Any]], state: SteerState) -> d
 def patch_for(pod: Mapping[str, Any], action: decide.Action, settings: decide.Settings) -> list[dict[str, Any]]:
     """The JSON patch for one action: steer (affinity + gate + annotation) or release (gate + annotation)."""
     meta = pod.get("metadata") or {}
-    had = meta.get("annotations") or {}
+    had = meta.get("annotations")  # None: the pod has no annotation map at all (the index says so)
     if action.kind == "steer" and action.placement is not None:
         ops = gate.steer_patch(pod, action.placement.node, settings.mode, settings.gate)
         mine: dict[str, str | None] = {
@@ -246,14 +246,16 @@ def patch_for(pod: Mapping[str, Any], action: decide.Action, settings: decide.Se
     return [*ops, *annotation_ops(had, mine)]
 
 
-def annotation_ops(had: Mapping[str, Any], mine: Mapping[str, str | None]) -> list[dict[str, Any]]:
+def annotation_ops(had: Mapping[str, Any] | None, mine: Mapping[str, str | None]) -> list[dict[str, Any]]:
     """JSON-patch operations on gpuplane's own annotation keys only (``None``: remove it if there).
 
     Never the whole map: rewriting it carried every annotation of the pod in the patch (a pod with
     250 KiB of its owner's annotations made every steering write fail), and a key written by someone
-    else between the read and the write would have been undone.
+    else between the read and the write would have been undone. ``had`` is the pod's map as indexed
+    (gpuplane's keys only, but present whenever the pod has any annotation); ``None`` when the pod has
+    none, the one case where the map itself is added.
     """
-    if not had:
+    if had is None:
         value = {k: v for k, v in mine.items() if v is not None}
         return [{"op": "add", "path": "/metadata/annotations", "value": value}] if value else []
     ops: list[dict[str, Any]] = []
