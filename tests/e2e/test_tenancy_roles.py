@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from kubernetes import client
@@ -76,3 +77,30 @@ def test_editors_use_gangs_and_requests_in_their_namespace_and_nothing_more(
     got = {key: may(key[0], key[1], key[2], key[3], key[4]) for key in want}
     wrong = {key: answer for key, answer in got.items() if answer != want[key]}
     assert wrong == {}, f"unexpected answers (user, verb, resource, namespace, subresource): {wrong}"
+
+
+def test_the_administrators_tenancy_objects_apply(installed: cluster.Cluster) -> None:
+    """manifests/tenancy (what docs/tenancy.md tells an administrator to apply) is accepted as written, and the
+    classes its quotas name are gpuplane's; its AdmissionConfiguration limits the same classes as the e2e's."""
+    import yaml
+
+    from e2e.cluster import flags
+
+    root = Path(__file__).resolve().parents[2]
+    tenancy = root / "manifests" / "tenancy"
+    config = yaml.safe_load((tenancy / "admission-configuration.yaml").read_text())
+    (scope,) = config["plugins"][0]["configuration"]["limitedResources"][0]["matchScopes"]
+    assert tuple(scope["values"]) == flags.ENTITLED_PRIORITY_CLASSES
+    classes = {
+        yaml.safe_load(p.read_text())["metadata"]["name"] for p in (root / "manifests" / "deviceclasses").glob("*.yaml")
+    }
+    for doc in yaml.safe_load_all((tenancy / "team-a.yaml").read_text()):
+        for key in (doc.get("spec") or {}).get("hard") or {}:
+            if key.endswith(".deviceclass.resource.k8s.io/devices"):
+                assert key.removesuffix(".deviceclass.resource.k8s.io/devices") in classes, key
+    try:
+        installed.kubectl("apply", "-k", str(tenancy))
+        quotas = installed.kubectl("get", "resourcequota", "-n", "team-a", "-o", "name")
+        assert "gpuplane-high" in quotas and "gpuplane-tiers" in quotas
+    finally:
+        installed.kubectl("delete", "-k", str(tenancy), "--ignore-not-found", "--wait=false", timeout=120)
