@@ -5,9 +5,11 @@ lost: when this replica first saw a pod gated (for the timeout; a new leader
 starts counting afresh, bounded by the pod's age), the pods it patched but
 whose index entry still shows the gate (so a second pass does not decide them
 again), and the shape of released pods still pending (the queue the policy is
-told about). Everything a pass needs to be correct after a restart is in the
-API: the gate, and the ``gpuplane.dev/steered`` annotation that holds a
-steered pod's placement until the scheduler binds it.
+told about), the placements it steered until their claims are allocated (the
+``gpuplane.dev/steered`` annotation only shows them: a pod's owner can write
+it, so it is never read as a reservation), and the pods whose patches failed
+(paused, and behind the others). A new leader starts from the API: the gate,
+and the namespaces an administrator opted in.
 """
 
 from __future__ import annotations
