@@ -132,7 +132,9 @@ def node(gpu_node: tuple[cluster.Cluster, simnodes.SimNode]) -> Iterator[Node]:
     handle, sim = gpu_node
     name = f"health-{uuid.uuid4().hex[:6]}"
     core = handle.core
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    # A gold claim shares a GPU with a bronze one: the namespace is granted gold (tiers are entitlements).
+    labels = {"gpuplane.dev/max-tier": "gold"}
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels=labels)))
     eventually(lambda: core.list_namespaced_service_account(name).items, what=f"default SA in {name}")
     yield Node(handle, sim, name)
     core.delete_namespace(name)

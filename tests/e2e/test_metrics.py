@@ -75,6 +75,8 @@ def test_metrics_move_when_claims_are_prepared(control_plane: cluster.Cluster, n
         },
     }
     refs = []
+    # The silver claim's namespace must be granted silver (tiers are entitlements, issue 32).
+    control_plane.kubectl("label", "namespace", "default", "gpuplane.dev/max-tier=silver", "--overwrite")
     try:
         for name, exactly in requests.items():
             claim = driverproc.allocate_claim(control_plane.api, node.name, name, exactly)
@@ -116,3 +118,4 @@ def test_metrics_move_when_claims_are_prepared(control_plane: cluster.Cluster, n
     finally:
         for name in requests:
             driverproc.release_claim(control_plane.api, name)
+        control_plane.kubectl("label", "namespace", "default", "gpuplane.dev/max-tier-")

@@ -91,7 +91,10 @@ CASES = {  # name -> (tier, share, minor, claim's own priority, expected CUDA_MP
 @pytest.fixture(scope="module")
 def workloads(gpu_cluster: GpuCluster) -> Iterator[tuple[GpuCluster, str]]:
     node = gpu_cluster.of_profile("hgx-h100")[-1].name
-    items: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}]
+    granted = {"gpuplane.dev/max-tier": "gold"}  # tiers are entitlements (issue 32)
+    items: list[dict[str, Any]] = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS, "labels": granted}}
+    ]
     for name, (tier, share, minor, priority, _) in CASES.items():
         items += [claim(name, tier, share, minor, priority), pod(name, node)]
     items += [claim("bronze-raised", "bronze", 20, 5, "Normal"), pod("bronze-raised", node)]

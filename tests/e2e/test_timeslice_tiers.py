@@ -88,7 +88,12 @@ def consenting_gold(cluster: GpuCluster) -> dict[str, Any]:
 def placed(gpu_cluster: GpuCluster) -> Iterator[tuple[GpuCluster, str]]:
     node = gpu_cluster.of_profile("hgx-h100")[0].name
     items: list[dict[str, Any]] = [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}},
+        # Granted gold by its administrator: tiers are entitlements (issue 32).
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": NS, "labels": {"gpuplane.dev/max-tier": "gold"}},
+        },
         consenting_gold(gpu_cluster),
         claim("gold", "timeslice-gold.gpu.gpuplane.dev", 2),
         pod("gold", node),

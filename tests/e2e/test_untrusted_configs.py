@@ -49,6 +49,12 @@ def sharing(strategy: str, key: str, **fields: Any) -> dict[str, Any]:
     }
 
 
+@pytest.fixture(scope="module", autouse=True)
+def granted_gold(gpu_cluster: GpuCluster, ns: str) -> None:
+    """The module's namespace may use every tier (tiers are entitlements, issue 32): configs are what is tested."""
+    gpu_cluster.cluster.kubectl("label", "namespace", ns, "gpuplane.dev/max-tier=gold", "--overwrite")
+
+
 REFUSED_AT_CREATION = {
     "huge-limit": (mps(defaultPinnedDeviceMemoryLimit="9" * 9800), None, "MPS pinned memory limits"),
     "pct-true": (mps(defaultActiveThreadPercentage=True), None, "defaultActiveThreadPercentage must be an integer"),
