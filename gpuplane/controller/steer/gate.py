@@ -91,6 +91,28 @@ def release_patch(pod: Mapping[str, Any], gate: str) -> list[dict[str, Any]]:
     return _gate_ops(gates_of(pod), gate)
 
 
+def annotation_ops(had: Mapping[str, Any] | None, mine: Mapping[str, str | None]) -> list[dict[str, Any]]:
+    """JSON-patch operations on gpuplane's own annotation keys only (``None``: remove it if there).
+
+    Never the whole map: rewriting it carried every annotation of the pod in the patch (a pod with
+    250 KiB of its owner's annotations made every steering write fail), and a key written by someone
+    else between the read and the write would have been undone. ``had`` is the pod's map as indexed
+    (gpuplane's keys only, but present whenever the pod has any annotation); ``None`` when the pod has
+    none, the one case where the map itself is added.
+    """
+    if had is None:
+        value = {k: v for k, v in mine.items() if v is not None}
+        return [{"op": "add", "path": "/metadata/annotations", "value": value}] if value else []
+    ops: list[dict[str, Any]] = []
+    for key, v in mine.items():
+        path = "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+        if v is not None:
+            ops.append({"op": "add", "path": path, "value": v})
+        elif key in had:
+            ops.append({"op": "remove", "path": path})
+    return ops
+
+
 def pinned_node(pod: Mapping[str, Any]) -> str | None:
     """The single node a pod's required affinity or nodeSelector already allows, if exactly one; else None."""
     spec = pod.get("spec") or {}
