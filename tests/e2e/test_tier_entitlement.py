@@ -111,11 +111,16 @@ def admitted(done: subprocess.CompletedProcess[str]) -> None:
     assert done.returncode == 0, done.stderr
 
 
-def test_a_tenant_gets_only_the_tier_its_namespace_was_granted(gpu_cluster: GpuCluster, tenant: Tenant) -> None:
+def test_a_tenant_gets_only_the_tier_its_namespace_was_granted(
+    gpu_cluster: GpuCluster, tenant: Tenant, capsys: pytest.CaptureFixture[str]
+) -> None:
     ns = tenant.ns
     gold, silver = "mps-gold.gpu.gpuplane.dev", "mps-silver.gpu.gpuplane.dev"
     # Unlabelled: bronze only, for claims, templates and every firstAvailable subrequest.
-    refused(tenant.create(claim("gold", gold)), gold, ns, "bronze")
+    first = tenant.create(claim("gold", gold))
+    refused(first, gold, ns, "bronze")
+    with capsys.disabled():
+        print(f"\n[e2e] tenant (edit in {ns}, unlabelled) creates an mps-gold claim: {first.stderr.strip()}")
     refused(tenant.create(template("gold-tpl", gold)), gold, ns, "bronze")
     ts_silver = "timeslice-silver.gpu.gpuplane.dev"
     refused(
