@@ -19,17 +19,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from e2e.cluster.handle import KubectlError
 from e2e.plane import components, nodes, simnodes
 from gpuplane.controller.rebalance import signal
-from gpuplane.driver.api import noisy_taint
 from gpuplane.driver.hw.sim import gpu_uuid
 from gpuplane.driver.sharing.mps import MpsControl
 from tests.e2e.conftest import GpuCluster, eventually
@@ -347,67 +344,6 @@ def test_pdb_that_forbids_the_move_means_no_eviction_and_an_event_saying_why(
         assert f"gpuplane-moved.{sim.name}.gpu-4" not in listed  # the rule made before the eviction was removed
         with capsys.disabled():
             for line in [*refused, *on_gold]:
-                print(f"[e2e] Event {line}")
-    finally:
-        sc.teardown()
-
-
-TIER_BINDING = "gpuplane-tier-entitlement"
-
-
-def test_a_gold_claim_its_namespace_was_never_granted_gets_nobody_evicted(
-    node: tuple[GpuCluster, simnodes.SimNode], capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Issue 32, defect 4: the controller does not take a claim's class on trust.
-
-    The gold claim is made while the admission policy is unbound (as a claim made before the policy
-    existed), in a namespace its administrator never granted gold: rebalancing counts it as bronze, so the
-    noisy bronze neighbour stays. Once the administrator labels the namespace gold, the same alert moves it.
-    """
-    gpu, sim = node
-    sc = Scenario(gpu, sim, "rebalance-ungranted")
-    binding = json.loads(
-        gpu.cluster.kubectl("get", "validatingadmissionpolicybinding", TIER_BINDING, "-o", "json", check=False) or "{}"
-    )
-    for key in ("resourceVersion", "uid", "creationTimestamp", "generation", "managedFields"):
-        binding.get("metadata", {}).pop(key, None)
-    binding.pop("status", None)
-    gpu.cluster.kubectl("delete", "validatingadmissionpolicybinding", TIER_BINDING, "--ignore-not-found")
-    try:
-        # The policy sees the binding go within a second or so; until then the gold claim may be refused.
-        def made() -> tuple[dict[str, Any], dict[str, Any]] | None:
-            try:
-                return sc.setup(6, (6, 7), pdb=False, granted=False)
-            except KubectlError:  # refused while the binding's removal propagates
-                return None
-
-        gold, bronze = eventually(made, 60, "gold and bronze running in an ungranted namespace")
-    finally:
-        if binding:
-            gpu.cluster.apply(json.dumps(binding))
-    try:
-        bronze_name = bronze["metadata"]["name"]
-        sc.hog(6, sc.claim_of(bronze), sc.claim_of(gold))
-        device = eventually(
-            lambda: (gpu.slice_devices().get((sim.name, "gpu-6")) or {}).get("taints"), 60, "the noisy taint on gpu-6"
-        )
-        assert any(t["key"] == noisy_taint.KEY for t in device), device
-        # Persist (5 s) and several passes (every 5 s): no eviction, no rule.
-        deadline = time.monotonic() + 25
-        while time.monotonic() < deadline:
-            assert not quote(sc, bronze_name, "NoisyNeighbourEvicted")
-            assert f"gpuplane-moved.{sim.name}.gpu-6" not in gpu.cluster.kubectl(
-                "get", "devicetaintrules", "-o", "name"
-            )
-            time.sleep(2)
-        still = gpu.pod(sc.ns, bronze_name)
-        assert still["metadata"]["uid"] == bronze["metadata"]["uid"] and not still["metadata"].get("deletionTimestamp")
-        # The administrator grants gold: the gold claim now counts as gold and the bronze neighbour moves.
-        gpu.cluster.kubectl("label", "namespace", sc.ns, "gpuplane.dev/max-tier=gold")
-        evicted = eventually(lambda: quote(sc, bronze_name, "NoisyNeighbourEvicted"), 90, "NoisyNeighbourEvicted")
-        with capsys.disabled():
-            print("\n[e2e] ungranted gold claim: no eviction for 25 s; after the label:")
-            for line in evicted:
                 print(f"[e2e] Event {line}")
     finally:
         sc.teardown()
