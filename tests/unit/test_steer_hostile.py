@@ -11,7 +11,7 @@ from gpuplane.controller.gang import writes as gang_writes
 from gpuplane.controller.node import snapshot_builder
 from gpuplane.controller.placement import model
 from gpuplane.controller.placement.policies import gpuplane
-from gpuplane.controller.steer import decide, reconciler
+from gpuplane.controller.steer import decide, gate, reconciler
 from tests.unit import test_steer as base
 from tests.unit.test_steer import MIG3, Writer, pod, template
 
@@ -161,3 +161,17 @@ def test_the_pending_pod_index_keeps_nothing_a_tenant_can_inflate() -> None:
     assert len(str(kept)) < 1_000
     assert kept["metadata"]["annotations"] == {"gpuplane.dev/steering": "off"}  # 5,000 characters: not ours
     assert set(kept["spec"]) == {"resourceClaims", "schedulingGates"} and "labels" not in kept["metadata"]
+
+
+def test_a_steering_write_keeps_every_other_systems_gate_in_order() -> None:
+    """Defect 6: the gate check compares every gate; the controller lifts gpuplane.dev/steer and only it."""
+    gated = {"spec": {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}, {"name": "gpuplane.dev/steer"}]}}
+    gated["spec"]["schedulingGates"].append({"name": "example.com/other"})
+    settings = decide.Settings()
+    for ops in (gate.release_patch(gated, settings.gate), gate.steer_patch(gated, "n1", "prefer", settings.gate)):
+        test, replace = ops[0], ops[1]
+        assert test == {"op": "test", "path": "/spec/schedulingGates", "value": gated["spec"]["schedulingGates"]}
+        assert replace["value"] == [{"name": "kueue.x-k8s.io/admission"}, {"name": "example.com/other"}]
+    assert gate.held_by(gated, settings.gate) and not gate.held_by(gated, "gpuplane.dev/gang")
+    foreign_only = {"spec": {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]}}
+    assert not gate.held_by(foreign_only, settings.gate)  # never decided, never written
