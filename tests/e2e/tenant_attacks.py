@@ -85,7 +85,9 @@ def priority_class_not_granted(arena: Arena) -> str:
 
 def _fat_pod(ns: str, name: str, *, gated: bool) -> dict[str, Any]:
     body = pod(ns, name, claim_name="none")
-    body["metadata"]["annotations"] = {"tenant.example/blob": "x" * BLOB}
+    # Gated: so full that no write can add a key to the map (256 KiB of keys and values); else 250 KB.
+    size = 262_144 - 64 if gated else BLOB
+    body["metadata"]["annotations"] = {"tenant.example/blob": "x" * size}
     if gated:
         body["spec"]["schedulingGates"] = [{"name": STEER_GATE}]
     return body
@@ -102,7 +104,7 @@ def self_gated_flood(arena: Arena) -> str:
         if p["metadata"]["name"].startswith("hog-") and STEERED in (p["metadata"].get("annotations") or {})
     ]
     assert not touched, f"the controller steered pods of a namespace nobody opted in: {touched[:5]}"
-    return f"{FLOOD} self-gated 250 KB pods; {evidence}"
+    return f"{FLOOD} self-gated pods with 256 KiB of annotations; {evidence}"
 
 
 def forged_reservation(arena: Arena) -> str:
@@ -209,7 +211,7 @@ ATTACKS: list[Attack] = [
     Attack(
         "self-gated-flood",
         "2",
-        f"{FLOOD} pods carrying the steer gate with 250 KB annotations",
+        f"{FLOOD} pods carrying the steer gate with 256 KiB of annotations",
         "victim's new pod steered and running before the steering timeout",
         self_gated_flood,
     ),
