@@ -307,11 +307,13 @@ OWN_PLANE_MODULES = (
     "test_health.py",
     "test_manifests.py",
     "test_metrics.py",
+    "test_metrics_auth.py",
     "test_probes.py",
     "test_rbac.py",
     "test_rbac_writes.py",
     "test_realnode_install.py",
     "test_realnode_rollout.py",
+    "test_tenancy_roles.py",
     "test_upgrade.py",
 )
 
