@@ -11,7 +11,8 @@ from pathlib import Path
 from tests.e2e.conftest import OWN_PLANE_MODULES
 
 E2E = Path(__file__).resolve().parents[1] / "e2e"
-BASE_INSTALL = re.compile(r"install\.apply\(\s*control_plane\b")
+# Installing it directly, or through tests/rbackit's ``installed`` fixture (which does the same).
+BASE_INSTALL = re.compile(r"install\.apply\(\s*control_plane\b|\binstalled_fixture\b")
 
 
 def base_installers(folder: Path) -> set[str]:
@@ -27,4 +28,5 @@ def test_every_module_installing_the_base_on_the_session_plane_runs_before_gpu_c
 def test_the_scan_flags_a_module_that_is_not_listed(tmp_path: Path) -> None:
     (tmp_path / "test_new.py").write_text("def node(control_plane):\n    install.apply(control_plane)\n")
     (tmp_path / "test_other.py").write_text("def node(fresh):\n    install.apply(fresh)\n")
-    assert base_installers(tmp_path) == {"test_new.py"}
+    (tmp_path / "test_kit.py").write_text("from tests.rbackit import installed_fixture  # noqa: F401\n")
+    assert base_installers(tmp_path) == {"test_new.py", "test_kit.py"}
