@@ -42,6 +42,7 @@ from tests.e2e.tenantkit import (
     outcome,
     pod,
     steered_in_time,
+    whole_gpu_template,
 )
 
 HIGH = flags.ENTITLED_PRIORITY_CLASSES[0]  # exists; no tenant here was granted it (no ResourceQuota scoped to it)
@@ -84,7 +85,8 @@ def priority_class_not_granted(arena: Arena) -> str:
 
 
 def _fat_pod(ns: str, name: str, *, gated: bool) -> dict[str, Any]:
-    body = pod(ns, name, claim_name="none")
+    # Gated: steerable (a whole-GPU claim template of its own namespace); else an unbound claim pod.
+    body = pod(ns, name, template="whole") if gated else pod(ns, name, claim_name="none")
     # Gated: so full that no write can add a key to the map (256 KiB of keys and values); else 250 KB.
     size = 262_144 - 64 if gated else BLOB
     body["metadata"]["annotations"] = {"tenant.example/blob": "x" * size}
@@ -95,32 +97,37 @@ def _fat_pod(ns: str, name: str, *, gated: bool) -> dict[str, Any]:
 
 def self_gated_flood(arena: Arena) -> str:
     a = arena.attacker
+    a.must_create(whole_gpu_template(a.ns))
     for i in range(FLOOD):
         a.must_create(_fat_pod(a.ns, f"hog-{i:02d}", gated=True))
-    evidence = steered_in_time(arena.gc, arena.serving, "late-1")
+    time.sleep(3)  # a few steering passes over the flood
     touched = [
         p["metadata"]["name"]
         for p in arena.gc.pods(a.ns)
         if p["metadata"]["name"].startswith("hog-") and STEERED in (p["metadata"].get("annotations") or {})
     ]
-    assert not touched, f"the controller steered pods of a namespace nobody opted in: {touched[:5]}"
+    assert not touched, f"the controller steered {len(touched)} pods of a namespace nobody opted in: {touched[:3]}"
+    evidence = steered_in_time(arena.gc, arena.serving, "late-1")
     return f"{FLOOD} self-gated pods with 256 KiB of annotations; {evidence}"
 
 
 def forged_reservation(arena: Arena) -> str:
     a = arena.attacker
-    whole: dict[str, list[str]] = {}
-    for (pool, device), _ in arena.gc.slice_devices().items():
-        if device.startswith("gpu-") and device.removeprefix("gpu-").isdigit():
-            whole.setdefault(pool, []).append(f"{pool}/{device}")
-    for i, (node, gpus) in enumerate(sorted(whole.items())):
-        body = pod(a.ns, f"liar-{i}", claim_name="none")
+    gpus = sorted(
+        f"{pool}/{device}"
+        for pool, device in arena.gc.slice_devices()
+        if device.startswith("gpu-") and device.removeprefix("gpu-").isdigit()
+    )
+    # One forged reservation per whole GPU: each one that is free would be held for the liar.
+    for i, gpu in enumerate(gpus):
+        body = pod(a.ns, f"liar-{i:02d}", claim_name="none")
         body["spec"]["nodeSelector"] = {"tenancy.e2e/nowhere": "true"}  # stays unbound
-        forged = decide.encode_placement(model.MemberPlacement(member=0, node=node, domain="", gpus=tuple(gpus)))
+        node = gpu.split("/")[0]
+        forged = decide.encode_placement(model.MemberPlacement(member=0, node=node, domain="", gpus=(gpu,)))
         body["metadata"]["annotations"] = {STEERED: forged}
         a.must_create(body)
     time.sleep(2)
-    return f"{len(whole)} pods each 'reserving' every GPU of a node; " + steered_in_time(
+    return f"{len(gpus)} pods each 'reserving' one GPU, every GPU; " + steered_in_time(
         arena.gc, arena.serving, "late-2"
     )
 
@@ -209,18 +216,18 @@ ATTACKS: list[Attack] = [
         grant_itself,
     ),
     Attack(
-        "self-gated-flood",
-        "2",
-        f"{FLOOD} pods carrying the steer gate with 256 KiB of annotations",
-        "victim's new pod steered and running before the steering timeout",
-        self_gated_flood,
-    ),
-    Attack(
         "forged-reservation",
         "3",
         "unbound pods whose steered annotation reserves every GPU of every node",
         "victim's new pod steered and running before the steering timeout",
         forged_reservation,
+    ),
+    Attack(
+        "self-gated-flood",
+        "2",
+        f"{FLOOD} pods carrying the steer gate with 256 KiB of annotations",
+        "victim's new pod steered and running before the steering timeout",
+        self_gated_flood,
     ),
     Attack(
         "oversized-flood",

@@ -254,7 +254,7 @@ def steered_in_time(gc: GpuCluster, tenant: Tenant, name: str) -> str:
     got = eventually(running, deadline - time.monotonic(), f"{tenant.ns}/{name} running")
     waited = time.monotonic() - started
     steered = (got["metadata"].get("annotations") or {}).get(STEERED, "")
-    assert steered, f"{tenant.ns}/{name} ran after {waited:.0f} s but the controller never steered it (timeout release)"
+    assert steered, f"{tenant.ns}/{name} ran after {waited:.0f} s, released unsteered (the controller found no room)"
     assert waited < STEER_TIMEOUT_S, (
         f"{tenant.ns}/{name} waited {waited:.0f} s (steering timeout {STEER_TIMEOUT_S:.0f} s)"
     )
