@@ -50,21 +50,6 @@ def _dropped(memo: Any) -> Mapping[str, Any]:
     return NOT_INDEXED
 
 
-def _untrusted_slice(memo: Any, name: str, spec: Mapping[str, Any], reason: str) -> None:
-    """A slice of this driver whose pool is not its node's: counted, logged, never read (slice_index.untrusted)."""
-    memo.metrics.untrusted_slices.labels(reason=reason).inc()
-    pool = spec.get("pool")
-    logging.getLogger(__name__).warning(
-        "ResourceSlice %.253s of %s not read (%s): pool %.255r, nodeName %.255r; the driver publishes its own "
-        "node's pool only (policy gpuplane-own-node-slices)",
-        name,
-        dn.DRIVER_NAME,
-        reason,
-        pool.get("name") if isinstance(pool, Mapping) else pool,
-        spec.get("nodeName"),
-    )
-
-
 def _plain(body: Mapping[str, Any], *keys: str) -> dict[str, Any]:
     return {k: copy.deepcopy(body[k]) for k in ("apiVersion", "kind", "metadata", *keys) if k in body}
 
@@ -126,9 +111,6 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
         if not slimmed:
             digest = slice_index.digest(name, body.get("spec") or {}, interner)
         if digest is None:
-            if (reason := slice_index.untrusted(body.get("spec"))) is not None:  # its pool is not its node's
-                _untrusted_slice(memo, name, body.get("spec") or {}, reason)
-                return _dropped(memo)
             return NOT_INDEXED
         memo.touched()
         return {digest.node: digest}  # keyed by node: a node's label needs only its own slices
