@@ -4,18 +4,32 @@
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes.client.exceptions import ApiException
-
-from e2e.plane import identity
 
 DRIVER_PODS_POLICY = "gpuplane-driver-own-node-pods"
 DAEMON_LABELS = {
     "app.kubernetes.io/name": "gpuplane-mps-control-daemon",
     "app.kubernetes.io/component": "mps-control-daemon",
 }
+
+
+def _base_driver_image() -> str:
+    """The driver image of the base manifests (what the rbac tests install): ``images`` of the base kustomization."""
+    kustomization = yaml.safe_load(
+        (Path(__file__).resolve().parents[1] / "manifests/base/kustomization.yaml").read_text()
+    )
+    image = next(i for i in kustomization["images"] if i["name"] == "gpuplane-driver")
+    return f"{image['newName']}:{image['newTag']}"
+
+
+# The policy pins a daemon pod's image to the installed DaemonSet's repository (tests/e2e/test_rbac_narrow.py
+# checks that this is the rendered DaemonSet's image).
+DRIVER_IMAGE = _base_driver_image()
 
 
 def daemon_pod(name: str, node: str, claim_uid: str = "") -> dict[str, Any]:
@@ -40,7 +54,7 @@ def daemon_pod(name: str, node: str, claim_uid: str = "") -> dict[str, Any]:
             "containers": [
                 {
                     "name": "mps-control-daemon",
-                    "image": identity.STAND_IN_IMAGE,
+                    "image": DRIVER_IMAGE,
                     "command": ["nvidia-cuda-mps-control", "-f"],
                     "env": [{"name": "CUDA_MPS_PIPE_DIRECTORY", "value": f"{mps}/pipe"}],
                     "securityContext": {"privileged": True},

@@ -310,6 +310,7 @@ OWN_PLANE_MODULES = (
     "test_metrics_auth.py",
     "test_probes.py",
     "test_rbac.py",
+    "test_rbac_narrow.py",
     "test_rbac_writes.py",
     "test_realnode_install.py",
     "test_realnode_rollout.py",

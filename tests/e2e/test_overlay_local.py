@@ -30,6 +30,7 @@ ALLOWED = (
     f"{DEPLOY}: {POD}.containers[0].image: ",
     f"{DEPLOY}: {POD}.containers[0].imagePullPolicy: ",
     f"{DEPLOY}: {POD}.nodeSelector: only in the second",
+    f"{DEPLOY}: {POD}.affinity.nodeAffinity: only in the first",
 )
 LOCAL_ROOT = "/var/lib/gpuplane-local"
 
