@@ -311,6 +311,7 @@ OWN_PLANE_MODULES = (
     "test_probes.py",
     "test_rbac.py",
     "test_rbac_narrow.py",
+    "test_rbac_narrow_nodes.py",
     "test_rbac_writes.py",
     "test_realnode_install.py",
     "test_realnode_rollout.py",
