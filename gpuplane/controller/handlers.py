@@ -23,7 +23,7 @@ import kopf
 from gpuplane.controller import config, heap, indexed, kopf_barrier, names, rejects, runtime, slim, startup, steering
 from gpuplane.controller.claim import checks, explainer, handling, review
 from gpuplane.controller.gang import leaderworkersets, owners
-from gpuplane.controller.node import slice_index
+from gpuplane.controller.node import slice_index, untrusted
 from gpuplane.controller.rebalance import act, decide, loop
 from gpuplane.controller.rightsize import apply as rightsize
 from gpuplane.controller.rightsize import template as rs_template
@@ -111,6 +111,9 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
         if not slimmed:
             digest = slice_index.digest(name, body.get("spec") or {}, interner)
         if digest is None:
+            if (reason := slice_index.untrusted(body.get("spec"))) is not None:  # its pool is not its node's
+                untrusted.report(memo.metrics, name, body.get("spec") or {}, reason)
+                return _dropped(memo)
             return NOT_INDEXED
         memo.touched()
         return {digest.node: digest}  # keyed by node: a node's label needs only its own slices

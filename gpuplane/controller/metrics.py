@@ -77,6 +77,12 @@ class ControllerMetrics:
             buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1),
             registry=self.registry,
         )
+        self.untrusted_slices = prom.Counter(
+            "gpuplane_untrusted_slices_total",
+            "ResourceSlice events of this driver not read: no node (no-node), pool not the node (pool-not-node).",
+            ["reason"],
+            registry=self.registry,
+        )
 
         self.leader_terms = prom.Counter(
             "gpuplane_controller_leader_terms_total",

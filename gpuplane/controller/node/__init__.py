@@ -6,6 +6,8 @@
   immutable snapshot; pure.
 - ``slice_index``: a ResourceSlice as the controller indexes it (a digest of the fields it reads,
   keyed by node; total on hostile input); pure but for a fleet-wide interner of equal values.
+- ``untrusted``: a slice of this driver whose pool is not its node's, not read: counted
+  (``gpuplane_untrusted_slices_total``) and logged.
 - ``device_attrs``: what one published device says (qualified attributes, quantities, a MIG
   device's counter footprint and geometry profile), every reader total; pure.
 """

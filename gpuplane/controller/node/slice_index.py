@@ -17,8 +17,12 @@ gigabytes. :func:`digest` reduces one slice to a :class:`SliceDigest`:
 
 Every field is read as hostile (a node wrote it): :func:`digest` is total, reading fields of the
 wrong type as absent (the readers of :mod:`gpuplane.controller.node.device_attrs`) and skipping
-devices without a name; a slice with more devices than the API allows is not read. Strings that
-repeat (attribute names, product names, device names) are interned. Nothing here talks to the
+devices without a name; a slice with more devices than the API allows is not read. A slice of this
+driver whose ``pool.name`` is not its ``nodeName`` (or that names no node) is not read either
+(:func:`untrusted` says why): the driver publishes one pool per node, named after it, so such a slice
+was written by someone else (a stolen node credential naming another node's pool), and its devices and
+noisy taints (which name claims, and so pods to evict) must not reach placement, steering or
+rebalancing. Strings that repeat (attribute names, product names, device names) are interned. Nothing here talks to the
 API; the interner is the only state, and it holds values, never decisions.
 """
 
@@ -38,6 +42,9 @@ from gpuplane.driver.api import noisy_taint
 MAX_DEVICES = 128  # the API's limit on devices in one ResourceSlice (resource.k8s.io/v1)
 MIG_MAPS = 4096  # distinct per-slice MIG mappings shared (nodes of one model publish equal ones)
 MAX_NAME = 253  # a DNS subdomain: the longest node, pool or device name the API accepts
+NO_NODE = "no-node"  # untrusted(): the slice names no node (a cluster-wide or node-selector pool)
+POOL_NOT_NODE = "pool-not-node"  # untrusted(): spec.pool.name is not spec.nodeName
+UNTRUSTED_REASONS = (NO_NODE, POOL_NOT_NODE)
 
 
 @dataclass(frozen=True)
@@ -179,6 +186,22 @@ def _gpu(device: Mapping[str, Any], dev: str, node: str, driver: str) -> GpuInfo
     )
 
 
+def untrusted(spec: Any, driver: str = dn.DRIVER_NAME) -> str | None:
+    """Why a slice of ``driver`` is not to be read (:data:`UNTRUSTED_REASONS`), or None.
+
+    None as well for another driver's slice or a spec that is not a mapping (not this driver's: not
+    read anyway). The driver publishes node-local pools only, each named after its node.
+    """
+    if not isinstance(spec, Mapping) or spec.get("driver") != driver:
+        return None
+    node = spec.get("nodeName")
+    if not isinstance(node, str) or not node or len(node) > MAX_NAME:
+        return NO_NODE
+    if device_attrs.mapping(spec.get("pool")).get("name") != node:
+        return POOL_NOT_NODE
+    return None
+
+
 def digest(
     name: str, spec: Mapping[str, Any], interner: Interner | None = None, driver: str = dn.DRIVER_NAME
 ) -> SliceDigest | None:
@@ -186,9 +209,10 @@ def digest(
 
     Total: whatever ``spec`` holds, this returns and never raises. Fields of the wrong type read as
     absent; a device without a name is skipped; a slice with more devices than the API allows in one
-    (:data:`MAX_DEVICES`) is not read at all, since reading part of it would misstate the node.
+    (:data:`MAX_DEVICES`) is not read at all, since reading part of it would misstate the node; nor is
+    a slice whose pool is not its node (:func:`untrusted`).
     """
-    if not isinstance(spec, Mapping) or spec.get("driver") != driver:
+    if not isinstance(spec, Mapping) or spec.get("driver") != driver or untrusted(spec, driver) is not None:
         return None
     devices = spec.get("devices")
     devices = devices if isinstance(devices, list) else []
