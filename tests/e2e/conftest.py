@@ -315,6 +315,7 @@ OWN_PLANE_MODULES = (
     "test_rbac_writes.py",
     "test_realnode_install.py",
     "test_realnode_rollout.py",
+    "test_steer_gates.py",
     "test_tenancy_roles.py",
     "test_upgrade.py",
 )
