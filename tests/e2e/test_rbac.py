@@ -195,7 +195,9 @@ def test_driver_writes_only_its_own_nodes_slices(
 
         # Another node: create refused by the admission policy.
         err = refused(mine.create_cluster_custom_object, g, v, r, slice_body(other, node_b))
-        assert POLICY in str(err.body) and f"node '{node_b}'" in str(err.body)
+        # refused by the driver's policy or by gpuplane-own-node-slices (every writer); both name the node
+        assert any(p in str(err.body) for p in (POLICY, "gpuplane-own-node-slices")), err.body
+        assert f"node '{node_b}'" in str(err.body), err.body
 
         # Anything else in a slice that names another node (or another driver) is refused too.
         def spoof(name: str, change: Any) -> str:
@@ -203,7 +205,8 @@ def test_driver_writes_only_its_own_nodes_slices(
             change(body)
             return str(refused(mine.create_cluster_custom_object, g, v, r, body).body)
 
-        assert f"not pool '{node_b}'" in spoof(f"{node_a}-pool", lambda b: b["spec"]["pool"].update(name=node_b))
+        pooled = spoof(f"{node_a}-pool", lambda b: b["spec"]["pool"].update(name=node_b))
+        assert f"not pool '{node_b}'" in pooled or f"must be '{node_a}', not '{node_b}'" in pooled, pooled
         assert f"names its ResourceSlices '{node_a}-" in spoof(f"{node_b}-gpuplane-9", lambda b: None)
         assert "not 'gpu.example.com'" in spoof(f"{node_a}-drv", lambda b: b["spec"].update(driver="gpu.example.com"))
         assert "gpuplane.dev/node=" in spoof(

@@ -233,11 +233,25 @@ def test_controller_is_scheduled_off_gpu_nodes(installed: cluster.Cluster, two_n
         "matchExpressions"
     ].append(pick)
     labelled: list[str] = []
+    scheduling = client.SchedulingV1Api(installed.api)
+    first_in_queue = f"{ns}-first"
+    scheduling.create_priority_class(
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": first_in_queue},
+            "value": 900_000_000,
+            "preemptionPolicy": "Never",
+        }
+    )
 
     def place(name: str) -> dict[str, Any]:
         body = parked_pod(name)
         body["spec"] = {
             "affinity": affinity,
+            # ahead of whatever other modules left Pending: the scheduler's queue sorts by priority, then age,
+            # and every node label below moves all unschedulable pods back to its active queue
+            "priorityClassName": first_in_queue,
             "tolerations": [{"operator": "Exists"}],
             "containers": [{"name": "c", "image": identity.STAND_IN_IMAGE}],
         }
@@ -252,14 +266,18 @@ def test_controller_is_scheduled_off_gpu_nodes(installed: cluster.Cluster, two_n
         eventually(lambda: core.read_namespaced_pod("one", ns).spec.node_name == node_b, 60, "the pod bound to node B")
         core.patch_node(node_b, {"metadata": {"labels": {"nvidia.com/gpu.present": "true"}}})
         core.create_namespaced_pod(ns, place("two"))
-        eventually(
-            lambda: any(
-                c.type == "PodScheduled" and c.status == "False"
-                for c in (core.read_namespaced_pod("two", ns).status.conditions or [])
-            ),
-            60,
-            "the scheduler to find no node for the second pod",
-        )
+        try:
+            eventually(
+                lambda: any(
+                    c.type == "PodScheduled" and c.status == "False"
+                    for c in (core.read_namespaced_pod("two", ns).status.conditions or [])
+                ),
+                120,
+                "the scheduler to find no node for the second pod",
+            )
+        except AssertionError as exc:
+            two = core.read_namespaced_pod("two", ns)
+            raise AssertionError(f"{exc}: node {two.spec.node_name!r}, conditions {two.status.conditions}") from exc
         assert core.read_namespaced_pod("two", ns).spec.node_name is None
     finally:
         for node in labelled:
@@ -281,6 +299,7 @@ def test_controller_is_scheduled_off_gpu_nodes(installed: cluster.Cluster, two_n
         for name in ("one", "two"):
             _force_delete(core, ns, name)
         core.delete_namespace(ns)
+        scheduling.delete_priority_class(first_in_queue)
 
 
 def _force_delete(core: client.CoreV1Api, ns: str, name: str) -> None:
