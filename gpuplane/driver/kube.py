@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import structlog
@@ -53,6 +53,28 @@ class KubeApi:
                 raise NotFound(f"ResourceClaim {namespace}/{name} not found") from exc
             raise
         return cast(dict[str, Any], kuberesponse.read_object(raw))
+
+    def apply_claim_device_status(
+        self, namespace: str, name: str, uid: str, devices: Sequence[Mapping[str, Any]], manager: str
+    ) -> None:
+        """Server-side apply of ``status.devices`` (this manager's entries) on the claim of ``uid``.
+
+        A claim that is gone (404) or is another object now (409: the uid precondition) needs nothing.
+        """
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "status": {"devices": [dict(d) for d in devices]},
+        }
+        try:
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, "resourceclaims", name, body,
+                field_manager=manager, force=True, _content_type="application/apply-patch+yaml",
+            )  # fmt: skip
+        except client.ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
 
     def list_claims(self) -> list[dict[str, Any]]:
         """Every claim; one nested too deeply comes cut and marked rejected (boundedjson), the others intact."""

@@ -18,14 +18,18 @@ from collections.abc import Iterator
 
 import pytest
 
+from e2e.cluster import releases
 from e2e.plane import report
 from e2e.plane.realnode import inspect
+from gpuplane.driver.prepare.checkpoint import ClaimRecord
 from tests.e2e import realchecks, realexample_checks
 from tests.e2e.conftest import EXAMPLES, eventually
 from tests.e2e.realfixtures import RealCluster
 from tests.e2e.test_scenarios import assert_prepared, results
 
 pytestmark = pytest.mark.e2e
+
+DRIVER = "gpu.gpuplane.dev"
 
 RUNNING = {
     "gang-indexed-job": 2,
@@ -66,6 +70,11 @@ def test_every_example_is_covered() -> None:
 @pytest.fixture
 def applied(only_real_nodes: RealCluster, request: pytest.FixtureRequest) -> Iterator[str]:
     name = str(request.param)
+    if name in WORKLOAD_API_V1BETA1 and releases.RUNNING.workload_api != "scheduling.k8s.io/v1beta1":
+        pytest.skip(
+            f"{name} is written for scheduling.k8s.io/v1beta1; Kubernetes {releases.RUNNING.minor} serves "
+            f"{releases.RUNNING.workload_api}"
+        )
     if name in NEEDS_ADDONS:
         request.getfixturevalue("workload_controllers")  # JobSet and LWS managers on the session's control plane
     only_real_nodes.gpu.apply_example(name)
@@ -76,7 +85,31 @@ def applied(only_real_nodes: RealCluster, request: pytest.FixtureRequest) -> Ite
         only_real_nodes.wait_clean()
 
 
-@pytest.mark.parametrize("applied", sorted(RUNNING), indirect=True)
+SMOKE = {"whole-gpu", "mig-two-profiles", "mps-tiers", "gang-tp8", "shared-claim"}
+"""The examples of CI's smoke run on the older supported release (``-m smoke``, ``scripts/test.sh``)."""
+WORKLOAD_API_V1BETA1 = {"gang-workload-api", "gang-workload-steered"}
+"""Examples written for scheduling.k8s.io/v1beta1 (Kubernetes 1.37); 1.36 serves v1alpha2."""
+
+
+def assert_device_status(real: RealCluster, namespace: str, name: str, record: ClaimRecord) -> None:
+    """The claim itself says what the container got (``status.devices``, written by the driver), within 60 s."""
+    problems: list[str] = []
+
+    def described() -> bool:
+        problems[:] = realchecks.device_status_problems(real.gpu.claim(namespace, name), record, DRIVER)
+        return not problems
+
+    try:
+        eventually(described, 60, f"status.devices of claim {namespace}/{name}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {problems}") from exc
+
+
+@pytest.mark.parametrize(
+    "applied",
+    [pytest.param(n, marks=pytest.mark.smoke) if n in SMOKE else n for n in sorted(RUNNING)],
+    indirect=True,
+)
 def test_example_runs_in_real_containers(only_real_nodes: RealCluster, applied: str) -> None:
     real = only_real_nodes
     namespace = f"gpuplane-ex-{applied}"
@@ -110,6 +143,7 @@ def test_example_runs_in_real_containers(only_real_nodes: RealCluster, applied: 
                 assert_prepared(real.gpu, node, claim)  # checkpoint record, CDI spec, ids resolve
                 record = checkpoint.claims[claim["metadata"]["uid"]]
                 realchecks.assert_sees_claim(view, record, node)
+                assert_device_status(real, namespace, name, record)
                 print(f"{namespace}/{pod['metadata']['name']}/{container} on {node.name}: {view.line()}")
         assert report.pod_claim_names(pod), "every running example pod uses a claim"
     if applied in realexample_checks.CHECKS:
