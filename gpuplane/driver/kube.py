@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
@@ -31,6 +32,17 @@ def make_api_client(kubeconfig: str | None) -> client.ApiClient:
         return cast(client.ApiClient, config.new_client_from_config(config_file=kubeconfig))  # type: ignore[no-untyped-call]
     config.load_incluster_config()  # type: ignore[no-untyped-call]
     return client.ApiClient()
+
+
+def _stale_uid(exc: client.ApiException) -> bool:
+    """An apply whose metadata.uid is not the object's: the claim of that uid is gone."""
+    if exc.status != 422:
+        return False
+    try:
+        causes = (json.loads(exc.body or "{}").get("details") or {}).get("causes") or []
+    except ValueError:
+        return False
+    return any(isinstance(c, dict) and c.get("field") == "metadata.uid" for c in causes)
 
 
 class KubeApi:
@@ -59,7 +71,8 @@ class KubeApi:
     ) -> None:
         """Server-side apply of ``status.devices`` (this manager's entries) on the claim of ``uid``.
 
-        A claim that is gone (404) or is another object now (409: the uid precondition) needs nothing.
+        A claim that is gone (404) or is another object now (the uid precondition: 409, or 422 on
+        metadata.uid from an apply) needs nothing.
         """
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
@@ -73,7 +86,7 @@ class KubeApi:
                 field_manager=manager, force=True, _content_type="application/apply-patch+yaml",
             )  # fmt: skip
         except client.ApiException as exc:
-            if exc.status not in (404, 409):
+            if exc.status not in (404, 409) and not _stale_uid(exc):
                 raise
 
     def list_claims(self) -> list[dict[str, Any]]:
