@@ -105,7 +105,29 @@ V1_37 = Release(
     device_taint_rule_api="resource.k8s.io/v1",
 )
 
+V1_38_PROBE = Release(
+    minor="1.38",
+    feature_gates={
+        # GA in 1.38.0-beta.0: DRADeviceTaints, DRADeviceTaintRules, DRAPartitionableDevices,
+        # DRADeviceBindingConditions, DRAConsumableCapacity (and, since 1.37, DRAExtendedResource and
+        # DRAResourceClaimDeviceStatus); most are locked on, so they are not set.
+        "ResourceHealthStatus": True,  # still beta
+        "GenericWorkload": True,  # beta, off by default
+        "TopologyAwareWorkloadScheduling": True,  # beta, off by default
+    },
+    runtime_config={
+        "resource.k8s.io/v1beta1": True,
+        "resource.k8s.io/v1beta2": True,
+        "scheduling.k8s.io/v1beta1": True,
+    },
+    workload_api="scheduling.k8s.io/v1beta1",
+    device_taint_rule_api="resource.k8s.io/v1",
+)
+"""1.38.0-beta.0, for a probe only (``GPUPLANE_KUBERNETES=1.38``; needs Go 1.27: ``GOTOOLCHAIN=go1.27.1``)."""
+
 RELEASES: Mapping[str, Release] = {r.minor: r for r in (V1_36, V1_37)}
+PROBES: Mapping[str, Release] = {V1_38_PROBE.minor: V1_38_PROBE}
+"""Releases the harness can run for a probe but CI does not test (docs/kubernetes-versions.md)."""
 DEFAULT = "1.37"
 
 
@@ -117,11 +139,11 @@ def get(minor: str) -> Release:
     """The release ``minor`` (``"1.37"``, also ``"v1.37"`` or ``"1.37.2"``); UnknownRelease if unsupported."""
     wanted = ".".join(minor.strip().removeprefix("v").split(".")[:2])
     try:
-        return RELEASES[wanted]
+        return {**PROBES, **RELEASES}[wanted]
     except KeyError:
         raise UnknownRelease(
             f"Kubernetes {minor!r} is not supported by the harness; {ENV} may name one of "
-            f"{', '.join(sorted(RELEASES))} (default {DEFAULT})"
+            f"{', '.join(sorted(RELEASES))} (default {DEFAULT}), or for a probe {', '.join(sorted(PROBES))}"
         ) from None
 
 

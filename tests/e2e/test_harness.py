@@ -174,14 +174,15 @@ def test_feature_gates_and_runtime_config_format() -> None:
 
 def test_every_release_has_its_own_pinned_module_and_one_is_the_default() -> None:
     assert releases.DEFAULT in releases.RELEASES
-    for minor, release in releases.RELEASES.items():
+    for minor, release in {**releases.RELEASES, **releases.PROBES}.items():
         pins = build.read_pins(release.module_dir / "go.mod")
         assert pins.kubernetes.startswith(f"v{minor}."), (minor, pins)
         assert release.runtime_config[release.workload_api] is True
     assert releases.get("v1.36.3") is releases.V1_36 and releases.get("1.37") is releases.V1_37
     assert releases.selected({}) is releases.get(releases.DEFAULT)
     assert releases.selected({releases.ENV: "1.36"}) is releases.V1_36
-    with pytest.raises(releases.UnknownRelease, match=r"may name one of 1\.36, 1\.37"):
+    assert releases.get("1.38.0-beta.0") is releases.V1_38_PROBE and "1.38" not in releases.RELEASES
+    with pytest.raises(releases.UnknownRelease, match=r"may name one of 1\.36, 1\.37 \(default 1\.37\)"):
         releases.selected({releases.ENV: "1.35"})
 
 
