@@ -199,13 +199,13 @@ def test_controller_claim_templates_only_of_gpu_requests(installed: cluster.Clus
     admin = client.CustomObjectsApi(installed.api)
     ns = namespace(installed, "rct")
 
-    def template(name: str, owner: str | None, label: str | None) -> dict[str, Any]:
+    def template(name: str, owner: str | None, label: str | None, owner_uid: str | None = None) -> dict[str, Any]:
         meta: dict[str, Any] = {"name": name, "labels": {}}
         if label is not None:
             meta["labels"][rs_template.LABEL_REQUEST] = label
         if owner is not None:
             ref = {"apiVersion": rs_template.API_VERSION, "kind": rs_template.KIND, "name": owner}
-            meta["ownerReferences"] = [{**ref, "uid": str(uuid.uuid4()), "controller": True}]
+            meta["ownerReferences"] = [{**ref, "uid": owner_uid or str(uuid.uuid4()), "controller": True}]
         request = {"name": "gpu", "exactly": {"deviceClassName": "gpu.gpuplane.dev"}}
         return {
             "apiVersion": f"{GROUP}/v1",
@@ -228,7 +228,15 @@ def test_controller_claim_templates_only_of_gpu_requests(installed: cluster.Clus
         assert expected in refused_by(SCOPED, create, template("planted", "r1", "r2"), **DRY)
         admin.create_namespaced_custom_object(GROUP, "v1", ns, "resourceclaimtemplates", template("users", None, None))
         assert expected in refused_by(SCOPED, delete, "users", **DRY)
-        admin.create_namespaced_custom_object(GROUP, "v1", ns, "resourceclaimtemplates", template("r3", "r3", "r3"))
+        # owned by a GpuRequest that exists: the garbage collector deletes a template whose owner does not, and
+        # the dry-run delete then meets a 404 before admission (it failed the whole suite once)
+        owner = admin.create_namespaced_custom_object(
+            *rs_template.API_VERSION.split("/"), ns, rs_template.PLURAL,
+            {"apiVersion": rs_template.API_VERSION, "kind": rs_template.KIND, "metadata": {"name": "r3"},
+             "spec": {"memory": "12Gi", "compute": 20}},
+        )  # fmt: skip
+        body = template("r3", "r3", "r3", owner_uid=owner["metadata"]["uid"])
+        admin.create_namespaced_custom_object(GROUP, "v1", ns, "resourceclaimtemplates", body)
         admitted(delete, "r3", **DRY)
     finally:
         client.CoreV1Api(installed.api).delete_namespace(ns)
