@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import yaml
 
 from e2e.cluster import releases
 from e2e.plane import report
@@ -103,6 +104,9 @@ def assert_device_status(real: RealCluster, namespace: str, name: str, record: C
         eventually(described, 60, f"status.devices of claim {namespace}/{name}")
     except AssertionError as exc:
         raise AssertionError(f"{exc}: {problems}") from exc
+    devices = real.gpu.claim(namespace, name)["status"]["devices"]
+    print(f"kubectl -n {namespace} get resourceclaim {name} -o yaml (status.devices):")
+    print(yaml.safe_dump({"devices": devices}, sort_keys=False).rstrip())
 
 
 @pytest.mark.parametrize(
