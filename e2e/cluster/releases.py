@@ -35,6 +35,8 @@ class Release:
     """The group/version of Workload and PodGroup this release serves (``scheduling.k8s.io/...``)."""
     device_taint_rule_api: str
     """The group/version gpuplane's DeviceTaintRules are written at on this release."""
+    podgroup_scheduled: str = "PodGroupInitiallyScheduled"
+    """The PodGroup condition the scheduler sets once a gang is placed (``PodGroupScheduled`` in v1alpha2)."""
 
     @property
     def module_dir(self) -> Path:
@@ -72,6 +74,7 @@ V1_36 = Release(
     },
     workload_api="scheduling.k8s.io/v1alpha2",
     device_taint_rule_api="resource.k8s.io/v1beta2",
+    podgroup_scheduled="PodGroupScheduled",
 )
 
 V1_37 = Release(

@@ -170,7 +170,7 @@ class ClaimStatusReporter:
                 "claim.status_not_written",
                 claim=f"{ref.namespace}/{ref.name}",
                 uid=ref.uid,
-                error=str(exc)[:300],
+                error=str(getattr(exc, "body", None) or exc)[:600],
                 retry=again,
                 hint="the driver's role needs resourceclaims/status patch and resourceclaims/driver "
                 "associated-node:patch (manifests/driver/rbac.yaml)",
