@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
@@ -34,17 +33,6 @@ def make_api_client(kubeconfig: str | None) -> client.ApiClient:
     return client.ApiClient()
 
 
-def _stale_uid(exc: client.ApiException) -> bool:
-    """An apply whose metadata.uid is not the object's: the claim of that uid is gone."""
-    if exc.status != 422:
-        return False
-    try:
-        causes = (json.loads(exc.body or "{}").get("details") or {}).get("causes") or []
-    except ValueError:
-        return False
-    return any(isinstance(c, dict) and c.get("field") == "metadata.uid" for c in causes)
-
-
 class KubeApi:
     """Thin wrapper over the API calls the node driver makes."""
 
@@ -66,28 +54,49 @@ class KubeApi:
             raise
         return cast(dict[str, Any], kuberesponse.read_object(raw))
 
-    def apply_claim_device_status(
-        self, namespace: str, name: str, uid: str, devices: Sequence[Mapping[str, Any]], manager: str
+    def write_claim_device_status(
+        self, namespace: str, name: str, uid: str, devices: Sequence[Mapping[str, Any]], *, driver: str, node: str
     ) -> None:
-        """Server-side apply of ``status.devices`` (this manager's entries) on the claim of ``uid``.
+        """Make the claim's ``status.devices`` entries of ``driver`` on ``node``'s pool exactly ``devices``.
 
-        A claim that is gone (404) or is another object now (the uid precondition: 409, or 422 on
-        metadata.uid from an apply) needs nothing.
+        Entries of other drivers and pools stay. A merge patch carrying the read ``resourceVersion`` and
+        ``uid`` (a server-side apply changed the allocation of some claims: refused, 422), retried on a
+        conflict; a claim that is gone or is another object now needs nothing.
         """
-        body = {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": namespace, "uid": uid},
-            "status": {"devices": [dict(d) for d in devices]},
-        }
-        try:
-            self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, "resourceclaims", name, body,
-                field_manager=manager, force=True, _content_type="application/apply-patch+yaml",
-            )  # fmt: skip
-        except client.ApiException as exc:
-            if exc.status not in (404, 409) and not _stale_uid(exc):
-                raise
+        for _ in range(5):
+            try:
+                claim = self.get_claim(namespace, name)
+            except NotFound:
+                return
+            meta, status = claim.get("metadata") or {}, claim.get("status") or {}
+            if meta.get("uid") != uid:
+                return
+            current = list(status.get("devices") or [])
+            kept = [d for d in current if d.get("driver") != driver or d.get("pool") != node]
+            wanted = kept + [dict(d) for d in devices]
+            if wanted == current:
+                return
+            patch = {
+                "metadata": {"uid": uid, "resourceVersion": meta.get("resourceVersion")},
+                "status": {"devices": wanted},
+            }
+            try:
+                self.custom.patch_namespaced_custom_object_status(
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    "resourceclaims",
+                    name,
+                    patch,
+                    _content_type="application/merge-patch+json",
+                )
+                return
+            except client.ApiException as exc:
+                if exc.status == 404:
+                    return
+                if exc.status != 409:
+                    raise
+        raise RuntimeError(f"ResourceClaim {namespace}/{name} kept changing under five writes of its status.devices")
 
     def list_claims(self) -> list[dict[str, Any]]:
         """Every claim; one nested too deeply comes cut and marked rejected (boundedjson), the others intact."""

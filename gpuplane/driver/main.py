@@ -199,8 +199,8 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
 
         reporter = ClaimStatusReporter(
             state.snapshot,
-            lambda ns, name, uid, devices: api.apply_claim_device_status(
-                ns, name, uid, devices, f"gpuplane-driver-{cfg.node_name}"
+            lambda ns, name, uid, devices: api.write_claim_device_status(
+                ns, name, uid, devices, driver=cfg.driver_name, node=cfg.node_name
             ),
             cfg.driver_name,
         )

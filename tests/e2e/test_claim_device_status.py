@@ -4,7 +4,7 @@ The driver writes what each claim got into the claim's status (``gpuplane.driver
 with the manifests' role: ``resourceclaims/status`` patch and ``resourceclaims/driver``
 ``associated-node:patch`` for ``gpu.gpuplane.dev`` only. The API server grants the associated-node verb only
 to a token bound to a pod on the node the claim is allocated on. Shown here with the real driver call
-(``KubeApi.apply_claim_device_status``) under two drivers' node-bound tokens, on a claim an administrator
+(``KubeApi.write_claim_device_status``) under two drivers' node-bound tokens, on a claim an administrator
 allocated on node A: A's driver writes its entry; B's driver, an entry of another driver, and the allocation
 itself are refused (a Forbidden field, 422, or 403) and change nothing.
 """
@@ -92,14 +92,14 @@ def test_only_the_allocated_nodes_driver_writes_its_device_status(
         # B's driver, on a claim allocated on node A: refused, whatever entry it writes.
         for body in ([entry(node_a)], [entry(node_b)]):
             with pytest.raises(ApiException) as refused:
-                theirs.apply_claim_device_status(NS, name, uid, body, f"gpuplane-driver-{node_b}")
+                theirs.write_claim_device_status(NS, name, uid, body, driver=DRIVER, node=node_b)
             # the API server's own check, reported as a Forbidden field (422): B holds no arbitrary-node verb
             assert refused.value.status == 422, refused.value.body
             assert 'requires resource=\\"resourceclaims/driver\\"' in str(refused.value.body), refused.value.body
         # A's driver: an entry of another driver is refused; the allocation is not its to change.
         with pytest.raises(ApiException) as refused:
-            mine.apply_claim_device_status(
-                NS, name, uid, [entry(node_a, "gpu.example.com")], f"gpuplane-driver-{node_a}"
+            mine.write_claim_device_status(
+                NS, name, uid, [entry(node_a, "gpu.example.com")], driver=DRIVER, node=node_a
             )
         assert refused.value.status == 422 and "gpu.example.com" in str(refused.value.body), refused.value.body
         with pytest.raises(ApiException) as refused:
@@ -109,17 +109,17 @@ def test_only_the_allocated_nodes_driver_writes_its_device_status(
         assert refused.value.status in (403, 422), refused.value.body
         assert not (admin.get_namespaced_custom_object(G, V, NS, "resourceclaims", name)["status"].get("devices"))
         # A's driver, its own entry: written, and withdrawn by applying none.
-        mine.apply_claim_device_status(NS, name, uid, [entry(node_a)], f"gpuplane-driver-{node_a}")
+        mine.write_claim_device_status(NS, name, uid, [entry(node_a)], driver=DRIVER, node=node_a)
         got = admin.get_namespaced_custom_object(G, V, NS, "resourceclaims", name)["status"]
         assert [(d["driver"], d["pool"], d["device"], d["data"]["uuid"]) for d in got["devices"]] == [
             (DRIVER, node_a, "gpu-0", "GPU-test")
         ]
         assert got["allocation"]["devices"]["results"][0]["pool"] == node_a
-        mine.apply_claim_device_status(NS, name, uid, [], f"gpuplane-driver-{node_a}")
+        mine.write_claim_device_status(NS, name, uid, [], driver=DRIVER, node=node_a)
         got = admin.get_namespaced_custom_object(G, V, NS, "resourceclaims", name)["status"]
         assert not got.get("devices")
         # A stale uid (the claim was replaced under the same name) writes nothing and raises nothing.
-        mine.apply_claim_device_status(NS, name, str(uuid.uuid4()), [entry(node_a)], f"gpuplane-driver-{node_a}")
+        mine.write_claim_device_status(NS, name, str(uuid.uuid4()), [entry(node_a)], driver=DRIVER, node=node_a)
         assert not admin.get_namespaced_custom_object(G, V, NS, "resourceclaims", name)["status"].get("devices")
     finally:
         api_a.close()  # type: ignore[no-untyped-call]

@@ -8,11 +8,11 @@ When the claim is unprepared the entries are withdrawn.
 
 :func:`device_statuses` is pure (the checkpoint record in, the entries out).
 :class:`ClaimStatusReporter` is the edge: a preparer wrapper that queues every claim prepared or
-unprepared, and one thread that writes the entries with server-side apply on the claim's status
-(field manager per node, the claim's uid as precondition). The API server lets a driver write only
-``status.devices`` entries of its own driver and only for claims allocated on its own node (the
-``associated-node:patch`` verb on ``resourceclaims/driver``, the only one gpuplane's driver role grants).
-A write that fails is logged and retried a few times; it never fails or delays a prepare.
+unprepared, and one thread that writes the entries into the claim's status (a merge patch with the
+claim's uid and resourceVersion as preconditions; other drivers' and nodes' entries kept). The API
+server lets a driver write only entries of its own driver, and only on claims allocated on its own
+node: the ``associated-node:patch`` verb on ``resourceclaims/driver``, the only one the driver's role
+grants. A write that fails is logged and retried a few times; it never fails or delays a prepare.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class _Job:
 
 
 Apply = Callable[[str, str, str, Sequence[Mapping[str, Any]]], None]
-"""``apply(namespace, name, uid, devices)``: server-side apply of the claim's ``status.devices`` (ours)."""
+"""``apply(namespace, name, uid, devices)``: make this driver's entries of the claim's ``status.devices`` these."""
 
 
 class ClaimStatusReporter:
