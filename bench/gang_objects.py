@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from e2e.cluster import releases
 from gpuplane.controller import names
 
 Steps = tuple[tuple[str, str, int, int], ...]
@@ -92,6 +93,14 @@ def _pod(ns: str, gang: str, index: int, gpus: int, api: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
+def template_ref(workload: str, template: str, api: str | None = None) -> dict[str, Any]:
+    """A PodGroup's reference to its Workload's template, as ``api`` (default: the running release's) spells it:
+    ``workloadRef`` at scheduling.k8s.io/v1beta1 (1.37), ``podGroupTemplateRef`` at v1alpha2 (1.36)."""
+    if (api or releases.RUNNING.workload_api).endswith("/v1alpha2"):
+        return {"podGroupTemplateRef": {"workload": {"workloadName": workload, "podGroupTemplateName": template}}}
+    return {"workloadRef": {"workloadName": workload, "templateName": template}}
+
+
 def gang_objects(ns: str, gang: str, members: int, gpus: int, api: str) -> list[dict[str, Any]]:
     """The objects one gang is written as, in ``api``: "upstream", "gpuplane", or "steered" (both)."""
     out: list[dict[str, Any]] = []
@@ -100,7 +109,7 @@ def gang_objects(ns: str, gang: str, members: int, gpus: int, api: str) -> list[
         constraints = {"topology": [{"key": names.NODE_LABEL_NVLINK_DOMAIN}]}
         out.append(
             {
-                "apiVersion": "scheduling.k8s.io/v1alpha2",
+                "apiVersion": releases.RUNNING.workload_api,
                 "kind": "Workload",
                 "metadata": {"name": gang, "namespace": ns},
                 "spec": {
@@ -112,11 +121,11 @@ def gang_objects(ns: str, gang: str, members: int, gpus: int, api: str) -> list[
         )
         out.append(
             {
-                "apiVersion": "scheduling.k8s.io/v1alpha2",
+                "apiVersion": releases.RUNNING.workload_api,
                 "kind": "PodGroup",
                 "metadata": {"name": gang, "namespace": ns},
                 "spec": {
-                    "podGroupTemplateRef": {"workload": {"workloadName": gang, "podGroupTemplateName": "workers"}},
+                    **template_ref(gang, "workers"),
                     "schedulingPolicy": policy,
                     "schedulingConstraints": constraints,
                 },

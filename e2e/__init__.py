@@ -5,8 +5,10 @@ Three packages: ``plane`` built on ``cluster`` (nothing in ``cluster`` imports `
 
 ``e2e.cluster``: a generic Kubernetes cluster, nothing gpuplane-specific.
 
+- ``releases``: the supported Kubernetes releases (1.37 default, 1.36), each one's Go module, feature
+  gates and API versions; ``GPUPLANE_KUBERNETES`` picks one for a run (the one place naming the version).
 - ``build``: builds (once) and caches etcd and the Kubernetes binaries from the
-  pinned Go module in ``e2e/cluster/k8sbuild``; ``ensure_built`` does the same for any
+  pinned Go module of the selected release in ``e2e/cluster/k8sbuild/v<minor>``; ``ensure_built`` does the same for any
   pinned Go module.
 - ``kwok``: the KWOK controller (built from ``e2e/cluster/kwokbuild``), which keeps
   labelled Node objects Ready and marks their pods Running, without kubelets.

@@ -1,11 +1,12 @@
 """Build etcd and the Kubernetes binaries from the pinned Go module, once, into a cache.
 
-The Go module in ``e2e/cluster/k8sbuild`` pins ``k8s.io/kubernetes`` (with every staging
+The Go module in ``e2e/cluster/k8sbuild/v<minor>`` (the release :mod:`e2e.cluster.releases` selects)
+pins ``k8s.io/kubernetes`` (with every staging
 module replaced) and ``go.etcd.io/etcd/server/v3``. The cache directory is
 named after those pins plus ``RECIPE_REVISION`` (the build recipe: flags,
 version stamps), so changing a pin or the recipe builds into a fresh directory.
 The Kubernetes binaries are stamped with their release (``kubectl version``,
-``/version`` and the components' user agents report ``v1.36.3``, not
+``/version`` and the components' user agents report ``v1.37.2``, not
 ``v0.0.0-master``), as the upstream release build does through ``-X`` flags.
 Each binary is built into a temporary name and renamed into place, so a
 half-written binary is never cached; an exclusive lock on the cache
@@ -24,7 +25,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-MODULE_DIR = Path(__file__).resolve().parent / "k8sbuild"
+from e2e.cluster import releases
+
+MODULE_DIR = releases.RUNNING.module_dir
+"""The Go module of the release this run uses (:mod:`e2e.cluster.releases`)."""
 MIN_GO = (1, 26)
 HEARTBEAT_S = 30.0
 # Bump when the way binaries are built changes, so that cached binaries built the old way are rebuilt once.
@@ -103,7 +107,7 @@ class ModulePins:
 
     @property
     def version_key(self) -> str:
-        """Cache directory name, e.g. ``v1.36.3-etcd3.6.8-r2``."""
+        """Cache directory name, e.g. ``v1.37.2-etcd3.7.0-r2``."""
         return f"{self.kubernetes}-etcd{self.etcd.removeprefix('v')}-r{RECIPE_REVISION}"
 
 
@@ -182,7 +186,7 @@ def check_go(environ: Mapping[str, str]) -> str:
     version = parse_go_version(out)
     if version is None or version < MIN_GO:
         raise BuildError(
-            f"{go} reports {out.strip() or 'no version'}; Kubernetes 1.36 needs Go >= {wanted}. "
+            f"{go} reports {out.strip() or 'no version'}; Kubernetes {releases.RUNNING.minor} needs Go >= {wanted}. "
             "Install a newer Go from https://go.dev/dl/ and put it first on PATH "
             "(GOTOOLCHAIN=auto can also fetch one when a module proxy is reachable)."
         )

@@ -9,38 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from e2e.cluster import pki
+from e2e.cluster import pki, releases
 
-# Stages verified in k8s.io/kubernetes@v1.36.3 pkg/features/kube_features.go.
-DEFAULT_FEATURE_GATES: Mapping[str, bool] = {
-    # Beta and on by default in 1.36: set explicitly so that a renamed or
-    # removed gate makes start-up fail loudly instead of silently changing behaviour.
-    "DRADeviceTaints": True,
-    "DRAPartitionableDevices": True,
-    "DRAResourceClaimDeviceStatus": True,
-    "DRADeviceBindingConditions": True,
-    "DRAConsumableCapacity": True,
-    "DRAExtendedResource": True,
-    # Beta but off by default in 1.36: the DeviceTaintRule API (served as
-    # resource.k8s.io/v1beta2 and v1alpha3, both off by default).
-    "DRADeviceTaintRules": True,
-    # Alpha in 1.35/1.36: the Workload and PodGroup API (scheduling.k8s.io/v1alpha2),
-    # the scheduler's GangScheduling plugin, and topology constraints for pod groups.
-    "GenericWorkload": True,
-    "GangScheduling": True,
-    "TopologyAwareWorkloadScheduling": True,
-    # Beta and on by default in 1.36 (alpha 1.31-1.35): kubelet reports a DRA driver's device health
-    # in pod status (allocatedResourcesStatus, KEP-4680); the apiserver drops the field when it is off.
-    "ResourceHealthStatus": True,
-}
-
-# API group versions that are off by default in 1.36 (pkg/controlplane/instance.go).
-DEFAULT_RUNTIME_CONFIG: Mapping[str, bool] = {
-    "resource.k8s.io/v1beta1": True,
-    "resource.k8s.io/v1beta2": True,  # DeviceTaintRule (beta)
-    "resource.k8s.io/v1alpha3": True,  # DeviceTaintRule storage version, ResourcePoolStatusRequest
-    "scheduling.k8s.io/v1alpha2": True,  # Workload, PodGroup
-}
+# Per release (e2e.cluster.releases): a gate a release does not know, or an API version it does not serve,
+# stops the component at start-up.
+DEFAULT_FEATURE_GATES: Mapping[str, bool] = releases.RUNNING.feature_gates
+DEFAULT_RUNTIME_CONFIG: Mapping[str, bool] = releases.RUNNING.runtime_config
 
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc"

@@ -22,7 +22,11 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from e2e.cluster import build
 from e2e.plane import identity
+
+KUBELET_VERSION = build.read_pins(build.MODULE_DIR / "go.mod").kubernetes
+"""What a stand-in node reports as its kubelet: the release the real kubelets of this run are built from."""
 
 LEASE_NAMESPACE = "kube-node-lease"
 LEASE_DURATION_S = 40
@@ -195,7 +199,7 @@ class NodeHeartbeat:
                 "nodeInfo": {
                     "architecture": "amd64",
                     "operatingSystem": "linux",
-                    "kubeletVersion": "v1.36.3",
+                    "kubeletVersion": KUBELET_VERSION,
                     "kubeProxyVersion": "",
                     "containerRuntimeVersion": "fake://0",
                     "kernelVersion": "",

@@ -28,6 +28,8 @@ from gpuplane.driver.api import kuberesponse
 log = structlog.get_logger(__name__)
 
 RESOURCE_GROUP = "resource.k8s.io"
+RULES = "devicetaintrules"
+TAINT_RULE_VERSIONS = ("v1", "v1beta2")  # GA in 1.37; beta (off by default) in 1.36
 RESOURCE_VERSION = "v1"
 MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -69,6 +71,7 @@ class KubeWriter:
         self.custom = client.CustomObjectsApi(api_client)
         self.component = component
         self.guard = guard
+        self.rules_version: str | None = None  # the DeviceTaintRule version served, once listed
 
     def fence(self) -> None:
         """Raise NotLeader unless this replica may write now."""
@@ -238,27 +241,33 @@ class KubeWriter:
         return {str(n.metadata.name): dict(n.metadata.labels or {}) for n in got.items if n.metadata is not None}
 
     def list_device_taint_rules(self, label: str) -> list[dict[str, Any]] | None:
-        """DeviceTaintRules with a label (None when the API is not served: DRADeviceTaintRules off)."""
-        try:
-            out = self.custom.list_cluster_custom_object(
-                RESOURCE_GROUP, "v1beta2", "devicetaintrules", label_selector=f"{label}=true"
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return list(cast(dict[str, Any], out).get("items") or [])
+        """DeviceTaintRules with a label, at the newest version served (resource.k8s.io/v1 from 1.37,
+        v1beta2 on 1.36, remembered); None when neither is served (DRADeviceTaintRules off)."""
+        for version in TAINT_RULE_VERSIONS if self.rules_version is None else (self.rules_version,):
+            try:
+                out = self.custom.list_cluster_custom_object(
+                    RESOURCE_GROUP, version, RULES, label_selector=f"{label}=true"
+                )
+            except ApiException as exc:
+                if exc.status == 404:
+                    continue
+                raise
+            self.rules_version = version
+            return list(cast(dict[str, Any], out).get("items") or [])
+        return None
 
     def create_device_taint_rule(self, body: Mapping[str, Any]) -> None:
-        """Create a DeviceTaintRule (raises ApiException: 404 when the API is not served)."""
+        """Create a DeviceTaintRule at the version listed (raises ApiException: 404 when the API is not served)."""
         self.fence()
-        self.custom.create_cluster_custom_object(RESOURCE_GROUP, "v1beta2", "devicetaintrules", dict(body))
+        version = self.rules_version or TAINT_RULE_VERSIONS[0]
+        body = {**body, "apiVersion": f"{RESOURCE_GROUP}/{version}"}
+        self.custom.create_cluster_custom_object(RESOURCE_GROUP, version, RULES, body)
 
     def delete_device_taint_rule(self, name: str) -> None:
         """Delete a DeviceTaintRule; 404 is done."""
         self.fence()
         try:
-            self.custom.delete_cluster_custom_object(RESOURCE_GROUP, "v1beta2", "devicetaintrules", name)
+            self.custom.delete_cluster_custom_object(RESOURCE_GROUP, self.rules_version or "v1", RULES, name)
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -266,14 +275,9 @@ class KubeWriter:
     def annotate_device_taint_rule(self, name: str, annotations: Mapping[str, str]) -> None:
         """Merge-patch annotations onto a DeviceTaintRule."""
         self.fence()
-        self.custom.patch_cluster_custom_object(
-            RESOURCE_GROUP,
-            "v1beta2",
-            "devicetaintrules",
-            name,
-            {"metadata": {"annotations": dict(annotations)}},
-            _content_type=MERGE,
-        )
+        patch = {"metadata": {"annotations": dict(annotations)}}
+        version = self.rules_version or TAINT_RULE_VERSIONS[0]
+        self.custom.patch_cluster_custom_object(RESOURCE_GROUP, version, RULES, name, patch, _content_type=MERGE)
 
     # --- claims and nodes ------------------------------------------------------------------------
     def annotate_claim(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:

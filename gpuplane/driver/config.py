@@ -54,6 +54,7 @@ class DriverConfig(BaseModel):
     taint_clear_after_s: float = 60.0
     benign_xids: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
     mig_placements: bool = True  # False: publish whole GPUs only, no MIG devices or counters
+    claim_device_status: bool = True  # write what each claim got into its status.devices (KEP-4817)
     telemetry_interval_s: float = 10.0
     noisy_bandwidth_threshold: float = 0.5  # a claim's share of the GPU's memory bandwidth
     noisy_release_threshold: float = 0.4  # the alert clears below this (hysteresis)
@@ -189,6 +190,13 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
         help="dynamic: publish every MIG profile x placement as a device (created at prepare); "
         "off: publish whole GPUs only (208 -> 8 devices on an 8-GPU H100 node)",
     )
+    p.add_argument(
+        "--claim-device-status",
+        choices=["on", "off"],
+        default=_env("CLAIM_DEVICE_STATUS", "on"),
+        help="on: write each prepared claim's devices (UUID, MIG profile, sharing, MPS pipe dir) into the "
+        "ResourceClaim's status.devices (needs resourceclaims/driver associated-node:patch)",
+    )
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
     p.add_argument("--log-format", choices=["auto", "json", "console"], default=_env("LOG_FORMAT", "auto"))
     args = p.parse_args(argv)
@@ -251,6 +259,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
         withhold_stranding=args.withhold_stranding,
         steer_mix=args.steer_mix,
         mig_placements=args.mig_placements == "dynamic",
+        claim_device_status=args.claim_device_status == "on",
         log_level=args.log_level,
         log_format=args.log_format,
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import structlog
@@ -53,6 +53,50 @@ class KubeApi:
                 raise NotFound(f"ResourceClaim {namespace}/{name} not found") from exc
             raise
         return cast(dict[str, Any], kuberesponse.read_object(raw))
+
+    def write_claim_device_status(
+        self, namespace: str, name: str, uid: str, devices: Sequence[Mapping[str, Any]], *, driver: str, node: str
+    ) -> None:
+        """Make the claim's ``status.devices`` entries of ``driver`` on ``node``'s pool exactly ``devices``.
+
+        Entries of other drivers and pools stay. A merge patch carrying the read ``resourceVersion`` and
+        ``uid`` (a server-side apply changed the allocation of some claims: refused, 422), retried on a
+        conflict; a claim that is gone or is another object now needs nothing.
+        """
+        for _ in range(5):
+            try:
+                claim = self.get_claim(namespace, name)
+            except NotFound:
+                return
+            meta, status = claim.get("metadata") or {}, claim.get("status") or {}
+            if meta.get("uid") != uid:
+                return
+            current = list(status.get("devices") or [])
+            kept = [d for d in current if d.get("driver") != driver or d.get("pool") != node]
+            wanted = kept + [dict(d) for d in devices]
+            if wanted == current:
+                return
+            patch = {
+                "metadata": {"uid": uid, "resourceVersion": meta.get("resourceVersion")},
+                "status": {"devices": wanted},
+            }
+            try:
+                self.custom.patch_namespaced_custom_object_status(
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    "resourceclaims",
+                    name,
+                    patch,
+                    _content_type="application/merge-patch+json",
+                )
+                return
+            except client.ApiException as exc:
+                if exc.status == 404:
+                    return
+                if exc.status != 409:
+                    raise
+        raise RuntimeError(f"ResourceClaim {namespace}/{name} kept changing under five writes of its status.devices")
 
     def list_claims(self) -> list[dict[str, Any]]:
         """Every claim; one nested too deeply comes cut and marked rejected (boundedjson), the others intact."""

@@ -29,6 +29,7 @@ from gpuplane.driver.plugin.server import PluginServer
 from gpuplane.driver.prepare.checkpoint import read_boot_id
 from gpuplane.driver.prepare.state import DeviceState, StateSettings
 from gpuplane.driver.publish import steering
+from gpuplane.driver.publish.claim_status import ClaimStatusReporter
 from gpuplane.driver.publish.inventory import Inventory
 from gpuplane.driver.publish.publisher import Layout, SlicePublisher
 from gpuplane.driver.publish.slices import DeviceTaint, PoolContent
@@ -196,9 +197,18 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
         metrics.devices_published.set(publisher.devices_published)
         published.set()
 
+        reporter = ClaimStatusReporter(
+            state.snapshot,
+            lambda ns, name, uid, devices: api.write_claim_device_status(
+                ns, name, uid, devices, driver=cfg.driver_name, node=cfg.node_name
+            ),
+            cfg.driver_name,
+        )
+        if cfg.claim_device_status:
+            reporter.start()
         server = PluginServer(
             cfg.driver_name,
-            state,
+            reporter.wrap(state) if cfg.claim_device_status else state,
             registry_dir=cfg.registry_dir,
             plugin_dir=cfg.plugin_dir,
             instance=cfg.plugin_instance,
@@ -280,6 +290,7 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
             # Calls already running finish (an MPS prepare waits for its daemon pod): kubelet sends no
             # new ones once registration is withdrawn, and the DaemonSet gives the pod 30 s in all.
             server.stop(grace=SHUTDOWN_GRACE_S)
+            reporter.stop()
             for endpoint in http:
                 endpoint.stop()
             log.info("driver stopped")

@@ -125,3 +125,31 @@ def kubelet_calls(driver_log: Path) -> list[Call]:
         stamp = datetime.datetime.fromisoformat(str(entry["timestamp"]).replace("Z", "+00:00")).timestamp()
         calls.append(Call(at=stamp, method=method, service=service, request=dict(entry.get("request") or {})))
     return calls
+
+
+def device_status_problems(claim: dict[str, Any], record: ClaimRecord, driver: str) -> list[str]:
+    """How the claim's ``status.devices`` differs from what the driver prepared (empty: it says what was got).
+
+    One entry per prepared device, of this driver and the device's pool, with the UUID CUDA sees, the GPU,
+    the MIG profile, the sharing strategy, the MPS pipe dir (MPS claims) and a Ready=True condition.
+    """
+    got = {
+        (d.get("driver"), d.get("pool"), d.get("device")): d for d in (claim.get("status") or {}).get("devices") or []
+    }
+    problems: list[str] = []
+    for d, uuid in zip(record.devices, runtime_uuids(record), strict=True):
+        entry = got.get((driver, d.pool, d.device))
+        if entry is None:
+            problems.append(f"no status.devices entry for {d.pool}/{d.device}")
+            continue
+        data = entry.get("data") or {}
+        want = {"uuid": uuid, "gpuUUID": d.gpu_uuid, "kind": d.kind}
+        want |= {"migProfile": d.mig.profile_name} if d.mig is not None else {}
+        want |= {"mpsPipeDirectory": CONTAINER_PIPE_DIR} if record.mps_daemon else {}
+        problems += [f"{d.device}: data.{k} is {data.get(k)!r}, not {v!r}" for k, v in want.items() if data.get(k) != v]
+        if (data.get("sharing") or {}).get("strategy") != record.sharing.strategy:
+            problems.append(f"{d.device}: sharing {data.get('sharing')!r}, strategy not {record.sharing.strategy!r}")
+        ready = [c for c in entry.get("conditions") or [] if c.get("type") == "Ready"]
+        if [c.get("status") for c in ready] != ["True"]:
+            problems.append(f"{d.device}: conditions {entry.get('conditions')!r} have no Ready=True")
+    return problems

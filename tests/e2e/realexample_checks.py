@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from e2e.cluster import releases
 from e2e.plane import report
 from gpuplane.controller import names
 from gpuplane.controller.claim.checks import EXTENDED_RESOURCE_CLAIM_ANNOTATION
@@ -159,7 +160,7 @@ def _podgroup_on_real_trays(real: RealCluster, ns: str, pods: list[dict[str, Any
         lines.append(f"{pod['metadata']['name']} on {node}: {','.join(r['device'] for r in got)}")
     assert nodes == {n.name for n in real.of_profile("gb200-nvl72")}, "the gang did not span the real trays"
     assert len(domains) == 1, domains
-    cond = eventually(lambda: podgroup_condition(real.gpu, ns, "tp8-ranks"), 30, "PodGroupScheduled")
+    cond = eventually(lambda: podgroup_condition(real.gpu, ns, "tp8-ranks"), 30, releases.RUNNING.podgroup_scheduled)
     assert cond["status"] == "True", cond
     return [*lines, f"PodGroup tp8-ranks: {cond['reason']}, NVLink domain {domains.pop()}"]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from kubernetes import client
 
+from e2e.cluster import releases
 from tests.e2e.tenantkit import Arena, G, V, claim, outcome
 
 
@@ -64,7 +65,7 @@ def node_slice(arena: Arena) -> str:
 def controller_writes(arena: Arena) -> str:
     a, victim = arena.attacker, arena.serving
     rule = {
-        "apiVersion": "resource.k8s.io/v1beta2",
+        "apiVersion": releases.RUNNING.device_taint_rule_api,
         "kind": "DeviceTaintRule",
         "metadata": {"name": f"{a.ns}-all"},
         "spec": {"deviceSelector": {}, "taint": {"key": "x", "effect": "NoExecute"}},
@@ -76,7 +77,7 @@ def controller_writes(arena: Arena) -> str:
     return _all_refused(
         {
             "DeviceTaintRule": outcome(
-                lambda: a.custom.create_cluster_custom_object("resource.k8s.io", "v1beta2", "devicetaintrules", rule)
+                lambda: a.custom.create_cluster_custom_object(*rule["apiVersion"].split("/"), "devicetaintrules", rule)
             ),
             "evict victim": outcome(lambda: a.core.create_namespaced_pod_eviction("serve", victim.ns, eviction)),
             "evict kube-system": outcome(

@@ -2,7 +2,7 @@
 
 Two simulated ``hgx-h100`` nodes and two controller replicas (``running_plane``, as ``python -m e2e
 up``), the controller's bind timeout 20 s (``GPUPLANE_BIND_TIMEOUT``) instead of 600. A
-DeviceTaintRule (resource.k8s.io/v1beta2) taints every gpuplane device ``NoSchedule``: the
+DeviceTaintRule (resource.k8s.io/v1; v1beta2 on 1.36) taints every gpuplane device ``NoSchedule``: the
 controller's placement does not look at device taints (neither a rule's nor the slices' own), so
 it places a 2 x 4-GPU gang and lifts its gates, and the real kube-scheduler, which applies the
 rule, can bind none of the members. (Should placement learn to honour taints, this test needs
@@ -24,12 +24,13 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from e2e.cluster import handle as cluster
+from e2e.cluster import releases
 from tests.e2e.conftest import GpuCluster, eventually, running_plane
 
 pytestmark = pytest.mark.e2e
 
 GROUP, VERSION, PLURAL = "gpuplane.dev", "v1alpha1", "gpugangs"
-RULES = ("resource.k8s.io", "v1beta2", "devicetaintrules")
+RULES = ("resource.k8s.io", releases.RUNNING.device_taint_rule_api.split("/")[1], "devicetaintrules")
 BIND_TIMEOUT_S = 20
 CONTROLLER_ENV = {"GPUPLANE_BIND_TIMEOUT": str(BIND_TIMEOUT_S)}
 

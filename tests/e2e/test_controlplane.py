@@ -20,6 +20,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from e2e.cluster import handle as cluster
+from e2e.cluster import releases
 from e2e.plane import nodes
 from tests.e2e.conftest import claim, eventually, pod
 
@@ -141,9 +142,11 @@ def start_node(handle: cluster.Cluster, name: str) -> nodes.NodeHeartbeat:
 # Tests ----------------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 def test_harness_answers_kubectl_and_serves_the_apis_we_need(control_plane: cluster.Cluster) -> None:
     versions = control_plane.kubectl("api-versions").split()
-    for wanted in ("resource.k8s.io/v1", "resource.k8s.io/v1beta2", "scheduling.k8s.io/v1alpha2"):
+    release = releases.RUNNING
+    for wanted in ("resource.k8s.io/v1", release.device_taint_rule_api, release.workload_api):
         assert wanted in versions
     resources = control_plane.kubectl("api-resources", "--api-group=resource.k8s.io", "-o", "name").split()
     assert "devicetaintrules.resource.k8s.io" in resources

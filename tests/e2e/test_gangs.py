@@ -222,6 +222,7 @@ def test_nodes_carry_their_nvlink_domain(gpu_cluster: tuple[cluster.Cluster, lis
     assert len(gb) == 1 and len(hgx) == 2, got
 
 
+@pytest.mark.smoke
 def test_tp8_gang_lands_in_one_gb200_clique(gpu_cluster: tuple[cluster.Cluster, list[Controller]], ns: str) -> None:
     handle, _ = gpu_cluster
     started = time.monotonic()

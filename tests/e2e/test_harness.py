@@ -17,7 +17,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from e2e.cluster import build, controlplane, flags, pki, procs
+from e2e.cluster import build, controlplane, flags, pki, procs, releases
 from e2e.plane import nodes
 
 
@@ -168,7 +168,22 @@ def test_node_spec_parsing() -> None:
 
 def test_feature_gates_and_runtime_config_format() -> None:
     assert flags.format_gates({"B": False, "A": True}) == "A=true,B=false"
-    assert flags.DEFAULT_RUNTIME_CONFIG["scheduling.k8s.io/v1alpha2"] is True
+    assert flags.DEFAULT_RUNTIME_CONFIG[releases.RUNNING.workload_api] is True
+    assert releases.RUNNING.feature_gates == flags.DEFAULT_FEATURE_GATES
+
+
+def test_every_release_has_its_own_pinned_module_and_one_is_the_default() -> None:
+    assert releases.DEFAULT in releases.RELEASES
+    for minor, release in {**releases.RELEASES, **releases.PROBES}.items():
+        pins = build.read_pins(release.module_dir / "go.mod")
+        assert pins.kubernetes.startswith(f"v{minor}."), (minor, pins)
+        assert release.runtime_config[release.workload_api] is True
+    assert releases.get("v1.36.3") is releases.V1_36 and releases.get("1.37") is releases.V1_37
+    assert releases.selected({}) is releases.get(releases.DEFAULT)
+    assert releases.selected({releases.ENV: "1.36"}) is releases.V1_36
+    assert releases.get("1.38.0-beta.0") is releases.V1_38_PROBE and "1.38" not in releases.RELEASES
+    with pytest.raises(releases.UnknownRelease, match=r"may name one of 1\.36, 1\.37 \(default 1\.37\)"):
+        releases.selected({releases.ENV: "1.35"})
 
 
 def test_stop_from_a_pidfile_kills_the_whole_group_even_if_it_ignores_sigterm(tmp_path: Path) -> None:

@@ -250,6 +250,7 @@ def installed(control_plane: cluster.Cluster) -> cluster.Cluster:
 
 
 @pytest.mark.e2e
+@pytest.mark.smoke
 def test_apply_k_installs_and_server_side_dry_run_accepts_every_kustomization(installed: cluster.Cluster) -> None:
     for name, path in KUSTOMIZATIONS.items():
         out = installed.kubectl("apply", "--server-side", "--dry-run=server", "--force-conflicts", "-k", str(path))

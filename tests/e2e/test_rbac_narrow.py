@@ -21,6 +21,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from e2e.cluster import handle as cluster
+from e2e.cluster import releases
 from e2e.plane import identity
 from gpuplane.controller.rebalance import moves
 from gpuplane.controller.rightsize import template as rs_template
@@ -36,6 +37,7 @@ pytestmark = pytest.mark.e2e
 SCOPED = "gpuplane-controller-scoped-writes"
 DRY: dict[str, Any] = {"dry_run": "All"}
 GROUP = "resource.k8s.io"
+RULES_VERSION = releases.RUNNING.device_taint_rule_api.split("/")[1]
 
 
 def admitted(call: Callable[..., Any], *args: Any, **kw: Any) -> Any:
@@ -104,7 +106,7 @@ def test_controller_device_taint_rules_are_only_its_own(
     admin = client.CustomObjectsApi(installed.api)
 
     def create(body: dict[str, Any], **kw: Any) -> Any:
-        return custom.create_cluster_custom_object(GROUP, "v1beta2", moves.PLURAL, body, **kw)
+        return custom.create_cluster_custom_object(GROUP, RULES_VERSION, moves.PLURAL, body, **kw)
 
     def refused(change: Callable[[dict[str, Any]], Any]) -> str:
         body = our_rule(two_nodes[0])
@@ -127,12 +129,12 @@ def test_controller_device_taint_rules_are_only_its_own(
     theirs["metadata"]["labels"] = {"team": "ops"}
     theirs["metadata"]["name"] = f"ops-{uuid.uuid4().hex[:5]}"
     for body in (mine, theirs):
-        admin.create_cluster_custom_object(GROUP, "v1beta2", moves.PLURAL, body)
+        admin.create_cluster_custom_object(GROUP, RULES_VERSION, moves.PLURAL, body)
     name, other = mine["metadata"]["name"], theirs["metadata"]["name"]
     try:
 
         def patch(target: str, body: dict[str, Any], **kw: Any) -> Any:
-            return custom.patch_cluster_custom_object(GROUP, "v1beta2", moves.PLURAL, target, body, **kw)
+            return custom.patch_cluster_custom_object(GROUP, RULES_VERSION, moves.PLURAL, target, body, **kw)
 
         admitted(patch, name, {"metadata": {"annotations": {moves.ANNOTATION: "{}"}}})
         assert "never NoExecute" in refused_by(SCOPED, patch, name, {"spec": {"taint": {"effect": "NoExecute"}}}, **DRY)
@@ -142,13 +144,13 @@ def test_controller_device_taint_rules_are_only_its_own(
             SCOPED, patch, name, {"metadata": {"labels": {"app.kubernetes.io/managed-by": "me"}}}, **DRY
         )
         assert "only its own DeviceTaintRules" in refused_by(
-            SCOPED, custom.delete_cluster_custom_object, GROUP, "v1beta2", moves.PLURAL, other, **DRY
+            SCOPED, custom.delete_cluster_custom_object, GROUP, RULES_VERSION, moves.PLURAL, other, **DRY
         )
-        admitted(custom.delete_cluster_custom_object, GROUP, "v1beta2", moves.PLURAL, name)
+        admitted(custom.delete_cluster_custom_object, GROUP, RULES_VERSION, moves.PLURAL, name)
     finally:
         for n in (name, other):
             try:
-                admin.delete_cluster_custom_object(GROUP, "v1beta2", moves.PLURAL, n)
+                admin.delete_cluster_custom_object(GROUP, RULES_VERSION, moves.PLURAL, n)
             except ApiException as exc:
                 if exc.status != 404:
                     raise

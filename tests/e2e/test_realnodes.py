@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from e2e.cluster import releases
 from e2e.cluster.realnode import images
 from e2e.plane.realnode import plan
 from tests.e2e.conftest import eventually
@@ -35,6 +36,7 @@ def basics(real_cluster: RealCluster) -> Iterator[RealCluster]:
         real_cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=true", "--timeout=120s", timeout=150)
 
 
+@pytest.mark.smoke
 def test_nodes_are_kubelets_own_with_real_versions(basics: RealCluster) -> None:
     table = basics.kubectl("get", "nodes", "-o", "wide", "-l", f"{plan.REAL_NODE_LABEL}=true")
     print(table)
@@ -43,13 +45,13 @@ def test_nodes_are_kubelets_own_with_real_versions(basics: RealCluster) -> None:
     for node in basics.nodes:
         row = rows[node.name]
         assert row[1] == "Ready", row
-        assert re.fullmatch(r"v1\.36\.\d+", row[4]), row
+        assert re.fullmatch(rf"v{re.escape(releases.RUNNING.minor)}\.\d+", row[4]), row
         assert row[5] == node.node_ip, row
         assert re.fullmatch(r"containerd://2\.\d+\.\d+", row[-1]), row
         obj = basics.kubectl_json("get", "node", node.name)
         # kubelet's own status, not a stand-in's: its daemon endpoint port and the runtime it talks to.
         assert obj["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"] == node.kubelet_port
-        assert obj["status"]["nodeInfo"]["kubeletVersion"].startswith("v1.36.")
+        assert obj["status"]["nodeInfo"]["kubeletVersion"].startswith(f"v{releases.RUNNING.minor}.")
         assert obj["metadata"]["labels"][plan.PROFILE_LABEL] == node.profile
 
 
@@ -94,6 +96,7 @@ def test_busybox_pod_runs_in_a_real_container(basics: RealCluster) -> None:
     assert basics.exec(NAMESPACE, "hello", "sh", "-c", "echo $((6 * 7))").strip() == "42"
 
 
+@pytest.mark.smoke
 def test_drivers_registered_by_the_real_kubelet(basics: RealCluster) -> None:
     for node in basics.nodes:
         log = basics.real.log(f"kubelet-{node.name}").read_text(errors="replace")

@@ -1,4 +1,4 @@
-"""The upstream Workload API (scheduling.k8s.io/v1alpha2) on gpuplane nodes: the scheduler alone, and steered.
+"""The upstream Workload API (scheduling.k8s.io/v1beta1; v1alpha2 on 1.36) on gpuplane nodes: alone, and steered.
 
 ``gang-workload-api``: a Workload and a PodGroup (gang ``minCount: 2``,
 topology key ``gpuplane.dev/nvlink-domain``) and an Indexed Job whose pods
@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
+from e2e.cluster import releases
 from e2e.plane import report
 from gpuplane.controller import names
 from tests.e2e.conftest import EXAMPLES, GpuCluster, eventually
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.e2e
 def podgroup_condition(gpu: GpuCluster, ns: str, name: str) -> dict[str, Any] | None:
     pg = gpu.kubectl_json("get", "podgroups.scheduling.k8s.io", "-n", ns, name)
     for c in (pg.get("status") or {}).get("conditions") or []:
-        if c["type"] == "PodGroupScheduled":
+        if c["type"] == releases.RUNNING.podgroup_scheduled:
             return dict(c)
     return None
 
@@ -68,7 +69,7 @@ def test_the_scheduler_alone_places_a_podgroup_gang_in_one_domain(gpu_cluster: G
         assert "affinity" not in pod["spec"], "nobody but the scheduler decided where this pod goes"
     domains, nodes = domains_of(gpu_cluster, pods)
     assert len(domains) == 1 and len(nodes) == 2
-    cond = eventually(lambda: podgroup_condition(gpu_cluster, ns, "tp8-ranks"), 30, "PodGroupScheduled")
+    cond = eventually(lambda: podgroup_condition(gpu_cluster, ns, "tp8-ranks"), 30, releases.RUNNING.podgroup_scheduled)
     assert cond["status"] == "True", cond
     print(f"\nPodGroup tp8-ranks: {cond['reason']}; pods on {sorted(nodes)}; NVLink domain {domains.pop()}")
 
@@ -119,6 +120,6 @@ def test_gpuplane_steers_a_podgroup_gang(gpu_cluster: GpuCluster, example: str) 
         assert terms["nodeSelectorTerms"][0]["matchExpressions"][-1]["values"] == [pod["spec"]["nodeName"]]
     domains, nodes = domains_of(gpu_cluster, pods)
     assert domains == {st["domain"]} and len(nodes) == 2
-    cond = eventually(lambda: podgroup_condition(gpu_cluster, ns, "tp8-ranks"), 30, "PodGroupScheduled")
+    cond = eventually(lambda: podgroup_condition(gpu_cluster, ns, "tp8-ranks"), 30, releases.RUNNING.podgroup_scheduled)
     assert cond["status"] == "True", cond
     print(f"\nsteered: GpuGang {st['phase']} in {st['domain']}, PodGroup {cond['reason']}, pods on {sorted(nodes)}")

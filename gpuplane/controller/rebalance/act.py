@@ -163,8 +163,8 @@ class Rebalancer:
             return await self._report(d, claims, "bare-pod", why, now)
         if not rules_served:
             why = (
-                "the DeviceTaintRule API (resource.k8s.io/v1beta2, feature gate DRADeviceTaintRules) is not "
-                "served, so its replacement could land on the same GPU; not evicted"
+                "the DeviceTaintRule API (resource.k8s.io/v1 from Kubernetes 1.37; v1beta2 with the feature gate "
+                "DRADeviceTaintRules on 1.36) is not served, so its replacement could land on the same GPU; not evicted"
             )
             return await self._report(d, claims, "no-taint-rules", why, now)
         move = moves.Move(

@@ -4,7 +4,8 @@ Keeping the replacement off the GPU: the evicted pod's controller (a ReplicaSet,
 a new pod from its own template, and a new claim from the pod's ResourceClaimTemplate; neither a
 node affinity nor a device selector of ours can be put on it (templates and claim specs are
 immutable, the pod is not ours to edit before it is scheduled). What can reach it is a
-**DeviceTaintRule** (resource.k8s.io/v1beta2, DRADeviceTaintRules) that taints exactly that
+**DeviceTaintRule** (resource.k8s.io/v1, GA in 1.37; v1beta2 behind DRADeviceTaintRules on 1.36)
+that taints exactly that
 device (driver, pool, device) ``NoSchedule`` for the cool-down: the scheduler then allocates it
 to no claim that does not tolerate the taint, the replacement included, while the claims already
 allocated on it (the higher-tier victim) are untouched (``NoSchedule`` evicts nothing). The cost:
@@ -32,7 +33,7 @@ from gpuplane.controller import names
 from gpuplane.driver.api import names as dn
 from gpuplane.driver.observe.cost import Segment
 
-API_VERSION = "resource.k8s.io/v1beta2"
+API_VERSION = "resource.k8s.io/v1"  # the writer uses the version served (v1beta2 on 1.36)
 PLURAL = "devicetaintrules"
 LABEL = "gpuplane.dev/noisy-neighbour-move"
 ANNOTATION = "gpuplane.dev/move"

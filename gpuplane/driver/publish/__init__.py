@@ -1,4 +1,4 @@
-"""From hardware to ResourceSlices: what this node offers the scheduler.
+"""From hardware to ResourceSlices: what this node offers the scheduler; and what each claim got.
 
 - ``inventory``: discovery, the hardware backend's answers turned into the node's device inventory
   (whole GPUs, MIG placements, NVLink domains); reads the backend, nothing else.
@@ -6,4 +6,6 @@
 - ``steering``: the steered layout: each MIG profile's placements in one slice, listed in the
   order gpuplane's policy prefers for the node's state (``placement.preference``); pure.
 - ``publisher``: keeps the node's ResourceSlices equal to the desired pool (API writes).
+- ``claim_status``: a prepared claim's devices as its ``status.devices`` (UUID, MIG profile, sharing, MPS
+  pipe dir; KEP-4817), written from one thread after each prepare, withdrawn after unprepare.
 """

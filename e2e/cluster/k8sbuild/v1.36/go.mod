@@ -1,4 +1,4 @@
-module gpuplane.dev/e2e/k8sbuild
+module gpuplane.dev/e2e/k8sbuild/v1.36
 
 go 1.26.0
 
