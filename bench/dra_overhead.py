@@ -144,13 +144,14 @@ def markdown(args: argparse.Namespace, plain: dict[str, float], dra: dict[str, f
         "`sharePercent: 50`, `TimeSlicing` config)",
     }[args.claims]
     ratio = {k: dra[k] / plain[k] for k in ("p50", "p99", "max")}
+    release = build.read_pins(build.MODULE_DIR / "go.mod").kubernetes
     verdict = "meets" if ratio["p50"] <= 1.5 and ratio["p99"] <= 1.5 else "misses"
     return f"""
 ## DRA overhead: apply-to-Running, {args.pods} pods with and without GPU claims ({datetime.date.today()})
 
 `python bench/dra_overhead.py --pods {args.pods} --nodes {args.nodes} --claims {args.claims} --rounds {rounds}`
 on {os.cpu_count()} CPUs ({cpu}), Python {platform.python_version()}: a loopback control plane
-(etcd, kube-apiserver, kube-scheduler, kube-controller-manager v1.36.3) and {args.nodes} simulated
+(etcd, kube-apiserver, kube-scheduler, kube-controller-manager {release}) and {args.nodes} simulated
 `hgx-h100` nodes, each a real `gpuplane-driver` (simulator backend) plus the e2e kubelet stand-in,
 all on this machine. Per round: {args.pods} pods without claims in one `kubectl apply`, all Running,
 deleted; then {args.pods} pods with {claim}. Latency per pod = start of `kubectl apply` until a watch

@@ -4,7 +4,8 @@
         [--skip sched,api,controller,restart,publisher-before] [--write docs/benchmarks.md]
 
 Builds, in its own loopback cluster (etcd, kube-apiserver, kube-scheduler,
-kube-controller-manager v1.36.3 and KWOK v0.8.0, all built from their Go modules and cached):
+kube-controller-manager of the selected release, 1.37.2 by default, and KWOK v0.8.0, all built from
+their Go modules and cached):
 
 * ``--hgx`` HGX H100 nodes and ``--gb200`` GB200 trays (NVL72 racks of 18) as Node objects that
   KWOK keeps Ready (``e2e.plane.fleet``); pods bound to them are marked Running by KWOK;
@@ -176,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     say(f"starting the control plane in {state_dir} ...")
     kubeconfig = plane.start()
-    scheduler_version = "kube-scheduler v1.36.3 (the cluster's)"
+    scheduler_version = f"kube-scheduler {build.read_pins(build.MODULE_DIR / 'go.mod').kubernetes} (the cluster's)"
     if args.scheduler:
         chosen = newer_scheduler.ensure(out=say) if args.scheduler == "build" else Path(args.scheduler).resolve()
         _, scheduler_version = fleet_probe.replace_scheduler(state_dir, chosen, gates=fleet_steps.NEWER_SCHEDULER_GATES)
