@@ -27,6 +27,7 @@ from typing import Any
 import structlog
 
 from gpuplane.driver.prepare import contract
+from gpuplane.driver.prepare.cdi_assembly import runtime_uuid
 from gpuplane.driver.prepare.checkpoint import Checkpoint, ClaimRecord, DeviceRecord
 from gpuplane.driver.sharing.mps_spec import CONTAINER_PIPE_DIR
 
@@ -36,10 +37,6 @@ READY = "Ready"
 RETRIES = 3
 
 
-def _runtime_uuid(d: DeviceRecord) -> str:
-    return d.mig.mig_uuid if d.mig is not None and d.mig.mig_uuid else d.gpu_uuid
-
-
 def _sharing(rec: ClaimRecord, d: DeviceRecord) -> dict[str, Any]:
     s = rec.sharing
     out: dict[str, Any] = {"strategy": s.strategy}
@@ -47,7 +44,7 @@ def _sharing(rec: ClaimRecord, d: DeviceRecord) -> dict[str, Any]:
         out["timeSliceInterval"] = s.timeslice_interval
     if s.mps_active_thread_percentage is not None:
         out["mpsActiveThreadPercentage"] = s.mps_active_thread_percentage
-    limit = s.mps_pinned_limits.get(_runtime_uuid(d))
+    limit = s.mps_pinned_limits.get(runtime_uuid(d))
     if limit is not None:
         out["mpsPinnedDeviceMemoryLimitBytes"] = limit
     if s.mps_client_priority is not None:
@@ -59,7 +56,7 @@ def device_data(rec: ClaimRecord, d: DeviceRecord) -> dict[str, Any]:
     """The ``data`` of one device's entry: what the container got."""
     data: dict[str, Any] = {
         "kind": d.kind,
-        "uuid": _runtime_uuid(d),
+        "uuid": runtime_uuid(d),
         "gpuUUID": d.gpu_uuid,
         "sharing": _sharing(rec, d),
         "cdiDevices": list(d.cdi_ids),
@@ -85,7 +82,7 @@ def device_statuses(rec: ClaimRecord, driver: str, now: datetime.datetime) -> li
                     "type": READY,
                     "status": "True",
                     "reason": "Prepared",
-                    "message": f"prepared on node {d.pool}: {d.kind} {_runtime_uuid(d)}",
+                    "message": f"prepared on node {d.pool}: {d.kind} {runtime_uuid(d)}",
                     "lastTransitionTime": when,
                 }
             ],
