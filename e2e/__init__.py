@@ -15,8 +15,9 @@ Three packages: ``plane`` built on ``cluster`` (nothing in ``cluster`` imports `
 - ``pki``: the certificates, keys and kubeconfigs the control plane needs.
 - ``procs``: starting, pidfile-tracking and stopping of component processes.
 - ``controlplane``: etcd, kube-apiserver, kube-controller-manager and
-  kube-scheduler started in order and awaited; ``flags`` their command lines (feature gates,
-  API versions, ports, certificates).
+  kube-scheduler started in order and awaited, and upgraded in place to another release's build
+  (``ControlPlane.upgrade``); ``flags`` their command lines (feature gates, API versions, ports,
+  certificates); ``readyz`` how each is asked whether it serves.
 - ``handle``: ``Cluster``, a handle on a running cluster (kubeconfig, kubectl, API client).
 - ``addon_build``: builds (once) and caches workload controllers (JobSet, LeaderWorkerSet) from
   their pinned Go modules in ``e2e/cluster/addonbuild``, with the manifests of the same release.

@@ -19,13 +19,11 @@ import socket
 import ssl
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 
-from e2e.cluster import flags, pki, procs
+from e2e.cluster import flags, pki, procs, readyz
 from e2e.cluster.build import BinPaths
 
 Printer = Callable[[str], None]
@@ -43,14 +41,6 @@ def free_port(taken: set[int]) -> int:
         if port not in taken:
             taken.add(port)
             return port
-
-
-def _https_get(url: str, context: ssl.SSLContext, timeout: float = 3.0) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, context=context, timeout=timeout) as resp:
-            return int(resp.status), resp.read().decode(errors="replace")
-    except urllib.error.HTTPError as err:
-        return int(err.code), err.read().decode(errors="replace")
 
 
 def running(state_dir: Path) -> dict[str, procs.ProcessRecord]:
@@ -187,7 +177,50 @@ class ControlPlane:
         """Forget the started processes so that they outlive this object (for ``up``)."""
         self._children.clear()
 
+    def upgrade(
+        self, bins: BinPaths, *, feature_gates: Mapping[str, bool], runtime_config: Mapping[str, bool]
+    ) -> dict[str, float]:
+        """Replace each running component by ``bins``' build, one at a time, as an in-place cluster upgrade does.
+
+        In kubeadm's order (etcd, kube-apiserver, kube-controller-manager, kube-scheduler), each is stopped
+        and started again on the same data, certificates and ports with the new binary and the new
+        release's feature gates and API versions, and waited for before the next. Returns component ->
+        seconds from its stop until it was ready again (for the apiserver: its outage).
+        """
+        records = procs.read_records(self.pid_dir)
+        replaced = {
+            "--feature-gates": flags.format_gates(feature_gates),
+            "--runtime-config": flags.format_gates(runtime_config),
+        }
+        outage: dict[str, float] = {}
+        began = time.monotonic()
+        for name in COMPONENTS:
+            record = records[name]
+            argv = [str(bins.by_name()[name])]
+            for arg in record.argv[1:]:
+                flag = arg.split("=", 1)[0]
+                argv.append(f"{flag}={replaced[flag]}" if flag in replaced else arg)
+            child = self._children.pop(name, None)
+            stopped = time.monotonic()
+            procs.stop(record, child[0] if child else None)
+            self._spawn(name, argv)
+            self._wait(f"{name} ({Path(argv[0]).parent.name})", began, self._ready_check(name))
+            outage[name] = time.monotonic() - stopped
+        self.bins = bins
+        self.feature_gates, self.runtime_config = dict(feature_gates), dict(runtime_config)
+        return outage
+
     # Internals ---------------------------------------------------------------
+
+    def _admin_context(self) -> ssl.SSLContext:
+        assert self.pki is not None
+        ctx = ssl.create_default_context(cafile=str(self.pki.ca.cert))
+        ctx.load_cert_chain(str(self.pki.admin.cert), str(self.pki.admin.key))
+        return ctx
+
+    def _ready_check(self, name: str) -> readyz.Check:
+        """Whether the running ``name`` serves (:func:`e2e.cluster.readyz.check`)."""
+        return readyz.check(name, procs.read_records(self.pid_dir)[name].argv, self._admin_context())
 
     def _progress(self, started: float, message: str) -> None:
         self._out(f"[{time.monotonic() - started:5.1f}s] {message}")
@@ -250,50 +283,27 @@ class ControlPlane:
         self.server = f"https://127.0.0.1:{api_port}"
         gates = flags.format_gates(self.feature_gates)
 
-        admin_ctx = ssl.create_default_context(cafile=str(cluster_pki.ca.cert))
-        admin_ctx.load_cert_chain(str(cluster_pki.admin.cert), str(cluster_pki.admin.key))
-        insecure_ctx = ssl.create_default_context()
-        insecure_ctx.check_hostname = False
-        insecure_ctx.verify_mode = ssl.CERT_NONE
-
         pki.write_kubeconfig(self.kubeconfig, self.server, cluster_pki.ca.cert, cluster_pki.admin, "gpuplane-admin")
-        kcm_kubeconfig = pki.write_kubeconfig(
-            self.state_dir / "kubeconfigs" / "kube-controller-manager.kubeconfig",
-            self.server,
-            cluster_pki.ca.cert,
-            cluster_pki.controller_manager,
-            "system:kube-controller-manager",
-        )
-        sched_kubeconfig = pki.write_kubeconfig(
-            self.state_dir / "kubeconfigs" / "kube-scheduler.kubeconfig",
-            self.server,
-            cluster_pki.ca.cert,
-            cluster_pki.scheduler,
-            "system:kube-scheduler",
+        kcm_kubeconfig, sched_kubeconfig = (
+            pki.write_kubeconfig(
+                self.state_dir / "kubeconfigs" / f"{name}.kubeconfig",
+                self.server,
+                cluster_pki.ca.cert,
+                cert,
+                f"system:{name}",
+            )
+            for name, cert in (
+                ("kube-controller-manager", cluster_pki.controller_manager),
+                ("kube-scheduler", cluster_pki.scheduler),
+            )
         )
 
-        # etcd -------------------------------------------------------------------
-        self._progress(started, f"starting etcd (client :{etcd_client}, peer :{etcd_peer})")
+        # etcd, then kube-apiserver, then kube-controller-manager and kube-scheduler together ------------
         client_url, peer_url = f"http://127.0.0.1:{etcd_client}", f"http://127.0.0.1:{etcd_peer}"
-        self._spawn(
-            "etcd",
-            flags.etcd_argv(self.bins.etcd, self.state_dir / "etcd-data", client_url, peer_url),
-        )
+        self._progress(started, f"starting etcd (client :{etcd_client}, peer :{etcd_peer})")
+        self._spawn("etcd", flags.etcd_argv(self.bins.etcd, self.state_dir / "etcd-data", client_url, peer_url))
+        self._wait("etcd", started, self._ready_check("etcd"))
 
-        def etcd_ready() -> tuple[bool, str]:
-            try:
-                with urllib.request.urlopen(f"{client_url}/health", timeout=2) as resp:
-                    body = resp.read().decode(errors="replace")
-            except (OSError, urllib.error.URLError) as err:
-                return False, str(err)
-            try:
-                return json.loads(body).get("health") == "true", body
-            except ValueError:
-                return False, body
-
-        self._wait("etcd", started, etcd_ready)
-
-        # kube-apiserver ----------------------------------------------------------
         self._progress(started, f"starting kube-apiserver on {self.server}")
         flags.admission_config_path(self.state_dir).write_text(json.dumps(flags.admission_config()))
         self._spawn(
@@ -309,18 +319,8 @@ class ControlPlane:
                 verbosity=self.verbosity,
             ),
         )
+        self._wait("kube-apiserver /readyz", started, self._ready_check("kube-apiserver"))
 
-        def apiserver_ready() -> tuple[bool, str]:
-            try:
-                status, body = _https_get(f"{self.server}/readyz?verbose", admin_ctx)
-            except OSError as err:
-                return False, str(err)
-            failing = [line for line in body.splitlines() if "failed" in line]
-            return status == 200, f"HTTP {status}: " + ("; ".join(failing) or body[-300:])
-
-        self._wait("kube-apiserver /readyz", started, apiserver_ready)
-
-        # kube-controller-manager and kube-scheduler -------------------------------
         self._progress(started, "starting kube-controller-manager and kube-scheduler")
         self._spawn(
             "kube-controller-manager",
@@ -347,23 +347,15 @@ class ControlPlane:
                 client_qps=self.client_qps,
             ),
         )
-
-        def healthz(port: int) -> Callable[[], tuple[bool, str]]:
-            def check() -> tuple[bool, str]:
-                try:
-                    status, body = _https_get(f"https://127.0.0.1:{port}/healthz", insecure_ctx)
-                except OSError as err:
-                    return False, str(err)
-                return status == 200, f"HTTP {status}: {body[-300:]}"
-
-            return check
-
-        self._wait("kube-controller-manager /healthz", started, healthz(kcm_port))
-        self._wait("kube-scheduler /healthz", started, healthz(sched_port))
+        self._wait("kube-controller-manager /healthz", started, self._ready_check("kube-controller-manager"))
+        self._wait("kube-scheduler /healthz", started, self._ready_check("kube-scheduler"))
+        admin_ctx = self._admin_context()
 
         def default_service_account() -> tuple[bool, str]:
             try:
-                status, body = _https_get(f"{self.server}/api/v1/namespaces/default/serviceaccounts/default", admin_ctx)
+                status, body = readyz.https_get(
+                    f"{self.server}/api/v1/namespaces/default/serviceaccounts/default", admin_ctx
+                )
             except OSError as err:
                 return False, str(err)
             return status == 200, f"HTTP {status}: {body[-300:]}"

@@ -304,6 +304,7 @@ def running_plane(control_plane: cluster.Cluster, node_spec: str = GPU_NODES) ->
 OWN_PLANE_MODULES = (
     "test_bind_timeout.py",
     "test_claim_device_status.py",
+    "test_cluster_upgrade.py",
     "test_gangs.py",
     "test_health.py",
     "test_manifests.py",

@@ -29,6 +29,7 @@ import yaml
 
 from e2e.cluster import build as k8sbuild
 from e2e.cluster import handle as cluster
+from e2e.cluster import releases
 from e2e.images import build as images
 from e2e.plane import identity, nodes, realinstall, realinstall_compat, simnodes
 from e2e.plane.realnode import nodes as realnodes
@@ -151,12 +152,14 @@ def installed_cluster(
     first: tuple[str, Path, Sequence[images.BuiltImage]] | None = None,
     *,
     compat: bool = False,
+    release: releases.Release = releases.RUNNING,
 ) -> Iterator[Install]:
     """Real nodes of ``spec`` with gpuplane installed by ``kubectl apply -k`` (see the module docstring).
 
     ``first``: (label, tree, images) of the version to install instead of N (this tree); its images are
     imported beside N's. ``compat``: that version predates the real-node fixes; its installs get
-    ``e2e.plane.realinstall_compat``'s patches.
+    ``e2e.plane.realinstall_compat``'s patches. ``release``: the Kubernetes release of the nodes' kubelets
+    (default the running one; the control plane is the caller's).
     """
     skip_or_fail_without_real_nodes()
     assert handle.state_dir is not None
@@ -175,6 +178,7 @@ def installed_cluster(
         state_dir,
         handle.kubeconfig,
         driver_credentials=lambda node: handle.kubeconfig,  # no host driver: never called
+        release=release,
         driver_env=DRIVER_ENV,
         die_with_parent=True,
         out=lambda _: None,

@@ -8,8 +8,8 @@ machine-wide lock), and starts per node, through ``e2e.cluster.procs`` (pidfiles
 
 1. ``containerd-<node>`` with its own root, state and socket, and the pause and
    busybox images imported;
-2. ``kubelet-<node>`` (the real kubelet v1.36.3), which creates the Node and keeps
-   it Ready under its node certificate ``system:node:<node>``;
+2. ``kubelet-<node>`` (the real kubelet of ``release``, default the running one), which creates the
+   Node and keeps it Ready under its node certificate ``system:node:<node>``;
 3. ``driver-<node>``: ``gpuplane-driver --backend=sim`` as a host process under
    the credentials ``driver_credentials`` returns (``python -m e2e up`` and the
    e2e fixtures: the ``gpuplane-driver`` ServiceAccount's token bound to a pod on
@@ -17,7 +17,8 @@ machine-wide lock), and starts per node, through ``e2e.cluster.procs`` (pidfiles
    root, so the real kubelet's plugin watcher registers it.
 
 ``start`` returns when every Node is Ready, kubelet has registered every driver
-and every node's ResourceSlice pool is complete. ``stop`` (or ``stop_nodes`` from
+and every node's ResourceSlice pool is complete. ``upgrade_kubelet`` replaces a
+node's kubelet by another release's, in place. ``stop`` (or ``stop_nodes`` from
 another process, as ``python -m e2e down`` does) takes them off the machine again
 (``teardown``). ``import_archive(state_dir, archive)`` imports an image archive
 into every real node's containerd; ``RealNode.kubelet_root`` is each node's
@@ -36,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from e2e.cluster import build, flags, pki, procs
+from e2e.cluster import build, pki, procs, releases
 from e2e.cluster.realnode import binaries, cgroups, containerd, host, images, kubeletconf, network
 from e2e.plane import identity, nodes
 from e2e.plane.realnode import commands, plan, readiness, teardown
@@ -88,6 +89,7 @@ class RealNodes:
         kubeconfig: Path,
         *,
         driver_credentials: DriverCredentials,
+        release: releases.Release = releases.RUNNING,
         feature_gates: Mapping[str, bool] | None = None,
         driver_env: Mapping[str, str] | None = None,
         die_with_parent: bool = False,
@@ -97,7 +99,9 @@ class RealNodes:
         self.state_dir = Path(state_dir).resolve()
         self.access = commands.Access.of(self.state_dir, Path(kubeconfig))
         self.driver_credentials = driver_credentials
-        self.feature_gates = dict(flags.DEFAULT_FEATURE_GATES if feature_gates is None else feature_gates)
+        self.release = release
+        """The Kubernetes release of the kubelets (its build and feature gates); ``upgrade_kubelet`` moves it."""
+        self.feature_gates = dict(release.feature_gates if feature_gates is None else feature_gates)
         self.driver_env = dict(driver_env or {})
         """Extra environment of the drivers (``GPUPLANE_*`` settings, e.g. short health timings for tests)."""
         self.die_with_parent = die_with_parent
@@ -142,7 +146,7 @@ class RealNodes:
             return []
         host.require()
         began = time.monotonic()
-        bins = binaries.ensure_node_binaries(out=self._out)
+        bins = binaries.ensure_node_binaries(out=self._out, k8s_module_dir=self.release.module_dir)
         self.bins = bins
         archives = images.node_images(bins.pause, build.cache_root(os.environ), out=self._out)
         runc = host.runc_path()
@@ -252,7 +256,7 @@ class RealNodes:
         child = self._children.pop(name, None)
         procs.stop(record, child[0] if child else None)
         began = time.monotonic()
-        bins = self.bins or binaries.ensure_node_binaries(out=self._out)
+        bins = self.bins or binaries.ensure_node_binaries(out=self._out, k8s_module_dir=self.release.module_dir)
         env = {**os.environ, **self.driver_env} if process == "driver" else commands.process_env(bins)
         self._spawn(name, list(record.argv), env)
         while readiness.registrations(driver_log) <= before:
@@ -260,6 +264,36 @@ class RealNodes:
             if time.monotonic() - began > timeout:
                 raise procs.ComponentError(name, f"driver not registered again after {timeout:.0f}s", self.log(name))
             time.sleep(0.1)
+        return time.monotonic() - began
+
+    def upgrade_kubelet(self, node: RealNode, release: releases.Release) -> float:
+        """Replace the node's running kubelet by ``release``'s, in place, as an operator upgrades a node.
+
+        The kubelet is stopped (SIGTERM; containers, the runtime and the driver run on), its
+        configuration gets the new release's feature gates, and the new build starts with the same
+        command line otherwise. Returns the seconds until the Node reports the new version and is Ready.
+        """
+        bins = binaries.ensure_node_binaries(out=self._out, k8s_module_dir=release.module_dir)
+        name = node.processes[1]
+        record = procs.read_records(self.pid_dir)[name]
+        child = self._children.pop(name, None)
+        began = time.monotonic()
+        procs.stop(record, child[0] if child else None)
+        config = yaml.safe_load(node.kubelet_config.read_text())
+        config["featureGates"] = dict(release.feature_gates)
+        node.kubelet_config.write_text(yaml.safe_dump(config, sort_keys=True))
+        self._spawn(name, [str(bins.kubelet), *record.argv[1:]], commands.process_env(bins))
+        self.release, self.bins, self.feature_gates = release, bins, dict(release.feature_gates)
+        pins = build.read_pins(release.module_dir / "go.mod")
+
+        def upgraded(node_name: str) -> str | None:
+            with contextlib.closing(identity.new_client(self.access.admin_kubeconfig)) as api:
+                version = readiness.kubelet_version(api, node_name)
+                if version != pins.kubernetes:
+                    return f"kubelet reports {version}, not {pins.kubernetes} yet"
+                return readiness.node_problem(api, node_name)
+
+        self._wait([node], began, upgraded, f"kubelet {pins.kubernetes} Ready", 1)
         return time.monotonic() - began
 
     def _alive(self, node_name: str) -> None:

@@ -40,6 +40,16 @@ def node_problem(api: client.ApiClient, name: str) -> str | None:
     return f"taints {taints}" if taints else None
 
 
+def kubelet_version(api: client.ApiClient, name: str) -> str:
+    """The kubelet version Node ``name`` reports (``status.nodeInfo.kubeletVersion``; "" when unknown)."""
+    try:
+        obj = client.CoreV1Api(api).read_node(name)
+    except client.ApiException:
+        return ""
+    info = obj.status.node_info if obj.status else None
+    return str(info.kubelet_version) if info is not None else ""
+
+
 def pool_problem(api: client.ApiClient, name: str) -> str | None:
     """Why the driver's ResourceSlice pool of node ``name`` is not complete yet, or None."""
     listed = cast(
