@@ -52,7 +52,7 @@ from e2e.cluster import build, controlplane, kwok, procs  # noqa: E402
 from e2e.cluster import handle as cluster  # noqa: E402
 from e2e.cluster.controlplane import free_port  # noqa: E402
 from e2e.plane import components, fleet, fleetslices, identity  # noqa: E402
-from gpuplane.driver import logs  # noqa: E402
+from gpuplane import logs  # noqa: E402
 
 TARGET_MB = 200.0
 WARM = "lived"  # the warm-up leader: started on the fleet, through the claims and the gangs

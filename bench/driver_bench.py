@@ -32,7 +32,7 @@ from typing import Any
 
 from bench.driver_harness import NAMESPACE, NODE, ApiStore, ClaimStore, Driver, FakeStore, workdir
 from bench.placement_report import percentile as pct
-from gpuplane.driver.api import names
+from gpuplane.api import names
 from gpuplane.driver.host import atomic_write
 from gpuplane.driver.prepare.checkpoint import CheckpointStore, decode
 from tests.driverkit import make_claim, ref

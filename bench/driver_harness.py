@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
 
-from gpuplane.driver.api import names
+from gpuplane.api import names
 from gpuplane.driver.host import proc_environ, proc_pids
 from gpuplane.driver.plugin.kubelet_client import KubeletPluginClient
 from gpuplane.driver.prepare.contract import ClaimRef

@@ -69,7 +69,7 @@ from bench.fleet_steps import took  # noqa: E402
 from e2e.cluster import build, controlplane, kwok  # noqa: E402
 from e2e.cluster import handle as cluster  # noqa: E402
 from e2e.plane import components, fleet, fleetslices  # noqa: E402
-from gpuplane.driver import logs  # noqa: E402
+from gpuplane import logs  # noqa: E402
 
 
 def main(argv: Sequence[str] | None = None) -> int:

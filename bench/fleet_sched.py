@@ -31,7 +31,7 @@ from kubernetes import client
 
 from bench import dra_overhead, dra_setup, dra_watch, fleet_probe
 from e2e.plane import fleet
-from gpuplane.driver.api import names
+from gpuplane.api import names
 
 Printer = Callable[[str], None]
 

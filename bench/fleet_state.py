@@ -30,7 +30,7 @@ from kubernetes import client
 
 from bench import fleet_controller, fleet_sched
 from e2e.plane import fleet
-from gpuplane.driver.api import names as dn
+from gpuplane.api import names as dn
 
 Printer = Callable[[str], None]
 GPUS_PER_HGX = 8

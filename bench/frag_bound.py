@@ -26,7 +26,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from bench import placement_bench as pb
 from bench import trace
-from gpuplane.controller.placement import fragmentation, geometry, model, policies, snapshot
+from gpuplane.placement import fragmentation, geometry, model, policies, snapshot
 
 PROFILES = ("1g", "2g", "3g", "4g")
 Counts = tuple[int, ...]

@@ -28,9 +28,10 @@ from typing import Any
 from gpuplane.controller import config, indexed, metrics, names, runtime
 from gpuplane.controller.gang import placement_record, queue_runner, reconciler, status, world
 from gpuplane.controller.node import slice_index
-from gpuplane.controller.placement import model
+from gpuplane.driver import inventory
 from gpuplane.driver.hw.sim import SimConfig, Simulator
-from gpuplane.driver.publish import inventory, slices
+from gpuplane.driver.publish import slices
+from gpuplane.placement import model
 
 CLUSTER = "6a1c4a2e-9a53-4a44-9a3c-3a1c4a2e9a53"
 TRAYS_PER_RACK = 18  # GB200 NVL72: 18 trays of 4 GPUs

@@ -44,9 +44,9 @@ from bench.kube_layout import (
     states,
     utilisation,
 )
-from gpuplane.controller.placement import fragmentation, geometry, model, place, preference, snapshot
-from gpuplane.controller.placement.policies import gpuplane
 from gpuplane.mig.geometry import HOPPER
+from gpuplane.placement import fragmentation, geometry, model, place, preference, snapshot
+from gpuplane.placement.policies import gpuplane
 
 REPO = Path(__file__).resolve().parent.parent
 

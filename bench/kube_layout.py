@@ -17,7 +17,7 @@ from typing import Any
 from bench import placement_bench as pb
 from bench import placement_deciders, placement_report, trace
 from gpuplane.controller.node import snapshot_builder
-from gpuplane.controller.placement import fragmentation, geometry, model, snapshot
+from gpuplane.placement import fragmentation, geometry, model, snapshot
 
 
 class Mapper:

@@ -45,8 +45,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bench.kube_walk import WalkOrder, published_walk, walk_of, walks_for
-from gpuplane.controller.placement import fragmentation, geometry, model, place, preference, snapshot
-from gpuplane.controller.placement.policies import gpuplane
+from gpuplane.placement import fragmentation, geometry, model, place, preference, snapshot
+from gpuplane.placement.policies import gpuplane
 
 GIB = 1 << 30
 MIB = 1 << 20

@@ -42,7 +42,7 @@ from bench.kube_record import NAMESPACE, PodRecord, Recorder, apiserver_slice_re
 from e2e.cluster import build, controlplane
 from e2e.cluster import handle as cluster
 from e2e.plane import components, identity, nodes, simnodes
-from gpuplane.controller.placement import fragmentation, model
+from gpuplane.placement import fragmentation, model
 
 PAUSE = "registry.k8s.io/pause:3.10"
 MIG_NAMES = {"1g": "1g.10gb", "2g": "2g.20gb", "3g": "3g.40gb", "4g": "4g.40gb"}

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuplane.controller.node import snapshot_builder
+from gpuplane.driver import inventory
 from gpuplane.driver.hw.sim import SimConfig, Simulator
-from gpuplane.driver.publish import inventory, slices
+from gpuplane.driver.publish import slices
 
 
 @dataclass(frozen=True)

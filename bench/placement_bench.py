@@ -55,7 +55,7 @@ from bench.trace import (
     trace_time_workload,
     units,
 )
-from gpuplane.controller.placement import fragmentation, geometry, model, place, policies, snapshot
+from gpuplane.placement import fragmentation, geometry, model, place, policies, snapshot
 
 SAMPLES = 200
 

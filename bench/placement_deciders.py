@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 from bench import kube_model
 from bench.placement_report import BASELINES
 from bench.trace import Topology
-from gpuplane.controller.placement import fragmentation, model, policies, snapshot
+from gpuplane.placement import fragmentation, model, policies, snapshot
 
 
 @runtime_checkable

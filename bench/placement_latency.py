@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 from bench.placement_report import percentile
 from bench.trace import Pod, Topology, to_request
-from gpuplane.controller.placement import fragmentation, geometry, model, place, policies, snapshot
 from gpuplane.mig.geometry import HOPPER
+from gpuplane.placement import fragmentation, geometry, model, place, policies, snapshot
 
 
 def filled_cluster(

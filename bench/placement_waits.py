@@ -29,8 +29,8 @@ from bench.placement_bench import replay
 from bench.placement_deciders import Decider, _walks, make_policy
 from bench.placement_report import STEERED, TODAY, Run
 from bench.trace import DEFAULT_TRACE, HGX, NVL72, Topology, Workload, load_pods, load_workload, size_mix
-from gpuplane.controller.placement import fragmentation, model, snapshot
-from gpuplane.controller.placement.policies import gpuplane
+from gpuplane.placement import fragmentation, model, snapshot
+from gpuplane.placement.policies import gpuplane
 
 
 class NoNewTP8:

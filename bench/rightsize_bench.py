@@ -36,8 +36,8 @@ from bench import docs_results
 from bench.rightsize_needs import Option, Variant, h100, options, soft_threshold
 from bench.rightsize_replay import Item, Result, replay
 from bench.trace import DEFAULT_TRACE, HGX, REPO, Topology, load_pods, load_workload, size_mix
-from gpuplane.controller.placement import model, snapshot
-from gpuplane.controller.placement.policies import make as make_policy
+from gpuplane.placement import model, snapshot
+from gpuplane.placement.policies import make as make_policy
 
 FILES = ("default", "gpushare100")
 LOADS = (1.0, 1.2)

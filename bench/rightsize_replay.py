@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 
 from bench.placement_report import percentile
 from bench.rightsize_needs import Option
-from gpuplane.controller.placement import model, place, snapshot
-from gpuplane.controller.placement.policies import base
+from gpuplane.placement import model, place, snapshot
+from gpuplane.placement.policies import base
 
 SAMPLES = 200
 

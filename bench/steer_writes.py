@@ -26,11 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from bench import kube_walk, trace
-from gpuplane.controller.placement import geometry, model
-from gpuplane.driver import logs
+from gpuplane import logs
+from gpuplane.driver import inventory
 from gpuplane.driver.hw.sim import SimConfig, Simulator
-from gpuplane.driver.publish import inventory, slices, steering
+from gpuplane.driver.publish import slices, steering
 from gpuplane.driver.publish.publisher import Layout, SlicePublisher
+from gpuplane.placement import geometry, model
 from tests.slicekit import SliceStore
 
 NODE = "n"

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuplane.controller.placement import fragmentation, model
+from gpuplane.placement import fragmentation, model
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TRACE = REPO.parent / "shared" / "traces" / "alibaba-gpu-v2023"

@@ -3,10 +3,19 @@
 One import package with two programs:
 
 - :mod:`gpuplane.driver`: the node driver (``gpuplane-driver``), a kubelet DRA plugin;
-- :mod:`gpuplane.controller`: the operator (``gpuplane-controller``) and the pure placement module;
-- :mod:`gpuplane.mig`: the MIG geometry both of them use (pure: no Kubernetes, no I/O).
+- :mod:`gpuplane.controller`: the operator (``gpuplane-controller``);
+
+and the shared layers both of them use, which import neither program:
+
+- :mod:`gpuplane.placement`: the pure placement module (request + immutable snapshot -> decision; no I/O);
+- :mod:`gpuplane.api`: names, attributes, configuration models and record formats the two agree on;
+- :mod:`gpuplane.mig`: the MIG geometry (pure: no Kubernetes, no I/O);
 - :mod:`gpuplane.httpauth`: the authenticated ``/metrics`` server both of them serve (TokenReview,
-  SubjectAccessReview, TLS, a bounded thread server).
+  SubjectAccessReview, TLS, a bounded thread server);
+- :mod:`gpuplane.logs`: structlog configured once, at start, by each binary's ``main``.
+
+The direction is enforced by ``tests/unit/test_imports.py``: the programs never import each other,
+the shared layers import no program, and ``placement`` and ``mig`` import no Kubernetes client.
 
 The repository's top-level ``driver/`` and ``controller/`` are symbolic links to these two
 packages. Import them as ``gpuplane.driver`` and ``gpuplane.controller`` only (ruff's banned-api

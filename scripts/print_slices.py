@@ -6,7 +6,7 @@
                                              # gpu-0's counter slice and the named devices
     python scripts/print_slices.py --summary             # a Markdown table over every profile
 
-The pool is built the production way: simulator -> gpuplane.driver.publish.inventory.discover
+The pool is built the production way: simulator -> gpuplane.driver.inventory.discover
 -> gpuplane.driver.publish.slices.build_pool -> render_slices, and checked with validate_pool
 before it is printed.
 """
@@ -25,7 +25,7 @@ import yaml
 
 from gpuplane.driver.hw import sim_profiles
 from gpuplane.driver.hw.sim import SimConfig, Simulator
-from gpuplane.driver.publish.inventory import discover
+from gpuplane.driver.inventory import discover
 from gpuplane.driver.publish.slices import build_pool, render_slices, validate_pool
 
 EXAMPLE_CLUSTER_UUID = "6f1c2d3e-4b5a-4978-8a9b-0c1d2e3f4a5b"

@@ -17,9 +17,10 @@ from typing import Any
 from gpuplane.controller import names
 from gpuplane.controller.gang import queue_runner, reconciler, status, world, writes
 from gpuplane.controller.node import snapshot_builder
-from gpuplane.controller.placement.policies import make as make_policy
+from gpuplane.driver import inventory
 from gpuplane.driver.hw.sim import SimConfig, Simulator
-from gpuplane.driver.publish import inventory, slices
+from gpuplane.driver.publish import slices
+from gpuplane.placement.policies import make as make_policy
 
 T0 = 1_700_000_000.0
 CLUSTER = "6a1c4a2e-9a53-4a44-9a3c-3a1c4a2e9a53"

@@ -36,8 +36,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from gpuplane.driver import logs
-from gpuplane.driver.api import names
+from gpuplane import logs
+from gpuplane.api import names
 from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.kube import KubeApi, make_api_client
 from gpuplane.driver.plugin.server import PluginServer

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuplane.driver.api import names
+from gpuplane.api import names
 from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.plugin.kubelet_client import KubeletPluginClient
 from gpuplane.driver.prepare import cdi

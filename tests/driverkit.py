@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuplane.api import names
 from gpuplane.driver import host
-from gpuplane.driver.api import names
 from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.kube import NotFound
 from gpuplane.driver.plugin.server import PluginServer

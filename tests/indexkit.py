@@ -11,10 +11,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuplane.api import noisy_taint
 from gpuplane.controller.node import slice_index
-from gpuplane.driver.api import noisy_taint
+from gpuplane.driver import inventory
 from gpuplane.driver.hw.sim import SimConfig, Simulator
-from gpuplane.driver.publish import inventory, slices
+from gpuplane.driver.publish import slices
 from gpuplane.driver.publish.slices import DeviceTaint
 
 T0 = 1_800_000_000.0

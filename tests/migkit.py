@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from gpuplane.driver.hw import interface as hw
+from gpuplane.driver.inventory import mig_device_name
 from gpuplane.driver.prepare import cdi
-from gpuplane.driver.publish.inventory import mig_device_name
 from gpuplane.mig import geometry, models
 from tests.driverkit import DriverUnderTest, driver_env, make_claim, ref
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from gpuplane.driver.api import names
+from gpuplane.api import names
 
 API = names.CONFIG_API_VERSION
 

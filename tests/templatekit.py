@@ -14,8 +14,8 @@ import pytest
 from gpuplane.controller import names
 from gpuplane.controller.gang import membership, owners, placement_record, queue_runner, world
 from gpuplane.controller.gang import reconciler as gang_reconciler
-from gpuplane.controller.placement import model
-from gpuplane.controller.placement.policies import make as make_policy
+from gpuplane.placement import model
+from gpuplane.placement.policies import make as make_policy
 from tests import controllerkit
 from tests.controllerkit import GB200, GPU_CLASS, T0, gang_body
 

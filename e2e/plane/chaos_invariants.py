@@ -33,7 +33,7 @@ from typing import Any, cast
 from kubernetes import client
 
 from e2e.plane.simnode_plan import SimNode
-from gpuplane.driver.api import names
+from gpuplane.api import names
 from gpuplane.driver.hw import sim_cli
 from gpuplane.driver.prepare import cdi, checkpoint
 from gpuplane.driver.sharing.mps_procs import MpsProcesses

@@ -24,7 +24,7 @@ from kubernetes import client
 
 from e2e.cluster import procs
 from e2e.cluster.controlplane import free_port
-from gpuplane.driver.api import names
+from gpuplane.api import names
 from gpuplane.driver.plugin.kubelet_client import KubeletPluginClient
 
 REPO = Path(__file__).resolve().parents[2]

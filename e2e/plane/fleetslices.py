@@ -3,7 +3,7 @@ for many nodes in one process, each node's slices written under that node's driv
 
 Per node, exactly the driver's publish path from the hardware boundary up:
 the simulator (``gpuplane.driver.hw.sim``, state in ``<sim_root>/<node>``, writes not fsync'd)
--> ``publish.inventory.discover`` -> ``publish.publisher.SlicePublisher`` (which calls
+-> ``inventory.discover`` -> ``publish.publisher.SlicePublisher`` (which calls
 ``publish.slices.build_pool``, ``render_slices`` and ``validate_pool``) -> ``driver.kube.KubeApi``.
 Health changes go in the way the driver's health watcher hands them over: as device taints per
 GPU that the publisher reads on every publish (``set_taints``).
@@ -34,10 +34,10 @@ from kubernetes import client
 
 from e2e.cluster.handle import Cluster
 from e2e.plane import fleet, identity
-from gpuplane.driver.api import names
+from gpuplane.api import names
+from gpuplane.driver import inventory as inventory_mod
 from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.kube import KubeApi
-from gpuplane.driver.publish import inventory as inventory_mod
 from gpuplane.driver.publish import slices
 from gpuplane.driver.publish.publisher import SlicePublisher
 from gpuplane.driver.publish.slices import DeviceTaint

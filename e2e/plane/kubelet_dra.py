@@ -25,7 +25,7 @@ from kubernetes.client.exceptions import ApiException
 
 from e2e.plane.kubelet_plugins import PluginRegistry
 from e2e.plane.kubelet_pods import PodView
-from gpuplane.driver.api import boundedjson
+from gpuplane.api import boundedjson
 from gpuplane.driver.prepare import cdi
 from gpuplane.driver.prepare.contract import ClaimRef, PrepareResult
 

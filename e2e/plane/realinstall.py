@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from gpuplane.driver.api import names
+from gpuplane.api import names
 
 Printer = Callable[[str], None]
 Kubectl = Callable[..., str]

@@ -16,7 +16,7 @@ from typing import Any, Protocol, cast
 
 from kubernetes import client
 
-from gpuplane.driver.api import names
+from gpuplane.api import names
 from gpuplane.driver.prepare import checkpoint
 
 GROUP, VERSION = "resource.k8s.io", "v1"

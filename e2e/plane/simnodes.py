@@ -54,7 +54,7 @@ from e2e.plane.simnode_plan import (
     save_nodes,
     socket_root,
 )
-from gpuplane.driver.api import names
+from gpuplane.api import names
 from gpuplane.driver.sharing.mps import MpsControl
 
 __all__ = [  # the plan's names are imported from here by the harness and the tests

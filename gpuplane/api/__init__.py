@@ -1,6 +1,6 @@
-"""The driver's public API: names, attributes and opaque configuration models shared with the controller.
+"""What the driver and the controller agree on: names, attributes, configuration models, record formats.
 
-The controller imports these modules as the driver does. None does I/O but ``kuberesponse``, which
+Both programs import these modules; they import neither program. None does I/O but ``kuberesponse``, which
 reads the body of a response the client already holds.
 
 - ``names``: what the driver publishes and the controller selects on (driver name, attribute
@@ -9,5 +9,6 @@ reads the body of a response the client already holds.
 - ``quantity``: Kubernetes resource quantities ("6Gi", "512M") parsed into integers, within bounds.
 - ``boundedjson``: API JSON decoded with bounded nesting, so no object a user writes makes a reader recurse.
 - ``kuberesponse``: the kubernetes client's responses read through that decoder.
+- ``ledger``: the cost ledger's record (``Segment``), written by the driver and by the rebalancer.
 - ``noisy_taint``: the noisy-neighbour device taint, the driver's signal to the controller in its ResourceSlice.
 """

@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-from gpuplane.driver.api import names, quantity
+from gpuplane.api import names, quantity
 
 SharingStrategy = Literal["Exclusive", "TimeSlicing", "MPS"]
 TimeSliceInterval = Literal["Default", "Short", "Medium", "Long"]

@@ -5,7 +5,7 @@ which recurses once per nesting level: reading, patching or listing one claim
 nested ~1,000 levels deep raised ``RecursionError`` in the driver and the
 controller. Calls made with ``_preload_content=False`` return the raw urllib3
 response instead (non-2xx statuses still raise ``ApiException``); these helpers
-read it with :mod:`gpuplane.driver.api.boundedjson` (:func:`read_object`, :func:`read_list`)
+read it with :mod:`gpuplane.api.boundedjson` (:func:`read_object`, :func:`read_list`)
 or drain it unread (:func:`discard`, for writes whose answer nobody needs), and
 always give the connection back to the pool.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuplane.driver.api import boundedjson
+from gpuplane.api import boundedjson
 
 
 def _body(response: Any) -> bytes:
@@ -31,7 +31,7 @@ def _body(response: Any) -> bytes:
 
 
 def read_object(response: Any, max_depth: int = boundedjson.MAX_OBJECT_DEPTH) -> Any:
-    """One object; quarantined (see :func:`gpuplane.driver.api.boundedjson.quarantine`) when nested too deeply."""
+    """One object; quarantined (see :func:`gpuplane.api.boundedjson.quarantine`) when nested too deeply."""
     return boundedjson.decode_object(_body(response), max_depth)
 
 

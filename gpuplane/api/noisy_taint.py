@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from gpuplane.driver.api import names
+from gpuplane.api import names
 
 KEY = f"{names.DRIVER_NAME}/noisy-neighbour"
 EFFECT = "None"

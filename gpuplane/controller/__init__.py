@@ -1,8 +1,10 @@
 """gpuplane controller: a kopf operator for claims, gangs and NVLink-aware placement.
 
+It uses the shared layers (:mod:`gpuplane.placement` decides, :mod:`gpuplane.api` names what the driver
+publishes) and never imports :mod:`gpuplane.driver` (``tests/unit/test_imports.py``).
+
 Packages, each with its own index:
 
-- ``placement``: the pure placement module (request + immutable snapshot -> decision; no I/O).
 - ``node``: what the nodes offer, read from the driver's ResourceSlices; pure.
 - ``claim``: ResourceClaims of gpuplane's DeviceClasses checked before they reach a node.
 - ``gang``: GpuGangs from member pods to an all-or-nothing placement, queued and followed to the end.

@@ -20,6 +20,7 @@ from typing import Any
 
 import kopf
 
+from gpuplane.api import names as dn
 from gpuplane.controller import config, heap, indexed, kopf_barrier, names, rejects, runtime, slim, startup, steering
 from gpuplane.controller.claim import checks, explainer, handling, review
 from gpuplane.controller.gang import leaderworkersets, owners
@@ -29,7 +30,6 @@ from gpuplane.controller.rightsize import apply as rightsize
 from gpuplane.controller.rightsize import template as rs_template
 from gpuplane.controller.steer import decide as steer_decide
 from gpuplane.controller.steer import gate as steer_gate
-from gpuplane.driver.api import names as dn
 
 RESOURCE = ("resource.k8s.io", "v1")
 LIST_CHUNK = 100

@@ -34,8 +34,8 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from gpuplane.api import names as dn
 from gpuplane.controller import names
-from gpuplane.driver.api import names as dn
 
 MAX_SHAPES = 1024  # distinct request lists shared between claims (more are kept per claim, not shared)
 MAX_INTERNED = 253  # longer strings are not interned (a DNS subdomain is the longest name the API takes)

@@ -7,10 +7,10 @@ both raise ``RecursionError``, which kopf treats as a fatal watcher failure, so
 every replica stopped. kopf has no public decoding hook, so :func:`install`
 replaces exactly those two places, in the one module kopf's watcher and fetcher
 call through (``api.stream``, ``api.get``, looked up at call time): the stream's
-``json`` becomes a shim whose ``loads`` is :func:`gpuplane.driver.api.boundedjson.decode_event`,
-and the four request helpers decode with :func:`gpuplane.driver.api.boundedjson.decode_list`.
+``json`` becomes a shim whose ``loads`` is :func:`gpuplane.api.boundedjson.decode_event`,
+and the four request helpers decode with :func:`gpuplane.api.boundedjson.decode_list`.
 An object deeper than the bound reaches the handlers cut and marked with
-:data:`gpuplane.driver.api.boundedjson.REJECTED`, which they refuse with an Event.
+:data:`gpuplane.api.boundedjson.REJECTED`, which they refuse with an Event.
 The same two places apply a transform to every decoded object (:mod:`gpuplane.controller.slim`).
 ``tests/unit/test_kopf_decoding.py`` drives kopf's own stream and fetch functions
 against an HTTP server, so a kopf release that moves these calls fails the tests
@@ -24,7 +24,7 @@ from typing import Any
 
 from kopf._cogs.clients import api as kopf_api
 
-from gpuplane.driver.api import boundedjson
+from gpuplane.api import boundedjson
 
 _MARK = "_gpuplane_bounded_json"
 _TRANSFORM = "_gpuplane_transform"

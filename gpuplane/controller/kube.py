@@ -21,9 +21,9 @@ import structlog
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from gpuplane.api import kuberesponse
 from gpuplane.controller import events, names
 from gpuplane.controller.gang import writes
-from gpuplane.driver.api import kuberesponse
 
 log = structlog.get_logger(__name__)
 

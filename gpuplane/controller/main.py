@@ -32,6 +32,7 @@ import kopf
 import structlog
 from kopf._core.engines import peering  # kopf.run takes its Identity type (a NewType of str)
 
+from gpuplane import logs
 from gpuplane.controller import (
     config,
     handlers,
@@ -50,7 +51,6 @@ from gpuplane.controller import (
     slim,
     supervisor,
 )
-from gpuplane.driver import logs
 from gpuplane.httpauth.review import KubeReviewer
 
 log = structlog.get_logger(__name__)

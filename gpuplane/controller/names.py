@@ -1,14 +1,14 @@
 """Names the controller owns: the GpuGang API, labels, the scheduling gate, annotations, reasons.
 
 Device-facing names (driver name, attribute keys, the node label for the
-NVLink domain) come from :mod:`gpuplane.driver.api.names`; this module only adds the
+NVLink domain) come from :mod:`gpuplane.api.names`; this module only adds the
 controller's own vocabulary, so a user reading a pod or an Event can grep for
 every string here.
 """
 
 from __future__ import annotations
 
-from gpuplane.driver.api import names as driver_names
+from gpuplane.api import names as driver_names
 
 GROUP = "gpuplane.dev"
 VERSION = "v1alpha1"

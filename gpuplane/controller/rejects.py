@@ -1,7 +1,7 @@
 """Objects the bounded decoder quarantined (nested too deeply to read): refused with an Event, never processed.
 
 :mod:`gpuplane.controller.kopf_decoding` hands such an object to the handlers cut and marked
-with :data:`gpuplane.driver.api.boundedjson.REJECTED`. The indexes leave it out (no
+with :data:`gpuplane.api.boundedjson.REJECTED`. The indexes leave it out (no
 decision ever sees it). For a ResourceClaim that uses one of this driver's classes (its
 requests are shallow, so they survive the cut) the leader records one Warning Event and
 the ``gpuplane.dev/config-error`` annotation, and fails its pending pods (the node driver
@@ -16,9 +16,9 @@ from typing import Any
 
 import structlog
 
+from gpuplane.api import boundedjson
 from gpuplane.controller import events, failfast, names
 from gpuplane.controller.claim import checks as claims
-from gpuplane.driver.api import boundedjson
 
 log = structlog.get_logger(__name__)
 

@@ -28,10 +28,10 @@ from gpuplane.controller import metrics as metrics_mod
 from gpuplane.controller.claim import checks
 from gpuplane.controller.gang import deleted, desired, queue_runner, reconciler, status, world
 from gpuplane.controller.node import labels, snapshot_builder
-from gpuplane.controller.placement.policies import base as policy_base
-from gpuplane.controller.placement.policies import make as make_policy
 from gpuplane.controller.rightsize import template as rs_template
 from gpuplane.controller.steer import reconciler as steer_reconciler
+from gpuplane.placement.policies import base as policy_base
+from gpuplane.placement.policies import make as make_policy
 
 log = structlog.get_logger(__name__)
 

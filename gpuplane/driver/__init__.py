@@ -1,5 +1,8 @@
 """gpuplane node driver: a kubelet DRA plugin that shares and isolates GPUs.
 
+It uses the shared layers (:mod:`gpuplane.api`, :mod:`gpuplane.placement`, :mod:`gpuplane.mig`,
+:mod:`gpuplane.logs`) and never imports :mod:`gpuplane.controller` (``tests/unit/test_imports.py``).
+
 Packages, each with its own index (imports go downward: ``plugin`` knows nothing of NVML, and the
 core, ``prepare``, ``sharing``, ``publish`` and ``observe``, never imports ``plugin``):
 
@@ -10,8 +13,9 @@ core, ``prepare``, ``sharing``, ``publish`` and ``observe``, never imports ``plu
   of its own) and the time-slice tiers (``timeslice_tiers``).
 - ``publish``: discovery and the node's ResourceSlices.
 - ``observe``: health, telemetry, noisy neighbours and cost while the GPUs run.
+- ``inventory``: discovery, the hardware backend's answers turned into the node's device inventory
+  (whole GPUs, MIG placements, NVLink domains, names); read by ``prepare`` and ``publish``.
 - ``hw``: the hardware boundary (``GpuBackend``: NVML or the simulator, chosen by configuration).
-- ``api``: names, attributes and opaque configuration models shared with the controller.
 
 The program around them:
 
@@ -19,7 +23,6 @@ The program around them:
 - ``config``: read once at start (flags, then environment) and passed in.
 - ``kube``: the Kubernetes API access: one client, built once, and the few calls it makes.
 - ``host``: the host's files and process table: atomic writes, file locks, ``/proc/<pid>`` read once.
-- ``logs``: structlog configured once, at start, by each binary's ``main``.
 - ``metrics``: the driver's Prometheus metrics (one registry, made in ``main`` and passed in).
 - ``probes``: liveness and readiness, served beside ``/metrics`` for kubelet's probes.
 """

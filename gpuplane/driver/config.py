@@ -10,10 +10,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpuplane.controller.placement.fragmentation import SizeMix
-from gpuplane.driver.api import names
+from gpuplane.api import names
 from gpuplane.driver.plugin import socket_names
 from gpuplane.httpauth import settings as serving
+from gpuplane.placement.fragmentation import SizeMix
 
 
 class DriverConfig(BaseModel):

@@ -14,7 +14,7 @@ from typing import Any, cast
 import structlog
 from kubernetes import client, config
 
-from gpuplane.driver.api import boundedjson, kuberesponse
+from gpuplane.api import boundedjson, kuberesponse
 
 log = structlog.get_logger(__name__)
 

@@ -11,11 +11,12 @@ from types import FrameType
 
 import structlog
 
-from gpuplane.controller.placement.fragmentation import SizeMix
+from gpuplane import logs
 from gpuplane.driver import config as config_mod
-from gpuplane.driver import logs, probes
+from gpuplane.driver import probes
 from gpuplane.driver.hw.select import make_backend
 from gpuplane.driver.hw.sim import SimConfig
+from gpuplane.driver.inventory import Inventory
 from gpuplane.driver.kube import KubeApi, make_api_client
 from gpuplane.driver.metrics import DriverMetrics
 from gpuplane.driver.observe import cost, health, noisy, noisy_taints, telemetry
@@ -30,13 +31,13 @@ from gpuplane.driver.prepare.checkpoint import read_boot_id
 from gpuplane.driver.prepare.state import DeviceState, StateSettings
 from gpuplane.driver.publish import steering
 from gpuplane.driver.publish.claim_status import ClaimStatusReporter
-from gpuplane.driver.publish.inventory import Inventory
 from gpuplane.driver.publish.publisher import Layout, SlicePublisher
 from gpuplane.driver.publish.slices import DeviceTaint, PoolContent
 from gpuplane.driver.sharing.mps import MpsControl
 from gpuplane.driver.sharing.mps_pods import DaemonPods, PodTemplate
 from gpuplane.driver.sharing.mps_spec import MpsError
 from gpuplane.httpauth.review import KubeReviewer
+from gpuplane.placement.fragmentation import SizeMix
 
 log = structlog.get_logger(__name__)
 

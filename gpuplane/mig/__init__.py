@@ -2,7 +2,7 @@
 
 Both the node driver (its simulator accepts or refuses a GPU-instance creation with it, and falls
 back to its tables when NVML reports no profiles) and the controller's pure placement module
-(:mod:`gpuplane.controller.placement.geometry` packs its slot arithmetic from it) import this
+(:mod:`gpuplane.placement.geometry` packs its slot arithmetic from it) import this
 package; it imports nothing from either, nothing from Kubernetes, and does no I/O.
 
 - ``geometry``: the 7-compute / 8-memory-slice layout every MIG-capable GPU here shares

@@ -5,7 +5,7 @@ start slot in the profile's placement list) and then applies the coexistence rul
 :mod:`gpuplane.mig.geometry`: the new instance's footprint must be disjoint from every existing
 one's, and no profile may exceed its ``max_count``. The simulator raises the refusal as the
 hardware error NVML would return; the placement module packs the same rule into its slot
-arithmetic (:mod:`gpuplane.controller.placement.geometry`). Pure.
+arithmetic (:mod:`gpuplane.placement.geometry`). Pure.
 """
 
 from __future__ import annotations

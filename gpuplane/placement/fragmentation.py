@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from gpuplane.controller.placement import geometry, model, snapshot
+from gpuplane.placement import geometry, model, snapshot
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gpuplane.controller.placement import model
 from gpuplane.mig.geometry import MigGeometry, MigShape, footprint
+from gpuplane.placement import model
 
 EMPTY = 0
 WHOLE = 1 << 30

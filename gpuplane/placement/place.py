@@ -13,8 +13,8 @@ one scan of the chosen domain, not O(GPUs).
 
 from __future__ import annotations
 
-from gpuplane.controller.placement import fragmentation, geometry, model, snapshot
-from gpuplane.controller.placement.policies import base
+from gpuplane.placement import fragmentation, geometry, model, snapshot
+from gpuplane.placement.policies import base
 
 
 def place(request: model.Request, snap: snapshot.Snapshot, policy: base.Policy) -> model.Decision:

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpuplane.controller.placement import geometry
-from gpuplane.controller.placement.policies import base, gpuplane
 from gpuplane.mig.geometry import HOPPER
+from gpuplane.placement import geometry
+from gpuplane.placement.policies import base, gpuplane
 
 _STRANDING: dict[str, frozenset[tuple[str, int]]] = {}
 

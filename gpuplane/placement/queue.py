@@ -21,8 +21,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuplane.controller.placement import model, place, snapshot
-from gpuplane.controller.placement.policies import base
+from gpuplane.placement import model, place, snapshot
+from gpuplane.placement.policies import base
 
 
 @dataclass(frozen=True, slots=True)

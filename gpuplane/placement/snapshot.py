@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
 
-from gpuplane.controller.placement import geometry, model
 from gpuplane.mig.geometry import HOPPER, MigGeometry
+from gpuplane.placement import geometry, model
 
 Signature = tuple[int, ...]
 

@@ -17,8 +17,8 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 from e2e.cluster import flags
-from gpuplane.controller.placement import model
 from gpuplane.controller.steer import decide
+from gpuplane.placement import model
 from tests.e2e.conftest import eventually
 from tests.e2e.tenant_refusals import (
     controller_writes,

@@ -26,7 +26,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from e2e.plane import components, simnodes
-from gpuplane.driver.api import noisy_taint
+from gpuplane.api import noisy_taint
 from tests.daemonpods import refused_by
 from tests.e2e.conftest import GpuCluster, eventually
 from tests.e2e.test_rebalance import REPO, Scenario, node  # noqa: F401  (fixture node)

@@ -31,7 +31,7 @@ import pytest
 from e2e.cluster.realnode import images
 from e2e.plane.realnode import inspect, readiness
 from e2e.plane.realnode.plan import RealNode
-from gpuplane.driver.api import names
+from gpuplane.api import names
 from gpuplane.driver.prepare import cdi
 from tests.e2e import realchecks
 from tests.e2e.conftest import eventually

@@ -17,7 +17,7 @@ import pytest
 
 from e2e.cluster.handle import KubectlError
 from e2e.plane import simnodes
-from gpuplane.driver.api import noisy_taint
+from gpuplane.api import noisy_taint
 from tests.e2e.conftest import GpuCluster, eventually
 from tests.e2e.test_rebalance import Scenario, quote
 from tests.e2e.test_rebalance import node as node  # noqa: PLC0414  (the module's own simulated node)

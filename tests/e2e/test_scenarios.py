@@ -23,7 +23,7 @@ import pytest
 from e2e.cluster import handle as cluster
 from e2e.cluster import procs
 from e2e.plane import components, identity, report, simnodes
-from gpuplane.driver.api import names
+from gpuplane.api import names
 from gpuplane.driver.prepare import cdi
 from gpuplane.driver.sharing.mps import MpsControl
 from tests.e2e.conftest import GpuCluster, eventually

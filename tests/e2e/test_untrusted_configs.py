@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from kubernetes import client
 
-from gpuplane.driver.api import configs, quantity
+from gpuplane.api import configs, quantity
 from tests import strategies
 from tests.e2e.conftest import GpuCluster, eventually
 from tests.hostilekit import (

@@ -1,4 +1,4 @@
-"""driver.api.boundedjson: depth measured without recursion, deep containers cut out, deep objects quarantined."""
+"""gpuplane.api.boundedjson: depth measured without recursion, deep containers cut out, deep objects quarantined."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from gpuplane.driver.api import boundedjson as bj
+from gpuplane.api import boundedjson as bj
 from tests.hostile import claim_text, nested, wrap
 
 

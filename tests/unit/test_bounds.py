@@ -1,6 +1,6 @@
 """Every field a user writes is bounded and strictly typed (issue 18, defects 4 and 5).
 
-Through the production paths: :mod:`driver.api.quantity` and :mod:`driver.api.configs`
+Through the production paths: :mod:`gpuplane.api.quantity` and :mod:`gpuplane.api.configs`
 (what the controller and the driver both validate with), ``DeviceState.prepare`` on
 the simulator (the driver's answer per claim, its Events), the controller's
 ``claims.validate``, and the CEL pre-filter the controller compiles gang and claim
@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from gpuplane.api import configs, names, quantity
 from gpuplane.controller.claim import checks as controller_claims
 from gpuplane.controller.claim import selectors
-from gpuplane.driver.api import configs, names, quantity
 from tests.driverkit import DriverUnderTest, driver_env, make_claim, ref
 
 GPU = {"apiVersion": names.CONFIG_API_VERSION, "kind": "GpuConfig"}

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from gpuplane.api import names as dn
 from gpuplane.controller import indexed, names
 from gpuplane.controller.node import labels as nodelabels
 from gpuplane.controller.node import slice_index, snapshot_builder
-from gpuplane.driver.api import names as dn
 from gpuplane.driver.publish.slices import DeviceTaint
 from tests.controllerkit import CLUSTER, node_slices
 

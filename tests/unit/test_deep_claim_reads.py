@@ -11,6 +11,7 @@ these raised ``RecursionError`` in the kubernetes client's ``json.loads``.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -33,6 +34,8 @@ LISTING = wrap(
 
 
 class _Handler(BaseHTTPRequestHandler):
+    patches: list[tuple[str, str, bytes]] = []  # (path, content type, body) of every PATCH received
+
     def _answer(self, text: str) -> None:
         data = text.encode()
         self.send_response(200)
@@ -45,7 +48,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer(LISTING if self.path.split("?")[0].endswith("/resourceclaims") else DEEP)
 
     def do_PATCH(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.patches.append((self.path, self.headers.get("Content-Type", ""), body))
         self._answer(DEEP)  # the API server answers a patch with the whole object
 
     def log_message(self, *_: Any) -> None:
@@ -54,6 +58,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture(name="api")
 def api_fixture() -> Iterator[client.ApiClient]:
+    _Handler.patches.clear()
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -84,3 +89,7 @@ def test_the_checkpoint_rebuild_lists_past_the_deep_claim(api: client.ApiClient)
 
 def test_the_controller_annotates_the_deep_claim(api: client.ApiClient) -> None:
     KubeWriter(api).annotate_claim("ns", "deep", {"gpuplane.dev/config-error": "nested too deeply"})
+    ((path, content_type, body),) = _Handler.patches
+    assert path.split("?")[0] == "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/deep"
+    assert "merge-patch" in content_type
+    assert json.loads(body) == {"metadata": {"annotations": {"gpuplane.dev/config-error": "nested too deeply"}}}

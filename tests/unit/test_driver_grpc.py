@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuplane.driver.api import names
+from gpuplane.api import names
 from gpuplane.driver.plugin.kubelet_client import KubeletPluginClient
 from gpuplane.driver.prepare import cdi
 from tests.driverkit import DriverUnderTest, driver_env, make_claim, ref, serving

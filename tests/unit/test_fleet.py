@@ -12,8 +12,9 @@ import yaml
 from bench import fleet_controller, fleet_probe, fleet_state
 from e2e.cluster import build, controlplane, kwok
 from e2e.plane import fleet
+from gpuplane.driver import inventory
 from gpuplane.driver.hw.sim import SimConfig, Simulator
-from gpuplane.driver.publish import inventory, slices
+from gpuplane.driver.publish import slices
 
 
 class TestPlan:

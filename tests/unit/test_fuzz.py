@@ -33,16 +33,17 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpuplane.api import boundedjson, configs, names
 from gpuplane.controller import config, failfast, metrics, runtime
 from gpuplane.controller.claim import checks as controller_claims
 from gpuplane.controller.gang import reconciler as gang_reconciler
 from gpuplane.controller.gang import spec as gangspec
 from gpuplane.controller.gang import world
-from gpuplane.driver.api import boundedjson, configs, names
+from gpuplane.driver import inventory
 from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.prepare import planning
 from gpuplane.driver.prepare.claims import ClaimError, parse_allocation
-from gpuplane.driver.publish import inventory, slices
+from gpuplane.driver.publish import slices
 from tests import strategies
 
 # 10,500 cases take 380 + 350 + 61 s at load 21 on the shared 2-core machine: past the suite-wide 300 s.

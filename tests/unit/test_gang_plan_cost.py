@@ -15,7 +15,7 @@ import pytest
 
 from gpuplane.controller import config, metrics, runtime
 from gpuplane.controller.gang import queue_runner, reconciler, world
-from gpuplane.controller.placement.policies import make as make_policy
+from gpuplane.placement.policies import make as make_policy
 from tests.controllerkit import GB200, T0, gang_body, make_world, member_pod, run_pass
 from tests.templatekit import cluster_slices_fixture  # noqa: F401
 

@@ -8,11 +8,11 @@ import pytest
 
 from gpuplane.driver.hw.interface import DeviceSample, HealthEvent, HealthEventKind
 from gpuplane.driver.hw.sim import SimConfig, Simulator
+from gpuplane.driver.inventory import discover
 from gpuplane.driver.observe import health
 from gpuplane.driver.observe.health_board import HealthBoard
 from gpuplane.driver.observe.health_watcher import HealthWatcher
 from gpuplane.driver.publish import slices
-from gpuplane.driver.publish.inventory import discover
 
 U = "GPU-aaaa"
 S = health.HealthSettings(clear_after_s=10.0)

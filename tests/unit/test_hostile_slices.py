@@ -5,7 +5,7 @@ hostile. The slice index digests each slice once per watch event; a digest that 
 fail that kopf index handler on every event of the object. These tests hand
 :func:`slice_index.digest` and the registry's own index handlers objects of every wrong shape and
 check the answer: None (not ours, or beyond what the API allows) or a digest holding only the
-well-formed devices; a quarantined stub (:mod:`gpuplane.driver.api.boundedjson`) is left out of
+well-formed devices; a quarantined stub (:mod:`gpuplane.api.boundedjson`) is left out of
 every index; another driver's slice is left out of the slice index.
 """
 
@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
+from gpuplane.api import boundedjson
+from gpuplane.api import names as dn
 from gpuplane.controller import config, handlers
 from gpuplane.controller.node import slice_index, snapshot_builder
-from gpuplane.driver.api import boundedjson
-from gpuplane.driver.api import names as dn
 from tests import indexkit
 
 D = dn.DRIVER_NAME

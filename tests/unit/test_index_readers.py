@@ -19,14 +19,14 @@ from typing import Any
 
 import pytest
 
+from gpuplane.api import names as dn
+from gpuplane.api import noisy_taint
 from gpuplane.controller import indexed
 from gpuplane.controller.metrics import ControllerMetrics
 from gpuplane.controller.node import slice_index
 from gpuplane.controller.rebalance import act, loop
 from gpuplane.controller.rebalance.decide import Settings
 from gpuplane.controller.rightsize import fleet as rs_fleet
-from gpuplane.driver.api import names as dn
-from gpuplane.driver.api import noisy_taint
 from tests.indexkit import HOGS, T0, fleet
 from tests.indexkit import slice_idx as _slice_idx
 

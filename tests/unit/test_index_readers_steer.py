@@ -18,14 +18,14 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuplane.api import names as dn
 from gpuplane.controller import indexed, steering
 from gpuplane.controller.gang import writes as gang_writes
 from gpuplane.controller.node import slice_index, snapshot_builder
-from gpuplane.controller.placement import model
-from gpuplane.controller.placement.policies import gpuplane
 from gpuplane.controller.steer import decide as steer_decide
 from gpuplane.controller.steer import reconciler as steer_reconciler
-from gpuplane.driver.api import names as dn
+from gpuplane.placement import model
+from gpuplane.placement.policies import gpuplane
 from tests.indexkit import fleet, slice_idx
 
 

@@ -15,8 +15,8 @@ import kopf
 from kopf._core.actions import execution
 from kopf._core.engines import indexing
 
+from gpuplane.api import boundedjson
 from gpuplane.controller import config, handlers, metrics, runtime
-from gpuplane.driver.api import boundedjson
 
 REG = handlers.make_registry(config.parse_args(["--identity", "x"], {}))
 BY_ID = {str(h.id): h for h in REG._indexing.get_all_handlers()}

@@ -21,8 +21,8 @@ from kopf._cogs.clients import auth, fetching
 from kopf._cogs.configs import configuration
 from kopf._cogs.structs import credentials, references
 
+from gpuplane.api import boundedjson
 from gpuplane.controller import kopf_decoding
-from gpuplane.driver.api import boundedjson
 from tests.hostile import claim_text, wrap
 from tests.kopfkit import pristine_kopf  # noqa: F401 - the fixture
 

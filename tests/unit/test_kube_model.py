@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench import kube_model
-from gpuplane.controller.placement import fragmentation, geometry, model, snapshot
+from gpuplane.placement import fragmentation, geometry, model, snapshot
 
 
 def test_least_allocated_matches_integer_arithmetic() -> None:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from gpuplane.driver.hw import interface as hw
 from gpuplane.driver.hw.sim import Simulator
-from gpuplane.driver.publish.inventory import discover
+from gpuplane.driver.inventory import discover
 from gpuplane.driver.publish.slices import build_pool, render_slices
 from gpuplane.mig import models, rules
 from tests.driverkit import simulator

@@ -1,7 +1,7 @@
 """One MIG geometry: the driver's create rule and the placement module's slot arithmetic agree on every layout.
 
 The simulator refuses a GPU-instance creation with :func:`gpuplane.mig.rules.check_create`; the
-controller's placement packs the same layout into bit states (:class:`gpuplane.controller.placement
+controller's placement packs the same layout into bit states (:class:`gpuplane.placement
 .geometry.Slots`). Both read :mod:`gpuplane.mig`; these tests check that the two answer every
 question the same way: exhaustively over every layout each GPU model can hold, and with hypothesis
 over arbitrary sequences (invalid profiles and start slots included). The documented examples
@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuplane.controller.placement import geometry as placement
 from gpuplane.driver.hw import caps
 from gpuplane.mig import geometry, models, rules
+from gpuplane.placement import geometry as placement
 
 Layout = tuple[tuple[int, int], ...]  # (NVML profile constant, start), in creation order
 

@@ -17,9 +17,9 @@ import structlog
 
 from gpuplane.driver.hw.interface import HealthEventKind
 from gpuplane.driver.hw.sim_controls import XID_FALLEN_OFF_BUS
+from gpuplane.driver.inventory import Inventory, mig_device_name
 from gpuplane.driver.prepare import owed
 from gpuplane.driver.prepare.checkpoint import CheckpointStore
-from gpuplane.driver.publish.inventory import Inventory, mig_device_name
 from tests.driverkit import DriverUnderTest, build_driver, driver_env, make_claim, ref
 
 MIG = mig_device_name(0, "1g.10gb", 0)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpuplane.driver.api import names
+from gpuplane.api import names
 from gpuplane.driver.hw import interface as hw
-from gpuplane.driver.publish.inventory import mig_device_name
+from gpuplane.driver.inventory import mig_device_name
 from tests.driverkit import make_claim, ref
 from tests.migkit import (
     GIB,

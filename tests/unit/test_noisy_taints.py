@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from gpuplane.api import noisy_taint
 from gpuplane.controller.rebalance import signal
-from gpuplane.driver.api import noisy_taint
 from gpuplane.driver.observe import noisy
 from gpuplane.driver.observe.noisy_taints import NoisyTaints, merged
 from gpuplane.driver.publish.slices import DeviceTaint

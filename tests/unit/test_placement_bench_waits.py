@@ -5,8 +5,8 @@ from __future__ import annotations
 from bench.placement_bench import replay
 from bench.placement_report import Run, shape_table
 from bench.trace import Topology, Workload
-from gpuplane.controller.placement import fragmentation, model
-from gpuplane.controller.placement.policies import make
+from gpuplane.placement import fragmentation, model
+from gpuplane.placement.policies import make
 
 ONE_GPU = Topology("one GPU", 1, 1, 1)
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuplane.controller.placement import geometry
 from gpuplane.mig.geometry import HOPPER
+from gpuplane.placement import geometry
 
 
 @pytest.fixture()

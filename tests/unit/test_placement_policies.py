@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuplane.controller.placement import model, place, policies, snapshot
+from gpuplane.placement import model, place, policies, snapshot
 
 
 def req(rid: str, **kw: object) -> model.Request:
@@ -157,7 +157,7 @@ def test_gpuplane_hold_never_starves_a_gang_that_must_strand() -> None:
 def test_gpuplane_queue_aware_keeps_a_4g_hole_for_a_waiting_3g() -> None:
     """g0 is empty, g1 holds a 4g (slots 4-7 free). Without a queue a 2g fills g1's hole (one 1g sliver
     left). With a 3g waiting for exactly that hole, the 2g opens g0 and the 3g completes g1."""
-    from gpuplane.controller.placement import fragmentation
+    from gpuplane.placement import fragmentation
 
     snap = _with_mig(snapshot.uniform_cluster(1, 1, 2), "d0-n0-g1", "4g", 0)
     r = req("x", mig_profile="2g")
@@ -174,7 +174,7 @@ def test_gpuplane_queue_aware_keeps_a_4g_hole_for_a_waiting_3g() -> None:
 
 
 def test_observe_queue_is_a_no_op_for_baselines() -> None:
-    from gpuplane.controller.placement import fragmentation
+    from gpuplane.placement import fragmentation
 
     snap = _with_mig(snapshot.uniform_cluster(1, 1, 2), "d0-n0-g0", "3g", 4)
     r = req("x", mig_profile="3g")
@@ -189,7 +189,7 @@ def test_gpuplane_expected_fill_keeps_a_4g_hole_when_saturated() -> None:
     """Mix where 4g is far more frequent than 2g: g0 holds a 3g at slot 4 (slots 0-3 free, a 4g hole).
     Unsaturated, a 2g fills g0 at slot 0; with a whole GPU waiting (saturated fleet) the 2g leaves the hole
     to the 4g expected next, even though no 4g waits right now."""
-    from gpuplane.controller.placement import fragmentation
+    from gpuplane.placement import fragmentation
 
     shape = fragmentation.Shape
     mix = fragmentation.SizeMix.from_counts(

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gpuplane.controller.placement import fragmentation, geometry, preference
-from gpuplane.controller.placement.policies import gpuplane
 from gpuplane.mig.geometry import HOPPER
+from gpuplane.placement import fragmentation, geometry, preference
+from gpuplane.placement.policies import gpuplane
 
 SLOTS = geometry.slots_for(HOPPER)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuplane.controller.placement import fragmentation, model, place, policies, snapshot
+from gpuplane.placement import fragmentation, model, place, policies, snapshot
 
 PROFILES = ("1g", "1g.2m", "2g", "3g", "4g", "7g", "1g+me")
 

@@ -7,7 +7,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuplane.controller.placement import model, place, policies, queue, snapshot
+from gpuplane.placement import model, place, policies, queue, snapshot
 
 
 def test_order_priority_then_age_then_id() -> None:
@@ -136,9 +136,9 @@ def test_drf_skips_a_tenant_whose_next_task_does_not_fit() -> None:
 
 def test_fair_share_memory_comes_from_published_gpu_memory() -> None:
     """DRF's memory dimension uses each GPU's published memory, not a table keyed by short model names."""
-    from gpuplane.controller.placement import model as pm
-    from gpuplane.controller.placement import queue as pq
-    from gpuplane.controller.placement.snapshot import Snapshot
+    from gpuplane.placement import model as pm
+    from gpuplane.placement import queue as pq
+    from gpuplane.placement.snapshot import Snapshot
 
     big = pm.Gpu(id="n1-g0", node="n1", domain="d1", model="NVIDIA H200", memory_gib=141.0)
     small = pm.Gpu(id="n2-g0", node="n2", domain="d2", model="NVIDIA A100-SXM4-40GB", memory_gib=40.0)

@@ -11,12 +11,13 @@ from typing import Any
 
 import pytest
 
-from gpuplane.controller.placement import geometry
+from gpuplane.driver import inventory
 from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.prepare.checkpoint import Checkpoint, ClaimRecord, DeviceRecord, MigRecord
-from gpuplane.driver.publish import inventory, slices, steering
+from gpuplane.driver.publish import slices, steering
 from gpuplane.driver.publish.publisher import SlicePublisher
 from gpuplane.mig.geometry import HOPPER
+from gpuplane.placement import geometry
 from tests.slicekit import SliceStore
 
 SLOTS = geometry.slots_for(HOPPER)
@@ -218,7 +219,7 @@ def test_the_stable_order_writes_less_and_the_allocator_walks_the_free_devices_a
 ) -> None:
     # bench.steer_writes measures this on trace arrivals; here a fixed sequence on one node.
     from bench import steer_writes as sw
-    from gpuplane.controller.placement import model
+    from gpuplane.placement import model
 
     states = [geometry.EMPTY] * 8
     layouts = [

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from gpuplane.driver.api import names
+from gpuplane.api import names
 from gpuplane.driver.hw.sim import SimConfig, Simulator
-from gpuplane.driver.publish.inventory import Inventory, discover
+from gpuplane.driver.inventory import Inventory, discover
 from gpuplane.driver.publish.publisher import Layout, SlicePublisher
 from gpuplane.driver.publish.slices import DeviceTaint, PoolContent, build_pool, slice_name, validate_pool
 from tests.slicekit import SliceStore

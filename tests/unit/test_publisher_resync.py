@@ -10,7 +10,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from gpuplane.driver.api import names
+from gpuplane.api import names
 from gpuplane.driver.publish import slices
 from gpuplane.driver.publish.publisher import SlicePublisher
 from tests.driverkit import driver_env

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
+from gpuplane.api import noisy_taint
 from gpuplane.controller.metrics import ControllerMetrics
 from gpuplane.controller.rebalance import act, moves, signal
 from gpuplane.controller.rebalance.decide import LastMove, Settings, decide
-from gpuplane.driver.api import noisy_taint
 from gpuplane.driver.observe.cost import read_ledger
 
 HOG = "0b9c3f52-6a1e-4c7d-9e8f-1a2b3c4d5e6f"

@@ -15,10 +15,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from gpuplane.api import noisy_taint
 from gpuplane.controller.metrics import ControllerMetrics
 from gpuplane.controller.rebalance import act, signal
 from gpuplane.controller.rebalance.decide import Settings, decide
-from gpuplane.driver.api import noisy_taint
 from tests.unit.test_rebalance import FIG, GOLD, HOG, T0, Writer, claim, owned_pod, slice_with_taint
 
 MAX_TIER = "gpuplane.dev/max-tier"  # the administrator's label on a namespace (tenants cannot write it)

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuplane.api import configs
 from gpuplane.controller.rightsize import alternatives, decide, fleet, template
 from gpuplane.controller.rightsize.need import Need, NeedError, parse_need
-from gpuplane.driver.api import configs
 from gpuplane.driver.hw.sim import SimConfig, Simulator
-from gpuplane.driver.publish.inventory import discover
+from gpuplane.driver.inventory import discover
 from gpuplane.driver.publish.slices import build_pool, render_slices
 from tests.driverkit import short_tmpdir
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from bench.rightsize_needs import Option, h100, need_of, options, soft_threshold
 from bench.rightsize_replay import Item, replay
 from bench.trace import HGX, Pod, load_workload
-from gpuplane.controller.placement import model, snapshot
-from gpuplane.controller.placement.policies import make
+from gpuplane.placement import model, snapshot
+from gpuplane.placement.policies import make
 
 
 def test_a_soft_pod_gets_an_mps_share_before_the_rounded_up_profile() -> None:

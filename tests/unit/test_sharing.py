@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gpuplane.driver.api import names
+from gpuplane.api import names
 from gpuplane.driver.host import proc_running as running
 from gpuplane.driver.prepare import cdi
 from gpuplane.driver.sharing import mps_spec

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
+from gpuplane.api import names as dn
+from gpuplane.api import noisy_taint
 from gpuplane.controller import config, handlers
 from gpuplane.controller import metrics as metrics_mod
 from gpuplane.controller.node import slice_index, snapshot_builder
 from gpuplane.controller.rebalance import loop
-from gpuplane.driver.api import names as dn
-from gpuplane.driver.api import noisy_taint
 
 HOG_UID = "0b7e4c1a-2f3d-4e5f-8a9b-0c1d2e3f4a5b"
 TAINT = {

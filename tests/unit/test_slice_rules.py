@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpuplane.driver.publish.inventory import discover
+from gpuplane.driver.inventory import discover
 from gpuplane.driver.publish.slices import SliceLimitError, build_pool, render_slices, validate_pool
 from tests.driverkit import simulator
 from tests.slicerules import api_violations

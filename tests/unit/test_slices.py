@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from gpuplane.driver.api import names
+from gpuplane.api import names
 from gpuplane.driver.hw.sim import SimConfig, Simulator
-from gpuplane.driver.publish.inventory import Inventory, discover
+from gpuplane.driver.inventory import Inventory, discover
 from gpuplane.driver.publish.slices import DeviceTaint, build_pool, render_slices, validate_pool
 from gpuplane.mig import geometry, models
 from tests.driverkit import simulator

@@ -24,9 +24,8 @@ from kopf._cogs.clients import auth, fetching
 from kopf._cogs.configs import configuration
 from kopf._cogs.structs import credentials, references
 
+from gpuplane.api import boundedjson
 from gpuplane.controller import config, handlers, kopf_decoding, slim
-from gpuplane.controller.node import slice_index
-from gpuplane.driver.api import boundedjson
 from tests import indexkit
 from tests.kopfkit import pristine_kopf  # noqa: F401 - the fixture
 
@@ -71,6 +70,21 @@ def test_the_slimmed_body_is_a_small_fraction_of_the_full_one(tmp_path: Path) ->
     assert kept + held < full / 10, (kept, held, full)
 
 
+def test_one_slimmer_shares_equal_mig_devices_across_nodes(tmp_path: Path) -> None:
+    """The interner is the Slimmer's: two nodes of one model hold one MIG mapping, another Slimmer its own."""
+    raw = indexkit.fleet(tmp_path)
+    one, other = slim.Slimmer(), slim.Slimmer()
+    digests = [one(copy.deepcopy(b), "ResourceSlice")[slim.DIGEST].digest for b in raw]
+    with_mig = [d for d in digests if d is not None and d.mig]
+    first = with_mig[0]
+    same = [d for d in with_mig[1:] if d.node != first.node and dict(d.mig) == dict(first.mig)]
+    assert same, "the fleet has no second node publishing the same MIG placements"
+    assert all(d.mig is first.mig for d in same)
+    raw_first = next(b for b in raw if b["metadata"]["name"] == first.name)
+    apart = other(copy.deepcopy(raw_first), "ResourceSlice")[slim.DIGEST].digest
+    assert apart is not None and dict(apart.mig) == dict(first.mig) and apart.mig is not first.mig
+
+
 def test_objects_slim_leaves_alone() -> None:
     slimmer = slim.Slimmer()
     pod = {"kind": "Pod", "metadata": {"name": "p", "managedFields": MANAGED}, "spec": {"nodeName": "n"}}
@@ -83,7 +97,6 @@ def test_objects_slim_leaves_alone() -> None:
     other = slimmer({"kind": "ResourceSlice", "metadata": {"name": "s"}, "spec": {"driver": "x.example.com"}})
     assert slim.digest_of(other) == (True, None)  # another driver's slice: kept out of the index
     assert slim.digest_of({"spec": {}}) == (False, None)
-    assert isinstance(slim.Slimmer().interner, slice_index.Interner)
 
 
 # --- through kopf's own list and watch code ----------------------------------------------------------

@@ -13,11 +13,12 @@ import yaml
 
 from gpuplane.controller.gang import writes as gang_writes
 from gpuplane.controller.node import snapshot_builder
-from gpuplane.controller.placement import model
-from gpuplane.controller.placement.policies import gpuplane
 from gpuplane.controller.steer import decide, gate, reconciler, shape
+from gpuplane.driver import inventory
 from gpuplane.driver.hw.sim import SimConfig, Simulator
-from gpuplane.driver.publish import inventory, slices
+from gpuplane.driver.publish import slices
+from gpuplane.placement import model
+from gpuplane.placement.policies import gpuplane
 
 REPO = Path(__file__).resolve().parents[2]
 GATE = decide.Settings().gate

@@ -9,9 +9,9 @@ from typing import Any
 from gpuplane.controller import indexed, kube
 from gpuplane.controller.gang import writes as gang_writes
 from gpuplane.controller.node import snapshot_builder
-from gpuplane.controller.placement import model
-from gpuplane.controller.placement.policies import gpuplane
 from gpuplane.controller.steer import decide, gate, reconciler
+from gpuplane.placement import model
+from gpuplane.placement.policies import gpuplane
 from tests.unit import test_steer as base
 from tests.unit.test_steer import MIG3, Writer, pod, template
 

@@ -9,9 +9,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuplane.driver.hw.sim import SimConfig, Simulator
+from gpuplane.driver.inventory import discover
 from gpuplane.driver.observe import attribution, cost, noisy, telemetry, telemetry_metrics, tiers
 from gpuplane.driver.prepare.checkpoint import Checkpoint, ClaimRecord, DeviceRecord, MigRecord, SharingRecord
-from gpuplane.driver.publish.inventory import discover
 
 
 def rec(

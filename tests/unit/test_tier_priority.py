@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuplane.driver.api import configs
+from gpuplane.api import configs
 
 REPO = Path(__file__).resolve().parents[2]
 

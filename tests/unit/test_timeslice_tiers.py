@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from gpuplane.api import configs
 from gpuplane.controller.claim import checks
-from gpuplane.driver.api import configs
 from gpuplane.driver.sharing import timeslice_tiers
 from tests.controllerkit import CLASSES, claim_body, req
 from tests.driverkit import driver_env, make_claim, ref

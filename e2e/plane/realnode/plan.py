@@ -35,7 +35,7 @@ from e2e.cluster import controlplane
 from e2e.cluster.realnode import network
 from e2e.plane import nodes, plan_files
 from e2e.plane.plan_files import GB200_PROFILE, GB200_RACK_NODES, PROFILE_LABEL
-from gpuplane.driver.api import names
+from gpuplane.api import names
 from gpuplane.driver.hw import sim_profiles
 
 # The longest socket path under a kubelet root: the MPS control socket of a claim.

@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from kubernetes import client
 
-from gpuplane.driver.api import names
+from gpuplane.api import names
 
 Printer = Callable[[str], None]
 Check = Callable[[str], "str | None"]

@@ -2,7 +2,7 @@
 
 All pure: a claim body, the DeviceClasses and (for explanations) a cluster view
 in; messages out. The opaque configs are checked with the very models and
-merge rules the node driver uses at prepare time (:mod:`gpuplane.driver.api.configs`),
+merge rules the node driver uses at prepare time (:mod:`gpuplane.api.configs`),
 so a claim the driver would refuse is flagged before any pod reaches a node.
 """
 
@@ -14,11 +14,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuplane.api import configs, quantity
+from gpuplane.api import names as dn
 from gpuplane.controller import names
 from gpuplane.controller.claim import no_match, selectors
 from gpuplane.controller.node import snapshot_builder
-from gpuplane.driver.api import configs, quantity
-from gpuplane.driver.api import names as dn
 
 _MIG_PROFILE = re.compile(rf'\.{dn.ATTR_MIG_PROFILE}\s*==\s*"([^"]+)"|\["{dn.ATTR_MIG_PROFILE}"\]\s*==\s*"([^"]+)"')
 # kube-scheduler marks the ResourceClaim it makes for a pod's extended resources (KEP-5004) with this annotation.

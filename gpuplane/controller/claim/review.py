@@ -17,10 +17,10 @@ from typing import Any
 
 import structlog
 
+from gpuplane.api import names as dn
 from gpuplane.controller import events, indexed, kube, names
 from gpuplane.controller.claim import checks
 from gpuplane.controller.gang import status
-from gpuplane.driver.api import names as dn
 
 log = structlog.get_logger(__name__)
 

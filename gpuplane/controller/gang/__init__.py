@@ -2,7 +2,7 @@
 
 - ``spec``: the GpuGang spec as a frozen pydantic model, and its placement request; pure.
 - ``world``: one consistent read of the kopf indexes for a queue pass, plus the placement view; pure.
-- ``queue_runner``: the gang queue over :mod:`gpuplane.controller.placement.queue` (order,
+- ``queue_runner``: the gang queue over :mod:`gpuplane.placement.queue` (order,
   fairness, preemption): gangs in, one action per gang out; pure.
 - ``membership``: which member a pod is (named claim, label, Job completion index, JobSet index,
   LeaderWorkerSet worker index),

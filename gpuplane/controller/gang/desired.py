@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuplane.api import names as dn
 from gpuplane.controller import names
 from gpuplane.controller.gang.placement_record import device_of
 from gpuplane.controller.gang.spec import GangSpec
-from gpuplane.controller.placement import model
-from gpuplane.driver.api import names as dn
+from gpuplane.placement import model
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 

@@ -11,7 +11,7 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from gpuplane.controller.placement import model
+from gpuplane.placement import model
 
 
 def decision_id(decision: model.Decision) -> str:

@@ -1,19 +1,19 @@
-"""The gang queue as a thin adapter over :mod:`gpuplane.controller.placement.queue`: gangs in, one action per gang out.
+"""The gang queue as a thin adapter over :mod:`gpuplane.placement.queue`: gangs in, one action per gang out.
 
 The queue *policy* is the placement module's; this module translates gangs
-into :class:`~gpuplane.controller.placement.model.Request` values and the cluster view
+into :class:`~gpuplane.placement.model.Request` values and the cluster view
 into snapshots, calls the placement API, and turns its answers into actions
 the reconciler applies:
 
-* order: :func:`gpuplane.controller.placement.queue.order` (effective priority with
-  :class:`~gpuplane.controller.placement.queue.Aging`, then arrival, then id); a gang's
+* order: :func:`gpuplane.placement.queue.order` (effective priority with
+  :class:`~gpuplane.placement.queue.Aging`, then arrival, then id); a gang's
   arrival is when it became ready (``readySince``), so aging counts waiting;
 * fairness: among gangs of equal effective priority, the namespace with the
-  smallest :func:`~gpuplane.controller.placement.queue.dominant_share` (of
-  :func:`~gpuplane.controller.placement.queue.demand` over
-  :func:`~gpuplane.controller.placement.queue.capacity`) goes first, recomputed as the
+  smallest :func:`~gpuplane.placement.queue.dominant_share` (of
+  :func:`~gpuplane.placement.queue.demand` over
+  :func:`~gpuplane.placement.queue.capacity`) goes first, recomputed as the
   pass places gangs;
-* preemption: :func:`gpuplane.controller.placement.queue.select_victims` (the fewest
+* preemption: :func:`gpuplane.placement.queue.select_victims` (the fewest
   strictly-lower-priority gangs in one NVLink domain; never for equal priority).
   A gang's priority is its member pods' Kubernetes priority (the lowest member's,
   resolved by the API server from a PriorityClass an administrator grants), never
@@ -27,7 +27,7 @@ What the adapter adds, because placement's queue API has no place for it:
 
 * a device filter per gang (DeviceClass and CEL selectors): each gang is
   decided on the working snapshot restricted to the GPUs it admits. That is
-  why :func:`~gpuplane.controller.placement.queue.drf_schedule`, which places every
+  why :func:`~gpuplane.placement.queue.drf_schedule`, which places every
   request on one snapshot and orders tenants by share before priority, is not
   called: the loop below applies the same share rule per gang, priority first;
 * per-gang outcomes with reasons (can never fit vs waits), ``await-victims``
@@ -48,9 +48,9 @@ from dataclasses import dataclass
 from gpuplane.controller.gang.membership import SYSTEM_NAMESPACES
 from gpuplane.controller.gang.spec import GangSpec, to_request
 from gpuplane.controller.node import snapshot_builder
-from gpuplane.controller.placement import model, place, snapshot
-from gpuplane.controller.placement import queue as pq
-from gpuplane.controller.placement.policies import base
+from gpuplane.placement import model, place, snapshot
+from gpuplane.placement import queue as pq
+from gpuplane.placement.policies import base
 
 Admit = snapshot_builder.GpuFilter
 

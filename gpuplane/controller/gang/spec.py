@@ -13,9 +13,9 @@ from typing import Annotated, Any
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
+from gpuplane.api import quantity
 from gpuplane.controller import names
-from gpuplane.controller.placement import model
-from gpuplane.driver.api import quantity
+from gpuplane.placement import model
 
 
 class GangSpec(BaseModel):

@@ -23,7 +23,7 @@ from gpuplane.controller.claim.checks import class_selectors
 from gpuplane.controller.gang import membership, placement_record, queue_runner, status, writes
 from gpuplane.controller.gang.spec import GangSpec, SpecError, parse_gang_spec
 from gpuplane.controller.node import snapshot_builder
-from gpuplane.controller.placement import model
+from gpuplane.placement import model
 
 HOLDING_PHASES = ("Placing", "Placed", "Scheduled", "Running")
 PREEMPTED_BY = "preempted by higher-priority gang "

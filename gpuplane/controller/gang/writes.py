@@ -26,7 +26,7 @@ from gpuplane.controller.gang.desired import GangRef, desired_claim, narrowed_af
 from gpuplane.controller.gang.membership import MemberPod, Members
 from gpuplane.controller.gang.placement_record import decision_id
 from gpuplane.controller.gang.spec import GangSpec
-from gpuplane.controller.placement import model
+from gpuplane.placement import model
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from gpuplane.driver.api import quantity
+from gpuplane.api import quantity
 from gpuplane.mig.geometry import MigGeometry
 
 SHORT = 64  # strings up to this length are interned (the API's limit for an attribute's string value)

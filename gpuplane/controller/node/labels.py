@@ -13,9 +13,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuplane.api import names as dn
 from gpuplane.controller import names
 from gpuplane.controller.node import slice_index
-from gpuplane.driver.api import names as dn
 
 
 @dataclass(frozen=True)

@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from gpuplane.api import names as dn
+from gpuplane.api import noisy_taint
 from gpuplane.controller.node import device_attrs
-from gpuplane.driver.api import names as dn
-from gpuplane.driver.api import noisy_taint
 
 MAX_DEVICES = 128  # the API's limit on devices in one ResourceSlice (resource.k8s.io/v1)
 MIG_MAPS = 4096  # distinct per-slice MIG mappings shared (nodes of one model publish equal ones)

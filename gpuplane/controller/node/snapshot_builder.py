@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from gpuplane.api import names as dn
 from gpuplane.controller import names
 from gpuplane.controller.node import slice_index
 from gpuplane.controller.node.device_attrs import geometry_name
-from gpuplane.controller.placement import geometry as slot_geometry
-from gpuplane.controller.placement import model, snapshot
-from gpuplane.driver.api import names as dn
 from gpuplane.mig.geometry import HOPPER, MigGeometry
+from gpuplane.placement import geometry as slot_geometry
+from gpuplane.placement import model, snapshot
 
 GpuFilter = Callable[[str, Mapping[str, Any]], bool]  # (driver, attributes) -> admitted
 

@@ -11,8 +11,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from gpuplane.api import names as dn
 from gpuplane.controller import metrics as metrics_mod
-from gpuplane.driver.api import names as dn
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ deleted after the cool-down; its annotation is the move's record (who, when, the
 restarted leader knows the cool-down and what is still to be charged.
 
 The ledger: when the replacement runs (or, failing that, when the cool-down ends), one segment of
-kind ``moved`` in the cost ledger's format (:class:`gpuplane.driver.observe.cost.Segment`): the
+kind ``moved`` in the cost ledger's format (:class:`gpuplane.api.ledger.Segment`): the
 moved pod, its fraction of the GPU, from the eviction until its replacement ran, i.e. the
 GPU-seconds the move cost it. When it ran: :func:`charge_end` (Kubernetes keeps the Ready time to
 the second only, the controller's own clock has the sub-second eviction time).
@@ -29,9 +29,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from gpuplane.api import names as dn
+from gpuplane.api.ledger import Segment
 from gpuplane.controller import names
-from gpuplane.driver.api import names as dn
-from gpuplane.driver.observe.cost import Segment
 
 API_VERSION = "resource.k8s.io/v1"  # the writer uses the version served (v1beta2 on 1.36)
 PLURAL = "devicetaintrules"

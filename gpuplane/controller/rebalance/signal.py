@@ -1,6 +1,6 @@
 """Noisy-neighbour alerts and the tenants of a GPU, read from ResourceSlices and ResourceClaims. Pure.
 
-An alert is a device taint :data:`gpuplane.driver.api.noisy_taint.KEY` on a device of a
+An alert is a device taint :data:`gpuplane.api.noisy_taint.KEY` on a device of a
 gpuplane ResourceSlice (see that module for why a slice taint); its ``timeAdded`` is when the
 driver raised it. The tenants of a GPU are the allocated claims whose results name that device
 of that pool, each with its tier: the ``mps-<tier>`` DeviceClass of the request (or
@@ -15,9 +15,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuplane.api import names, noisy_taint
 from gpuplane.controller.rebalance import entitlement
 from gpuplane.controller.rightsize import fleet
-from gpuplane.driver.api import names, noisy_taint
 
 DEFAULT_RANKS: Mapping[str, int] = {"gold": 3, "silver": 2, "bronze": 1}
 

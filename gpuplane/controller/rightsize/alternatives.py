@@ -29,9 +29,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gpuplane.api import names
 from gpuplane.controller.rightsize import fleet
 from gpuplane.controller.rightsize.need import Need, NeedError, gib
-from gpuplane.driver.api import names
 
 MAX_ALTERNATIVES = 8  # resource.k8s.io FirstAvailableDeviceRequestMaxSize
 FULL_PROFILE_SHARE = 0.99

@@ -17,8 +17,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuplane.api import configs, names, quantity
 from gpuplane.controller.node import slice_index
-from gpuplane.driver.api import configs, names, quantity
 
 TIER_CLASS_PREFIX = "mps-"
 TIER_CLASS_SUFFIX = f".{names.DRIVER_NAME}"

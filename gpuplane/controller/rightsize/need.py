@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpuplane.driver.api import quantity
+from gpuplane.api import quantity
 
 Isolation = Literal["hard", "soft"]
 ISOLATIONS: tuple[Isolation, ...] = ("hard", "soft")

@@ -20,10 +20,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from gpuplane.api import names as dn
 from gpuplane.controller import names
 from gpuplane.controller.rightsize.alternatives import Alternative, Plan
 from gpuplane.controller.rightsize.need import Need
-from gpuplane.driver.api import names as dn
 
 KIND = "GpuRequest"
 PLURAL = "gpurequests"

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gpuplane.controller.node import snapshot_builder
-from gpuplane.controller.placement import fragmentation, model, place, snapshot
-from gpuplane.controller.placement.policies import base
 from gpuplane.controller.steer import gate, shape
+from gpuplane.placement import fragmentation, model, place, snapshot
+from gpuplane.placement.policies import base
 
 Kind = Literal["steer", "release", "wait"]
 RESERVATION_PREFIX = "steer:"

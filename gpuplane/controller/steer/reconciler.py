@@ -28,9 +28,9 @@ import structlog
 from gpuplane.controller import kube
 from gpuplane.controller.gang import writes as gang_writes
 from gpuplane.controller.node import snapshot_builder
-from gpuplane.controller.placement import fragmentation, model
-from gpuplane.controller.placement.policies import base
 from gpuplane.controller.steer import decide, gate, shape
+from gpuplane.placement import fragmentation, model
+from gpuplane.placement.policies import base
 
 log = structlog.get_logger(__name__)
 

@@ -18,11 +18,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuplane.api import names as dn
 from gpuplane.controller.claim import selectors
 from gpuplane.controller.claim.checks import class_selectors
 from gpuplane.controller.node import snapshot_builder
-from gpuplane.controller.placement import model
-from gpuplane.driver.api import names as dn
+from gpuplane.placement import model
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from gpuplane.api.ledger import Segment
 from gpuplane.driver.prepare.checkpoint import Checkpoint, ClaimRecord, DeviceRecord
 
 MIG_MEMORY_SLICES = 8
@@ -130,37 +131,6 @@ def holdings(cp: Checkpoint, tier_of: Callable[[ClaimRecord], str] = default_tie
 
 
 # --- the ledger -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Segment:
-    """A ledger record: ``holding`` charged at a constant fraction from ``start`` to ``end``."""
-
-    start: float
-    end: float
-    node: str
-    claim_uid: str
-    namespace: str
-    name: str
-    tier: str
-    kind: str
-    device: str
-    fraction: float
-
-    @property
-    def gpu_seconds(self) -> float:
-        return self.fraction * (self.end - self.start)
-
-    def to_json(self) -> str:
-        data = asdict(self)
-        data["gpu_seconds"] = round(self.gpu_seconds, 6)
-        return json.dumps(data, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, line: str) -> Segment:
-        data = json.loads(line)
-        fields = {k: data[k] for k in cls.__dataclass_fields__}
-        return cls(**fields)
 
 
 class CostSink(Protocol):

@@ -27,9 +27,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gpuplane.driver.host import atomic_write
 from gpuplane.driver.hw import interface as hw
+from gpuplane.driver.inventory import Inventory
 from gpuplane.driver.observe import health
 from gpuplane.driver.observe.health_board import HealthBoard
-from gpuplane.driver.publish.inventory import Inventory
 from gpuplane.driver.publish.slices import DeviceTaint
 
 log = structlog.get_logger(__name__)

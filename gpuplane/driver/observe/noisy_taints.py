@@ -1,7 +1,7 @@
 """Active noisy-neighbour alerts as device taints in the node's ResourceSlices (the controller's signal).
 
 :class:`NoisyTaints` turns the detector's active alerts into one informational (``None``) taint
-per GPU, :data:`gpuplane.driver.api.noisy_taint.KEY`, whose value names the hog's claim and the
+per GPU, :data:`gpuplane.api.noisy_taint.KEY`, whose value names the hog's claim and the
 figures that raised the alert and whose ``timeAdded`` is when it was raised; the publisher merges
 these with the health taints. The figures are those at the moment the alert was raised (the
 share moves every tick; a value that changed every tick would rewrite the slice every tick).
@@ -16,7 +16,7 @@ import datetime
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
-from gpuplane.driver.api import noisy_taint
+from gpuplane.api import noisy_taint
 from gpuplane.driver.observe import noisy
 from gpuplane.driver.publish.slices import DeviceTaint
 

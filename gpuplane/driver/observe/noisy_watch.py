@@ -18,10 +18,10 @@ import structlog
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gpuplane.driver.hw import interface as hw
+from gpuplane.driver.inventory import Inventory
 from gpuplane.driver.observe import cost, noisy
 from gpuplane.driver.observe.attribution import attribute, claim_shares
 from gpuplane.driver.observe.telemetry_metrics import CLAIM_LABELS, TelemetryMetrics
-from gpuplane.driver.publish.inventory import Inventory
 
 log = structlog.get_logger(__name__)
 

@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 import structlog
 
 from gpuplane.driver.hw import interface as hw
+from gpuplane.driver.inventory import Inventory
 from gpuplane.driver.observe import cost, noisy
 from gpuplane.driver.observe.attribution import parent_pid
 from gpuplane.driver.observe.noisy_watch import EventSink, NoisyWatch
 from gpuplane.driver.observe.telemetry_metrics import TelemetryMetrics, device_families, fraction_family
 from gpuplane.driver.observe.tiers import TierResolver
 from gpuplane.driver.prepare.checkpoint import Checkpoint, ClaimRecord
-from gpuplane.driver.publish.inventory import Inventory
 
 log = structlog.get_logger(__name__)
 

@@ -24,9 +24,9 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpuplane.driver.hw import interface as hw
+from gpuplane.driver.inventory import Inventory
 from gpuplane.driver.observe import cost
 from gpuplane.driver.prepare.checkpoint import ClaimRecord
-from gpuplane.driver.publish.inventory import Inventory
 
 MIB = 1024 * 1024
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuplane.driver.api import names
+from gpuplane.api import names
 from gpuplane.driver.host import atomic_write
 
 CDI_VERSION = "0.6.0"  # deviceNodes, env, mounts (with type) and spec annotations (0.6.0)

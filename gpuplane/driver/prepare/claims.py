@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuplane.driver.api import boundedjson, names, quantity
-from gpuplane.driver.api.configs import SourcedConfig
+from gpuplane.api import boundedjson, names, quantity
+from gpuplane.api.configs import SourcedConfig
 
 
 class ClaimError(Exception):

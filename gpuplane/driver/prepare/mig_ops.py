@@ -24,9 +24,9 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 
 from gpuplane.driver.hw import interface as hw
+from gpuplane.driver.inventory import GpuEntry, MigSlot
 from gpuplane.driver.prepare.checkpoint import Checkpoint, DeviceRecord, MigRecord
 from gpuplane.driver.prepare.claims import ClaimError
-from gpuplane.driver.publish.inventory import GpuEntry, MigSlot
 
 Owned = set[tuple[str, int]]  # (parent GPU uuid, GI id)
 GPU_AWAY = (hw.ErrorCode.GPU_IS_LOST, hw.ErrorCode.NOT_FOUND)  # the GPU itself does not answer

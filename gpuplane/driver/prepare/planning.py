@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuplane.driver.api import configs, names, quantity
+from gpuplane.api import configs, names, quantity
+from gpuplane.driver.inventory import GpuEntry, Inventory, MigSlot
 from gpuplane.driver.prepare.checkpoint import ClaimRecord, SharingRecord
 from gpuplane.driver.prepare.claims import AllocatedDevice, ClaimAllocation, ClaimError
-from gpuplane.driver.publish.inventory import GpuEntry, Inventory, MigSlot
 from gpuplane.driver.sharing import timeslice_tiers
 
 

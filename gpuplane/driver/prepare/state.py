@@ -27,9 +27,10 @@ from typing import Any, Protocol
 
 import structlog
 
-from gpuplane.driver.api import configs
+from gpuplane.api import configs
 from gpuplane.driver.host import file_lock
 from gpuplane.driver.hw import interface as hw
+from gpuplane.driver.inventory import GpuEntry, Inventory, MigSlot, discover
 from gpuplane.driver.kube import NotFound
 from gpuplane.driver.prepare import cdi, cdi_assembly, owed, planning, recovery
 from gpuplane.driver.prepare.checkpoint import (
@@ -43,7 +44,6 @@ from gpuplane.driver.prepare.claims import AllocatedDevice, ClaimError, parse_al
 from gpuplane.driver.prepare.contract import ClaimRef, PreparedDevice, PrepareResult, UnprepareResult
 from gpuplane.driver.prepare.mig_ops import MigOps, owned_instances
 from gpuplane.driver.prepare.sharing_setup import ClaimSharing
-from gpuplane.driver.publish.inventory import GpuEntry, Inventory, MigSlot, discover
 from gpuplane.driver.sharing.mps import MpsControl
 from gpuplane.driver.sharing.mps_spec import MpsError
 

@@ -1,7 +1,7 @@
 """From hardware to ResourceSlices: what this node offers the scheduler; and what each claim got.
 
-- ``inventory``: discovery, the hardware backend's answers turned into the node's device inventory
-  (whole GPUs, MIG placements, NVLink domains); reads the backend, nothing else.
+From :mod:`gpuplane.driver.inventory` (discovery, a layer below ``prepare`` and ``publish``, which both use it):
+
 - ``slices``: inventory -> ResourceSlices (resource.k8s.io/v1) within every API limit; pure.
 - ``steering``: the steered layout: each MIG profile's placements in one slice, listed in the
   order gpuplane's policy prefers for the node's state (``placement.preference``); pure.

@@ -22,8 +22,8 @@ from typing import Any, Protocol
 
 import structlog
 
+from gpuplane.driver.inventory import Inventory
 from gpuplane.driver.publish import slices
-from gpuplane.driver.publish.inventory import Inventory
 
 log = structlog.get_logger(__name__)
 

@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuplane.driver.api import names
-from gpuplane.driver.publish.inventory import GpuEntry, Inventory, MigSlot
+from gpuplane.api import names
+from gpuplane.driver.inventory import GpuEntry, Inventory, MigSlot
 from gpuplane.mig.models import MigProfile
 
 MAX_DEVICES = 128

@@ -40,14 +40,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuplane.controller.placement import fragmentation, geometry, model, preference
-from gpuplane.controller.placement.policies import gpuplane
-from gpuplane.driver.api import names
+from gpuplane.api import names
+from gpuplane.driver.inventory import GpuEntry, Inventory, MigSlot
 from gpuplane.driver.prepare.checkpoint import Checkpoint
 from gpuplane.driver.publish import slices
-from gpuplane.driver.publish.inventory import GpuEntry, Inventory, MigSlot
 from gpuplane.mig.geometry import HOPPER
 from gpuplane.mig.models import MigProfile
+from gpuplane.placement import fragmentation, geometry, model, preference
+from gpuplane.placement.policies import gpuplane
 
 STRANDS_TAINT_KEY = "gpuplane.dev/strands-compute"
 GEOMETRY = HOPPER

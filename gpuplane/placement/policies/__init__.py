@@ -8,8 +8,8 @@ differ only in how they rank candidates (see ``base.Policy``): ``gpuplane``
 
 from __future__ import annotations
 
-from gpuplane.controller.placement import fragmentation
-from gpuplane.controller.placement.policies import base, bestfit, firstfit, gpuplane, spread
+from gpuplane.placement import fragmentation
+from gpuplane.placement.policies import base, bestfit, firstfit, gpuplane, spread
 
 NAMES = ("gpuplane", "best-fit", "first-fit", "spread")
 

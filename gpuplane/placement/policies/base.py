@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
-from gpuplane.controller.placement import fragmentation, geometry, snapshot
+from gpuplane.placement import fragmentation, geometry, snapshot
 
 Key = tuple[float, ...]
 

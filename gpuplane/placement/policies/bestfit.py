@@ -8,8 +8,8 @@ left. Same NVLink-domain rule as every policy.
 
 from __future__ import annotations
 
-from gpuplane.controller.placement import geometry, snapshot
-from gpuplane.controller.placement.policies import base
+from gpuplane.placement import geometry, snapshot
+from gpuplane.placement.policies import base
 
 
 class BestFit:

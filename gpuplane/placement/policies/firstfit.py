@@ -7,8 +7,8 @@ host all of it.
 
 from __future__ import annotations
 
-from gpuplane.controller.placement import geometry, snapshot
-from gpuplane.controller.placement.policies import base
+from gpuplane.placement import geometry, snapshot
+from gpuplane.placement.policies import base
 
 
 class FirstFit:

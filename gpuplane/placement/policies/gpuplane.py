@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gpuplane.controller.placement import fragmentation, geometry, snapshot
-from gpuplane.controller.placement.policies import base
+from gpuplane.placement import fragmentation, geometry, snapshot
+from gpuplane.placement.policies import base
 
 # Mix used when the caller has not measured one: every shape the trace knows, equally likely.
 PRIOR_MIX = fragmentation.SizeMix.from_counts(

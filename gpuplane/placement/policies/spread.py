@@ -6,8 +6,8 @@ node and domain with the most empty GPUs. Kept to show what balancing costs.
 
 from __future__ import annotations
 
-from gpuplane.controller.placement import geometry, snapshot
-from gpuplane.controller.placement.policies import base
+from gpuplane.placement import geometry, snapshot
+from gpuplane.placement.policies import base
 
 
 class Spread:
