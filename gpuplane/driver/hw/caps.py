@@ -1,9 +1,11 @@
-"""/dev/nvidia-caps minors of MIG instances: the numbering the NVIDIA driver gives them.
+"""/dev/nvidia-caps minors of MIG instances: the numbering the NVIDIA driver gives them; device majors.
 
 A container using a MIG device needs the device nodes ``/dev/nvidia-caps/nvidia-cap<N>`` of its
 GPU instance's and compute instance's ``access`` files. The NVIDIA driver lists those minors in
 ``/proc/driver/nvidia-caps/mig-minors``; the real backend parses that file
-(:func:`parse_mig_minors`), the simulator computes the same numbering (:func:`caps_minors`). Pure.
+(:func:`parse_mig_minors`), the simulator computes the same numbering (:func:`caps_minors`).
+The dynamic majors (``nvidia-caps``, ``nvidia-caps-imex-channels``) are read from ``/proc/devices``
+(:func:`parse_proc_devices`, :func:`imex_channel_major`). Pure.
 """
 
 from __future__ import annotations
@@ -36,3 +38,26 @@ def parse_mig_minors(text: str) -> dict[tuple[int, int, int | None], int]:
         except ValueError:
             continue
     return out
+
+
+IMEX_CHANNELS = "nvidia-caps-imex-channels"
+
+
+def parse_proc_devices(text: str) -> dict[str, int]:
+    """The ``Character devices:`` section of /proc/devices as {name: major} (block devices ignored)."""
+    out: dict[str, int] = {}
+    section = ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.endswith("devices:"):
+            section = stripped
+            continue
+        fields = stripped.split(maxsplit=1)
+        if section == "Character devices:" and len(fields) == 2 and fields[0].isdigit():
+            out.setdefault(fields[1], int(fields[0]))
+    return out
+
+
+def imex_channel_major(text: str) -> int | None:
+    """The IMEX channels' major from /proc/devices (None: a driver without IMEX channels, before R550)."""
+    return parse_proc_devices(text).get(IMEX_CHANNELS)

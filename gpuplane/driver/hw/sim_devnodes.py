@@ -15,8 +15,12 @@ the numbers a real driver uses, under ``<state_dir>/dev``:
   the minors of ``gpuplane.driver.hw.caps.caps_minors`` (made when the instance is created,
   removed when it is destroyed, as nvidia-modprobe does), ``CAPS_MAJOR:<N>``.
 
-The uvm and caps majors are dynamic on a real machine (``/proc/devices``); the
-simulator fixes them. Opening a placeholder gives ENXIO (no driver behind it),
+The uvm, caps and IMEX channel majors are dynamic on a real machine (``/proc/devices``); the
+simulator fixes them and writes its own ``<state_dir>/proc/devices`` (:func:`proc_devices_text`) with
+the lines the NVIDIA driver adds. IMEX channel nodes
+(``nvidia-caps-imex-channels/channel<N>``, ``IMEX_CHANNELS_MAJOR:<N>``) are not made: on a real
+machine an administrator (or the component that hands a channel out) makes them from that major,
+and they are gone after a reboot. Opening a placeholder gives ENXIO (no driver behind it),
 which is what proves a container's devices cgroup let it through. Without
 ``CAP_MKNOD`` the placeholders are empty regular files: enough for the kubelet
 stand-in, refused by a real runtime.
@@ -32,6 +36,8 @@ from pathlib import Path
 
 import structlog
 
+from gpuplane.driver.hw import caps
+
 log = structlog.get_logger(__name__)
 
 NVIDIA_MAJOR = 195
@@ -39,6 +45,11 @@ NVIDIACTL_MINOR = 255
 UVM_MAJOR = 510
 CAPS_MAJOR = 511
 CAPS_DIR = "nvidia-caps"
+IMEX_CHANNELS_MAJOR = 512
+IMEX_CHANNELS_NAME = caps.IMEX_CHANNELS
+"""Its ``/proc/devices`` name, and the directory of the channel nodes under /dev."""
+IMEX_CHANNEL_COUNT = 2048
+"""``NVreg_ImexChannelCount``'s default: channels 0..2047."""
 MIG_CONFIG_CAP, MIG_MONITOR_CAP = 1, 2
 
 
@@ -51,6 +62,25 @@ def wanted_nodes(gpu_minors: Iterable[int], caps_minors: Iterable[int]) -> dict[
     for cap in {MIG_CONFIG_CAP, MIG_MONITOR_CAP, *caps_minors}:
         nodes[f"{CAPS_DIR}/nvidia-cap{cap}"] = (CAPS_MAJOR, cap)
     return nodes
+
+
+def proc_devices_text() -> str:
+    """``/proc/devices`` of a node with the NVIDIA driver loaded (the character devices it registers)."""
+    lines = [
+        "Character devices:",
+        "  1 mem",
+        "  4 /dev/vc/0",
+        "  5 /dev/tty",
+        f"{NVIDIA_MAJOR} nvidia-frontend",
+        f"{UVM_MAJOR} nvidia-uvm",
+        f"{CAPS_MAJOR} nvidia-caps",
+        f"{IMEX_CHANNELS_MAJOR} {IMEX_CHANNELS_NAME}",
+        "",
+        "Block devices:",
+        "  7 loop",
+        "259 blkext",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 class DeviceNodes:

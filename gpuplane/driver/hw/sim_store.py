@@ -49,6 +49,8 @@ class SimStore:
         self._minor_by_uuid = {u: m for m, u in self._uuid_by_minor.items()}
         self._absent = frozenset(config.absent_minors)
         self._devnodes = sim_devnodes.DeviceNodes(config.state_dir / "dev")
+        self.proc_devices = config.state_dir / "proc" / "devices"
+        """The simulated node's ``/proc/devices`` (written when the state is first written)."""
 
     # --- state file ----------------------------------------------------------------
 
@@ -108,6 +110,9 @@ class SimStore:
             if write:
                 self._write_state(st)
                 self._devnodes.sync(self._wanted_nodes(st))
+                if not self.proc_devices.exists():
+                    self.proc_devices.parent.mkdir(parents=True, exist_ok=True)
+                    atomic_write(self.proc_devices, sim_devnodes.proc_devices_text().encode(), 0o444, durable=False)
 
     def _wanted_nodes(self, st: dict[str, Any]) -> dict[str, tuple[int, int]]:
         """The device nodes a real driver would have made for this state: GPUs present, MIG caps of instances."""
