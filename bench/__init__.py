@@ -40,7 +40,8 @@ Gangs and fleets:
   ``fleet_sched`` (scheduler throughput; ``fleet_tables`` its tables), ``fleet_api`` (apiserver and etcd cost) and
   ``fleet_controller`` (the controller at scale), ``fleet_before`` the code before the fleet-scale
   fixes run beside it, ``fleet_probe`` read-only probes of the running cluster, ``fleet_profile``
-  where a live process's CPU goes (py-spy), ``newer_scheduler`` the newer kube-scheduler (1.37)
+  where a live process's CPU goes (py-spy), ``sched_pprof`` kube-scheduler's CPU profile through each (a)
+  round (``--pprof``, Go's pprof), ``newer_scheduler`` the newer kube-scheduler (1.37)
   swapped in for the (a+) rounds, built once into the cache.
 - ``gang_reconcile_cost``: what one gang reconcile costs the controller's loop at fleet scale (in
   memory, no API server), a holding gang with the queue pass and with the domains alone;

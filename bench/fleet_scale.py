@@ -64,6 +64,7 @@ from bench import (  # noqa: E402
     fleet_steps,
     fleet_tables,
     newer_scheduler,
+    sched_pprof,
 )
 from bench.fleet_steps import took  # noqa: E402
 from e2e.cluster import build, controlplane, kwok  # noqa: E402
@@ -131,6 +132,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="an environment variable for the controller (repeatable), e.g. MALLOC_ARENA_MAX=2",
     )
     p.add_argument("--write", type=Path, help="append the report as a Markdown section to this file")
+    p.add_argument(
+        "--pprof",
+        type=Path,
+        metavar="DIR",
+        help="take a CPU profile of kube-scheduler through each (a) round into DIR and report where its time went",
+    )
     p.add_argument(
         "--scheduler",
         help="run this kube-scheduler binary instead of the cluster's for the whole run, or 'build' for the "
@@ -205,6 +212,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         nodes=nodes,
         say=say,
     )
+    if args.pprof and plane.pki is not None:
+        out_dir = args.pprof.resolve()
+        run.profiler = sched_pprof.SchedulerProfiler(state_dir, plane.pki.admin, plane.pki.ca.cert, out_dir)
     ctl: components.Controllers | None = None
     try:
         components.install(handle, out=say)
@@ -263,6 +273,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "sched" not in skip:
             run.section("1. kube-scheduler: pods per round, creation to bound", fleet_tables.table(run.rounds))
             run.section("1. ratios", fleet_tables.ratios(run.rounds))
+            if run.profiler is not None:
+                where = sched_pprof.report(run.profiler)
+                run.section("1. where kube-scheduler's CPU went in each (a) round (pprof)", where)
         if "api" not in skip:
             fleet_steps.health_passes(run)
         run.section("2. ResourceSlices as served (API) and stored (etcd)", fleet_api.footprint_table(run.footprints))

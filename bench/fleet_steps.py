@@ -9,6 +9,7 @@ rewriting the pool, as the publisher did before.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
 import os
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import fleet_api, fleet_before, fleet_controller, fleet_probe, fleet_profile, fleet_sched
+from bench import fleet_api, fleet_before, fleet_controller, fleet_probe, fleet_profile, fleet_sched, sched_pprof
 from e2e.cluster import handle as cluster
 from e2e.cluster import procs
 from e2e.plane import components, fleet, fleetslices
@@ -64,6 +65,7 @@ class Run:
     followers: fleet_before.Followers | None = None
     before_commit: str = ""
     newer_version: str = ""  # the report's line on the (a+) rounds' kube-scheduler ('' without them)
+    profiler: sched_pprof.SchedulerProfiler | None = None  # --pprof: the (a) rounds' scheduler CPU profiles
 
     def section(self, title: str, body: str) -> None:
         """Print a report section and keep it for ``--write``."""
@@ -75,22 +77,24 @@ class Run:
         self.memory.append((moment, fleet_api.memory(self.probe)))
 
     def round(self, variant: str, kind: str, pods: int, label: str) -> None:
-        """One scheduler round."""
+        """One scheduler round (with ``--pprof``, kube-scheduler profiled through each (a) round)."""
         a = self.args
         self.say(f"round ({variant}): {pods} pods, {fleet_sched.KIND_TEXT[kind]} ...")
-        self.rounds.append(
-            fleet_sched.run_round(
-                self.api,
-                self.probe,
-                fleet_variant=variant,
-                kind=kind,
-                pods=pods,
-                label=label,
-                timeout=a.timeout,
-                workers=a.workers,
-                out=self.say,
+        profiler = self.profiler if variant == "a" else None
+        with profiler.during(label) if profiler is not None else contextlib.nullcontext():
+            self.rounds.append(
+                fleet_sched.run_round(
+                    self.api,
+                    self.probe,
+                    fleet_variant=variant,
+                    kind=kind,
+                    pods=pods,
+                    label=label,
+                    timeout=a.timeout,
+                    workers=a.workers,
+                    out=self.say,
+                )
             )
-        )
 
     def moment(self, what: str, t0: float, cpu0: float, detail: str) -> None:
         """Record the controller at the end of a step."""
