@@ -10,7 +10,7 @@ returns; ``deaf`` ignores the stop flag (keeps running, loop healthy); ``spin`` 
 with a main loop that polls without pause (a signal then lands mid-poll, wherever a lock
 would be held, most of the time). MARKER_DIR/started
 appears once the operator's loop runs, MARKER_DIR/released when the Lease is released,
-MARKER_DIR/stopped when the ``ok`` operator saw the stop flag.
+MARKER_DIR/stopped when the ``ok`` operator saw the stop flag, MARKER_DIR/stalling when ``stall`` blocks.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ def main() -> None:
                     failed("kopf's 'multidimensional multitasker' ended: RecursionError()")
                     await asyncio.sleep(3600)
                 if mode == "stall":
+                    (markers / "stalling").write_text("1")
                     time.sleep(3600)  # the whole event loop is stuck
 
     sup = supervisor.Supervisor(

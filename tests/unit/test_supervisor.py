@@ -2,7 +2,9 @@
 
 Each test starts ``tests/supervisor_worker.py`` (the Supervisor as ``gpuplane.controller.main``
 runs it, around an operator that misbehaves in one way), signals it, then checks
-the exit code, the time it took and that the Lease was released. (kopf's own
+the exit code, the supervisor's logged decision (which rule ended the process, with the
+figures it measured against its own timing) and that the Lease was released. No test asserts
+a wall-clock window; ``EXIT_BOUND_S`` only keeps a hung worker from hanging the suite. (kopf's own
 ``/healthz``, which the operator serves in production, gives no answer once the
 process is gone or its loop is blocked: tests/unit/test_controller_probes.py.)
 """
@@ -10,6 +12,7 @@ process is gone or its loop is blocked: tests/unit/test_controller_probes.py.)
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,15 +28,19 @@ from gpuplane.controller import supervisor
 ROOT = Path(__file__).resolve().parents[2]
 
 
+EXIT_BOUND_S = 15.0
+
+
 @dataclass
 class Worker:
     proc: subprocess.Popen[bytes]
     markers: Path
+    log: Path
 
-    def wait_exit(self, timeout: float) -> tuple[int, float]:
-        started = time.monotonic()
-        code = self.proc.wait(timeout)
-        return code, time.monotonic() - started
+    def wait_exit(self) -> tuple[int, str]:
+        """The exit code and everything the worker logged."""
+        code = self.proc.wait(EXIT_BOUND_S)
+        return code, self.log.read_text()
 
     def released(self) -> bool:
         return (self.markers / "released").exists()
@@ -49,19 +56,21 @@ def start(tmp_path: Path) -> Iterator[Start]:
     def run(mode: str) -> Worker:
         markers = tmp_path / f"{mode}-{len(procs)}"
         markers.mkdir()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.supervisor_worker", mode, str(markers)],
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        log = markers / "log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.supervisor_worker", mode, str(markers)],
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         procs.append(proc)
         deadline = time.monotonic() + 20
         while not (markers / "started").exists():
             assert proc.poll() is None, "the worker exited before its operator started"
             assert time.monotonic() < deadline, "the operator never started"
             time.sleep(0.02)
-        return Worker(proc, markers)
+        return Worker(proc, markers, log)
 
     yield run
     for proc in procs:
@@ -73,55 +82,69 @@ def start(tmp_path: Path) -> Iterator[Start]:
 def test_sigterm_stops_a_healthy_replica_cleanly(start: Start) -> None:
     w = start("ok")
     w.proc.send_signal(signal.SIGTERM)
-    code, took = w.wait_exit(10)
-    assert code == 0 and took < 2.0
+    code, log = w.wait_exit()
+    assert code == 0 and "stop requested; stopping the operator" in log and "did not stop in time" not in log
     assert (w.markers / "stopped").exists() and w.released()
 
 
 def test_a_failed_operator_releases_the_lease_and_exits_non_zero(start: Start) -> None:
     w = start("fail")
-    code, took = w.wait_exit(10)
-    assert code == 1 and took < 3.0  # fails 1 s in, noticed within a poll
+    code, log = w.wait_exit()
+    assert code == 1 and "the operator stopped on its own" in log and "Watcher for resourceclaims has failed" in log
     assert w.released()
 
 
 def test_a_reported_failure_ends_a_lingering_operator_at_once(start: Start) -> None:
     w = start("report")
-    code, took = w.wait_exit(10)
-    assert code == 1 and took < 2.5  # reported 1 s in; kopf itself would linger for minutes
+    code, log = w.wait_exit()  # kopf itself would linger for minutes; the report ends it at the next poll
+    assert code == 1 and "the operator failed; releasing the Lease and exiting" in log
+    assert "multidimensional multitasker" in log and "stalled" not in log
     assert w.released()
+
+
+def _stalled_s(log: str) -> float:
+    match = re.search(r"stalled_s=([0-9.]+)", log)
+    assert match is not None, log
+    return float(match.group(1))
 
 
 def test_a_stalled_loop_releases_the_lease_and_exits(start: Start) -> None:
     w = start("stall")
-    code, took = w.wait_exit(10)
+    code, log = w.wait_exit()
     assert code == 1 and w.released()
-    assert 1.0 + 3.0 - 0.5 < took < 1.0 + 3.0 + 1.5  # stalls 1 s in; exits once silent 3 s
+    assert "the operator's event loop is stalled" in log
+    assert _stalled_s(log) > 3.0  # the worker's stall_exit_s: silent for longer than that, measured by the supervisor
 
 
 def test_sigterm_ends_a_replica_whose_loop_is_stuck(start: Start) -> None:
     w = start("stall")
-    time.sleep(1.5)  # the loop is stuck now
+    until_stuck = w.markers / "stalling"
+    while not until_stuck.exists():  # the worker marks the moment its loop blocks
+        assert w.proc.poll() is None
+        time.sleep(0.02)
     w.proc.send_signal(signal.SIGTERM)
-    code, took = w.wait_exit(10)
-    assert code == 1 and took < 2.0 + 1.0  # the stop grace, then out anyway
-    assert w.released()
+    code, log = w.wait_exit()
+    assert code == 1 and w.released()
+    assert "the operator did not stop in time; exiting anyway" in log or "event loop is stalled" in log
 
 
 def test_sigterm_ends_an_operator_that_ignores_its_stop_flag(start: Start) -> None:
     w = start("deaf")
     w.proc.send_signal(signal.SIGTERM)
-    code, took = w.wait_exit(10)
-    assert code == 1 and 2.0 <= took < 3.5 and w.released()
+    code, log = w.wait_exit()
+    assert code == 1 and w.released()
+    assert "the operator did not stop in time; exiting anyway" in log and "grace_s=2.0" in log
 
 
 def test_a_second_sigterm_exits_at_once(start: Start) -> None:
     w = start("deaf")
     w.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
+    while "stop requested" not in w.log.read_text():  # the first one was taken
+        assert w.proc.poll() is None
+        time.sleep(0.02)
     w.proc.send_signal(signal.SIGTERM)
-    code, took = w.wait_exit(10)
-    assert code == 1 and took < 1.0
+    code, log = w.wait_exit()
+    assert code == 1 and "second SIGTERM: exiting at once" in log and "did not stop in time" not in log
 
 
 def test_sigterm_mid_poll_always_stops_the_replica(start: Start) -> None:
@@ -133,8 +156,8 @@ def test_sigterm_mid_poll_always_stops_the_replica(start: Start) -> None:
         w = start("spin")
         time.sleep(0.2)
         w.proc.send_signal(signal.SIGTERM)
-        code, took = w.wait_exit(10)
-        assert code == 0 and took < 2.0 and w.released()
+        code, log = w.wait_exit()
+        assert code == 0 and w.released() and "stop requested" in log
 
 
 def test_the_signal_handler_takes_no_lock() -> None:
