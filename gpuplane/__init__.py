@@ -1,9 +1,10 @@
 """gpuplane: GPU sharing, isolation and placement for Kubernetes through Dynamic Resource Allocation.
 
-One import package with two programs:
+One import package with three programs:
 
 - :mod:`gpuplane.driver`: the node driver (``gpuplane-driver``), a kubelet DRA plugin;
 - :mod:`gpuplane.controller`: the operator (``gpuplane-controller``);
+- :mod:`gpuplane.cli`: the kubectl plugin (``kubectl-gpuplane``) for operators and tenants;
 
 and the shared layers both of them use, which import neither program:
 

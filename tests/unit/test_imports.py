@@ -53,6 +53,7 @@ CONTRACTS: tuple[Contract, ...] = (
     Forbidden("the driver never imports the controller", ("gpuplane.driver",), ("gpuplane.controller",)),
     Forbidden("the controller never imports the driver", ("gpuplane.controller",), ("gpuplane.driver",)),
     Forbidden("the shared layers import neither program", SHARED, PROGRAMS),
+    Forbidden("the command-line tools import neither program", ("gpuplane.cli",), PROGRAMS),
     Forbidden(
         "placement and MIG geometry are pure: no Kubernetes client", ("gpuplane.placement", "gpuplane.mig"), KUBERNETES
     ),

@@ -1,0 +1,121 @@
+"""``kubectl gpuplane map`` through kubectl's plugin mechanism, on the session's cluster, as an admin and as tenants.
+
+kubectl finds the executable ``kubectl-gpuplane`` (installed with the package, in the venv's bin) on PATH
+and runs it with the caller's kubeconfig. Checked: the admin's map draws a claim the kube-scheduler
+allocated on the node and GPU it got; a tenant with ``edit`` in its namespace only (no ``list`` on
+ResourceSlices) is told there is no map and which permission to ask for (exit 3); a tenant that may list
+slices but not every namespace's claims gets the map of its own allocations and a line saying the
+rest was hidden, and never sees another namespace's claim.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.e2e import tenantkit
+from tests.e2e.conftest import GpuCluster, eventually
+
+pytestmark = pytest.mark.e2e
+
+ADMIN_NS, TENANT_NS, VIEWER_NS = "gpuplane-plugin", "gpuplane-plugin-tenant", "gpuplane-plugin-viewer"
+
+
+def plugin(gc: GpuCluster, kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``kubectl gpuplane --kubeconfig=... ...`` with the venv's bin on PATH (kubectl passes every flag after a
+    plugin's name to the plugin and refuses flags before it)."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    argv = [str(gc.cluster.bins.kubectl), "gpuplane", f"--kubeconfig={kubeconfig}", *args]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, check=False)
+
+
+def _allocated(gc: GpuCluster, ns: str, name: str) -> dict[str, Any]:
+    got: dict[str, Any] = gc.cluster.custom.get_namespaced_custom_object(
+        "resource.k8s.io", "v1", ns, "resourceclaims", name
+    )
+    return got
+
+
+@pytest.fixture(scope="module")
+def placed(gpu_cluster: GpuCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    gc = gpu_cluster
+    core = client.CoreV1Api(gc.cluster.api)
+    out = tmp_path_factory.mktemp("plugin")
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ADMIN_NS)))
+    gc.cluster.apply(tenantkit.claim(ADMIN_NS, "admins-gpu", "gpu.gpuplane.dev"))
+    gc.cluster.apply(tenantkit.pod(ADMIN_NS, "admins-pod", claim_name="admins-gpu"))
+    tenant = tenantkit.make_tenant(gc, "tenant", TENANT_NS, {}, out)
+    viewer = tenantkit.make_tenant(gc, "viewer", VIEWER_NS, {}, out)
+    rbac = client.RbacAuthorizationV1Api(gc.cluster.api)
+    rbac.create_cluster_role(
+        client.V1ClusterRole(
+            metadata=client.V1ObjectMeta(name="gpuplane-plugin-slices"),
+            rules=[client.V1PolicyRule(api_groups=["resource.k8s.io"], resources=["resourceslices"], verbs=["list"])],
+        )
+    )
+    rbac.create_cluster_role_binding(
+        client.V1ClusterRoleBinding(
+            metadata=client.V1ObjectMeta(name="gpuplane-plugin-slices"),
+            role_ref=client.V1RoleRef(
+                api_group="rbac.authorization.k8s.io", kind="ClusterRole", name="gpuplane-plugin-slices"
+            ),
+            subjects=[client.RbacV1Subject(kind="ServiceAccount", name="tenant", namespace=VIEWER_NS)],
+        )
+    )
+    viewer.must_create(tenantkit.claim(VIEWER_NS, "viewers-gpu", "gpu.gpuplane.dev"))
+    viewer.must_create(tenantkit.pod(VIEWER_NS, "viewers-pod", claim_name="viewers-gpu"))
+    tenantkit.wait_running(gc, ADMIN_NS, ["admins-pod"], 120)
+    tenantkit.wait_running(gc, VIEWER_NS, ["viewers-pod"], 120)
+    eventually(lambda: bool(_allocated(gc, ADMIN_NS, "admins-gpu").get("status", {}).get("allocation")), 30, "alloc")
+    try:
+        yield {
+            "admin": gc.cluster.kubeconfig,
+            "tenant": out / "tenant.kubeconfig",
+            "viewer": out / "viewer.kubeconfig",
+            "tenant_obj": tenant,
+        }
+    finally:
+        rbac.delete_cluster_role_binding("gpuplane-plugin-slices")
+        rbac.delete_cluster_role("gpuplane-plugin-slices")
+        tenantkit.delete_namespaces(gc, [ADMIN_NS, TENANT_NS, VIEWER_NS])
+
+
+def test_the_admin_sees_the_claim_on_the_gpu_it_got(gpu_cluster: GpuCluster, placed: dict[str, Any]) -> None:
+    result = _allocated(gpu_cluster, ADMIN_NS, "admins-gpu")["status"]["allocation"]["devices"]["results"][0]
+    done = plugin(gpu_cluster, placed["admin"], "map", "--node", result["pool"], "--color", "never")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith(result["pool"] + "  (")
+    line = next(line for line in lines if line.strip().startswith(result["device"] + " "))
+    assert f"{ADMIN_NS}/admins-gpu (exclusive)" in line, done.stdout
+    assert "hidden:" not in done.stdout and "\x1b[" not in done.stdout
+    assert lines[-1].startswith("1 nodes, ")
+
+
+def test_a_tenant_without_slice_access_is_told_what_to_ask_for(gpu_cluster: GpuCluster, placed: dict[str, Any]) -> None:
+    done = plugin(gpu_cluster, placed["tenant"], "map")
+    assert done.returncode == 3 and done.stdout == ""
+    assert "you may not list ResourceSlices" in done.stderr and "ask an administrator for `list`" in done.stderr
+
+
+def test_a_viewer_without_a_namespace_is_told_to_name_one(gpu_cluster: GpuCluster, placed: dict[str, Any]) -> None:
+    done = plugin(gpu_cluster, placed["viewer"], "map", "--color", "never")  # its context names no namespace
+    assert done.returncode == 0, done.stderr
+    assert "nor in default: no allocation is drawn (name your namespace with -n)" in done.stdout
+
+
+def test_a_viewer_sees_its_own_allocations_and_is_told_the_rest_is_hidden(
+    gpu_cluster: GpuCluster, placed: dict[str, Any]
+) -> None:
+    done = plugin(gpu_cluster, placed["viewer"], "-n", VIEWER_NS, "map", "--color", "never")
+    assert done.returncode == 0, done.stderr
+    assert f"{VIEWER_NS}/viewers-gpu (exclusive)" in done.stdout
+    assert ADMIN_NS + "/" not in done.stdout
+    assert f"hidden: you may not list ResourceClaims in every namespace: only {VIEWER_NS}'s allocations" in done.stdout
