@@ -38,3 +38,7 @@ DEVICE_TYPE_MIG = "mig"
 
 # Node label the controller keeps equal to the node's NVLink domain.
 NODE_LABEL_NVLINK_DOMAIN = "gpuplane.dev/nvlink-domain"
+
+IMEX_CHANNEL_COUNT = 2048
+"""IMEX channels per node (``NVreg_ImexChannelCount``'s default): the controller hands out 1..2047 to gangs,
+the driver makes the node of the one a claim gets; 0 is NVIDIA's default for everyone and never handed out."""

@@ -62,6 +62,11 @@ class Gpu:
     uses: list[Use] = field(default_factory=list)
 
     @property
+    def devices(self) -> list[Device]:
+        """Its published devices: the whole GPU first (when published), then its MIG placements."""
+        return [*([self.whole] if self.whole else []), *self.mig]
+
+    @property
     def cells(self) -> int:
         """Memory slices (8 on a MIG-capable GPU, 0 when published without counters)."""
         everything = set(self.whole.cells if self.whole else ())
@@ -72,13 +77,13 @@ class Gpu:
     def taints(self) -> list[str]:
         """The taints of its devices (the whole GPU's, then any other)."""
         seen: list[str] = []
-        for d in [*([self.whole] if self.whole else []), *self.mig]:
+        for d in self.devices:
             seen += [t for t in d.taints if t not in seen]
         return seen
 
     def free_blocks(self) -> list[Device]:
         """Published devices no allocation overlaps, largest first (a shared whole GPU is not free)."""
-        by_name = {d.name: d for d in [*([self.whole] if self.whole else []), *self.mig]}
+        by_name = {d.name: d for d in self.devices}
         taken: set[int] = set()
         used_whole = False
         for use in self.uses:
@@ -87,9 +92,11 @@ class Gpu:
                 continue
             taken |= device.cells
             used_whole |= device.kind == names.DEVICE_TYPE_GPU
-        free = [d for d in by_name.values() if not (d.cells & taken) and not (used_whole and d.kind == "gpu")]
-        if used_whole:
-            free = [d for d in free if d.kind != names.DEVICE_TYPE_GPU]
+        free = [
+            d
+            for d in by_name.values()
+            if not (d.cells & taken) and not (used_whole and d.kind == names.DEVICE_TYPE_GPU)
+        ]
         return sorted(free, key=lambda d: (-len(d.cells), d.kind != names.DEVICE_TYPE_GPU, -_compute(d), d.name))
 
 
@@ -230,7 +237,7 @@ def build(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any
             share = _share(result, request)
             use = Use(str(result.get("device")), key, _how(str(request.get("deviceClassName", "")), share), share)
             for gpu in gpus.values():
-                if any(d.name == use.device for d in [*([gpu.whole] if gpu.whole else []), *gpu.mig]):
+                if any(d.name == use.device for d in gpu.devices):
                     gpu.uses.append(use)
     return fleet
 
@@ -258,7 +265,7 @@ def _gpu_line(gpu: Gpu, colour: bool) -> str:
         if use.claim not in letters:
             n = len(letters)
             letters[use.claim] = (LETTERS[n % len(LETTERS)], COLOURS[n % len(COLOURS)])
-    by_name = {d.name: d for d in [*([gpu.whole] if gpu.whole else []), *gpu.mig]}
+    by_name = {d.name: d for d in gpu.devices}
     size = gpu.cells or 1
     cells = [_paint(".", None, colour)] * size
     owners: list[str] = []
@@ -271,7 +278,8 @@ def _gpu_line(gpu: Gpu, colour: bool) -> str:
             cells[k] = _paint("s" if shared else letter, col, colour)
         what = device.profile if device and device.profile else "whole GPU"
         owners.append(f"{_paint(letter, col, colour)}={what} {use.claim} ({use.how})")
-    shares = [u.share for u in gpu.uses if by_name.get(u.device) and by_name[u.device].kind == "gpu" and u.share < 100]
+    whole_uses = [u for u in gpu.uses if u.device in by_name and by_name[u.device].kind == names.DEVICE_TYPE_GPU]
+    shares = [u.share for u in whole_uses if u.share < 100]
     free = gpu.free_blocks()
     if shares:
         free_text = f"free share {100 - sum(shares)} %"

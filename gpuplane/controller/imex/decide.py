@@ -28,8 +28,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-CHANNEL_COUNT = 2048
-"""``NVreg_ImexChannelCount``'s default; channels 1..CHANNEL_COUNT-1 are handed out."""
+from gpuplane.api import names
+
+CHANNEL_COUNT = names.IMEX_CHANNEL_COUNT
+"""Channels 1..CHANNEL_COUNT-1 are handed out."""
 
 
 @dataclass(frozen=True)

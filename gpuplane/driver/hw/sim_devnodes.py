@@ -48,8 +48,6 @@ CAPS_DIR = "nvidia-caps"
 IMEX_CHANNELS_MAJOR = 512
 IMEX_CHANNELS_NAME = caps.IMEX_CHANNELS
 """Its ``/proc/devices`` name, and the directory of the channel nodes under /dev."""
-IMEX_CHANNEL_COUNT = 2048
-"""``NVreg_ImexChannelCount``'s default: channels 0..2047."""
 MIG_CONFIG_CAP, MIG_MONITOR_CAP = 1, 2
 
 

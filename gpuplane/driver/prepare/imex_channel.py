@@ -20,12 +20,13 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuplane.api import names
 from gpuplane.driver.hw import caps
 from gpuplane.driver.prepare import cdi
 
 CHANNEL_DIR = caps.IMEX_CHANNELS
-CHANNEL_COUNT = 2048
-"""``NVreg_ImexChannelCount``'s default: the minors 0..2047 exist."""
+CHANNEL_COUNT = names.IMEX_CHANNEL_COUNT
+"""The channel minors 0..CHANNEL_COUNT-1 exist."""
 ENV_CHANNEL = "GPUPLANE_IMEX_CHANNEL"
 ENV_DOMAIN = "GPUPLANE_IMEX_DOMAIN"
 
