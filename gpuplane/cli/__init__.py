@@ -1,6 +1,7 @@
 """gpuplane's command-line tools for operators and tenants (a third program beside the driver and the controller).
 
-- ``kubectl_gpuplane``: the kubectl plugin ``kubectl gpuplane`` (executable ``kubectl-gpuplane``): ``map``.
+- ``kubectl_gpuplane``: the kubectl plugin ``kubectl gpuplane`` (executable ``kubectl-gpuplane``): ``map``, ``why``.
+- ``why``: why a pod or claim waits, or what it got, from the controller's, scheduler's and driver's words; pure.
 - ``fleetmap``: the fleet map, pure: slices and claims in, per node and GPU what is held, shared, tainted, free.
 
 It uses the shared layers (:mod:`gpuplane.api`) and never imports the driver or the controller.

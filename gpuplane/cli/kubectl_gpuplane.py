@@ -2,7 +2,10 @@
 
     kubectl gpuplane [--kubeconfig PATH] [--context NAME] [-n NAMESPACE] map [--node NAME ...]
                      [--color auto|always|never]
+    kubectl gpuplane [...] why pod/NAME|resourceclaim/NAME
 
+``why`` answers why a pod or claim waits, or what it got (``gpuplane.cli.why``: the controller's
+annotations, kube-scheduler's condition, the driver's Events and the claim's ``status.devices``).
 ``map`` draws the fleet (``gpuplane.cli.fleetmap``): per node and GPU, its memory slices as cells with
 the claim that holds each, whole-GPU owners, MPS and time-slice shares with their tier, administrators'
 MIG instances, taints and the largest free block; colour on a terminal, plain text when piped (or
@@ -22,7 +25,7 @@ from typing import Any
 from kubernetes import client, config
 
 from gpuplane.api import kuberesponse
-from gpuplane.cli import fleetmap
+from gpuplane.cli import fleetmap, why
 
 GROUP, VERSION = "resource.k8s.io", "v1"
 EXIT_FORBIDDEN = 3
@@ -39,6 +42,10 @@ def _parser() -> argparse.ArgumentParser:
     m = sub.add_parser("map", help="per node and GPU: MIG layout, owners, shares and tiers, taints, free blocks")
     m.add_argument("--node", action="append", default=[], help="only this node (repeatable)")
     m.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    w = sub.add_parser(
+        "why", help="why a pod or claim waits, or what it got: controller, scheduler, driver in one place"
+    )
+    w.add_argument("target", help="pod/NAME or resourceclaim/NAME (claim/NAME); a bare NAME is a pod, else a claim")
     return p
 
 
@@ -125,11 +132,74 @@ def _message(err: client.ApiException) -> str:
     return str(body.get("message") if isinstance(body, dict) and body.get("message") else err.reason)[:500]
 
 
+def _events(core: client.CoreV1Api, namespace: str, names: Sequence[str]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for name in names:
+        raw = core.list_namespaced_event(
+            namespace, field_selector=f"involvedObject.name={name}", _preload_content=False
+        )
+        out += [e for e in kuberesponse.read_list(raw).get("items") or [] if isinstance(e, dict)]
+    return out
+
+
+def explain(api: client.ApiClient, namespace: str, target: str) -> tuple[int, list[str]]:
+    """(exit code, lines) for ``why``: 0 found, 1 not found, 3 forbidden."""
+    kind, _, name = target.rpartition("/")
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+
+    def get_claim(claim_name: str) -> dict[str, Any]:
+        raw = custom.get_namespaced_custom_object(
+            GROUP, VERSION, namespace, "resourceclaims", claim_name, _preload_content=False
+        )
+        got: dict[str, Any] = kuberesponse.read_object(raw)
+        return got
+
+    try:
+        pod: dict[str, Any] | None = None
+        if kind in ("", "pod", "pods", "po"):
+            try:
+                pod = kuberesponse.read_object(core.read_namespaced_pod(name, namespace, _preload_content=False))
+            except client.ApiException as err:
+                if err.status != 404 or kind:
+                    raise
+        if pod is not None:
+            statuses = {
+                s.get("name"): s.get("resourceClaimName")
+                for s in pod.get("status", {}).get("resourceClaimStatuses") or []
+            }
+            claim_names = [
+                str(r.get("resourceClaimName") or statuses.get(r.get("name")) or "")
+                for r in pod.get("spec", {}).get("resourceClaims") or []
+            ]
+            claims = [get_claim(c) for c in claim_names if c]
+        elif kind in ("", "resourceclaim", "resourceclaims", "claim"):
+            claims = [get_claim(name)]
+        else:
+            return 2, [f"kubectl gpuplane why: {kind!r} is neither a pod nor a resourceclaim"]
+        events = _events(core, namespace, [name] if pod is None else [name, *(c["metadata"]["name"] for c in claims)])
+    except client.ApiException as err:
+        if err.status == 404:
+            return 1, [f"kubectl gpuplane why: no pod or claim {name!r} in namespace {namespace} (-n names another)"]
+        if err.status == 403:
+            return EXIT_FORBIDDEN, [f"kubectl gpuplane why: not allowed: {_message(err)}"]
+        raise
+    return 0, why.render(claims, pod, events)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``kubectl-gpuplane``."""
     args = _parser().parse_args(argv)
     api, namespace = _client(args)
     namespace = args.namespace or namespace
+    if args.command == "why":
+        try:
+            code, lines = explain(api, namespace, args.target)
+        finally:
+            close_why: Callable[[], None] = api.close
+            close_why()
+        for line in lines:
+            print(line, file=sys.stdout if code == 0 else sys.stderr)
+        return code
     try:
         slices, claims, hidden = read(api, namespace)
     except SlicesForbidden as err:

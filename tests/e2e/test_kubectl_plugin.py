@@ -5,7 +5,10 @@ and runs it with the caller's kubeconfig. Checked: the admin's map draws a claim
 allocated on the node and GPU it got; a tenant with ``edit`` in its namespace only (no ``list`` on
 ResourceSlices) is told there is no map and which permission to ask for (exit 3); a tenant that may list
 slices but not every namespace's claims gets the map of its own allocations and a line saying the
-rest was hidden, and never sees another namespace's claim.
+rest was hidden, and never sees another namespace's claim. ``why`` says a running pod got its devices,
+an unplaceable one why (kube-scheduler's message, or the controller's explanation on its claim), a
+missing one that it is missing (exit 1), and a tenant asking about another namespace that it may not
+(exit 3).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from tests.e2e.conftest import GpuCluster, eventually
 pytestmark = pytest.mark.e2e
 
 ADMIN_NS, TENANT_NS, VIEWER_NS = "gpuplane-plugin", "gpuplane-plugin-tenant", "gpuplane-plugin-viewer"
+NO_SUCH_GPU = 'device.attributes["gpu.gpuplane.dev"].productName == "NVIDIA B300"'  # no node has one
 
 
 def plugin(gc: GpuCluster, kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -51,6 +55,10 @@ def placed(gpu_cluster: GpuCluster, tmp_path_factory: pytest.TempPathFactory) ->
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ADMIN_NS)))
     gc.cluster.apply(tenantkit.claim(ADMIN_NS, "admins-gpu", "gpu.gpuplane.dev"))
     gc.cluster.apply(tenantkit.pod(ADMIN_NS, "admins-pod", claim_name="admins-gpu"))
+    never = tenantkit.claim(ADMIN_NS, "never-gpu", "gpu.gpuplane.dev")
+    never["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [{"cel": {"expression": NO_SUCH_GPU}}]
+    gc.cluster.apply(never)
+    gc.cluster.apply(tenantkit.pod(ADMIN_NS, "never-pod", claim_name="never-gpu"))
     tenant = tenantkit.make_tenant(gc, "tenant", TENANT_NS, {}, out)
     viewer = tenantkit.make_tenant(gc, "viewer", VIEWER_NS, {}, out)
     rbac = client.RbacAuthorizationV1Api(gc.cluster.api)
@@ -119,3 +127,33 @@ def test_a_viewer_sees_its_own_allocations_and_is_told_the_rest_is_hidden(
     assert f"{VIEWER_NS}/viewers-gpu (exclusive)" in done.stdout
     assert ADMIN_NS + "/" not in done.stdout
     assert f"hidden: you may not list ResourceClaims in every namespace: only {VIEWER_NS}'s allocations" in done.stdout
+
+
+def _unschedulable(gc: GpuCluster) -> bool:
+    pod = client.CoreV1Api(gc.cluster.api).read_namespaced_pod("never-pod", ADMIN_NS)
+    return any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in pod.status.conditions or [])
+
+
+def test_why_answers_for_a_running_pod_an_unplaceable_one_and_a_missing_one(
+    gpu_cluster: GpuCluster, placed: dict[str, Any]
+) -> None:
+    ran = plugin(gpu_cluster, placed["admin"], "-n", ADMIN_NS, "why", "pod/admins-pod")
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines()[0] == "why: running: every claim was allocated and prepared"
+    assert f"claim {ADMIN_NS}/admins-gpu:" in ran.stdout and "  allocated: " in ran.stdout
+    eventually(lambda: _unschedulable(gpu_cluster), 60, "never-pod reported Unschedulable")
+    stuck = plugin(gpu_cluster, placed["admin"], "-n", ADMIN_NS, "why", "never-pod")
+    assert stuck.returncode == 0, stuck.stderr
+    first = stuck.stdout.splitlines()[0]
+    assert first.startswith(("why: kube-scheduler cannot place the pod: ", "why: no device fits the claim now: ")), (
+        first
+    )
+    assert f"claim {ADMIN_NS}/never-gpu:" in stuck.stdout and "  not allocated" in stuck.stdout
+    assert "kube-scheduler: Unschedulable: " in stuck.stdout
+    missing = plugin(gpu_cluster, placed["admin"], "-n", ADMIN_NS, "why", "claim/nope")
+    assert missing.returncode == 1 and f"no pod or claim 'nope' in namespace {ADMIN_NS}" in missing.stderr
+
+
+def test_why_about_another_namespace_is_refused_to_a_tenant(gpu_cluster: GpuCluster, placed: dict[str, Any]) -> None:
+    done = plugin(gpu_cluster, placed["tenant"], "-n", ADMIN_NS, "why", "pod/admins-pod")
+    assert done.returncode == 3 and "not allowed" in done.stderr and "forbidden" in done.stderr
