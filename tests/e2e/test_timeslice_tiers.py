@@ -118,11 +118,27 @@ def running(gpu: GpuCluster, name: str) -> bool:
     return gpu.pod(NS, name)["status"].get("phase") == "Running"
 
 
+def all_running(gpu: GpuCluster, names: list[str], timeout: float) -> None:
+    """Wait for the pods to run; on timeout, fail with each pod's conditions, its claim's allocation and the Events."""
+    try:
+        eventually(lambda: all(running(gpu, n) for n in names), timeout, " and ".join(names) + " running")
+    except AssertionError as timed_out:
+        lines = [str(timed_out)]
+        for name in names:
+            status = gpu.pod(NS, name)["status"]
+            conditions = [f"{c['type']}={c['status']} {c.get('message', '')}" for c in status.get("conditions", [])]
+            allocation = gpu.claim(NS, name).get("status", {}).get("allocation")
+            lines.append(f"pod {name}: phase {status.get('phase')}; {conditions}; claim allocation {allocation}")
+        for e in gpu.kubectl_json("get", "events", "-n", NS)["items"]:
+            lines.append(f"event {e['involvedObject']['name']} {e['reason']}: {e['message']}")
+        raise AssertionError("\n".join(lines)) from None
+
+
 def test_a_lower_tier_is_refused_on_a_gold_sliced_gpu(
     placed: tuple[GpuCluster, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     gpu, node = placed
-    eventually(lambda: running(gpu, "gold"), 120, "gold pod running")
+    all_running(gpu, ["gold"], 120)
     assert interval(gpu, node, 2) == "Short"
     gpu.cluster.apply(
         json.dumps(
@@ -163,7 +179,7 @@ def test_a_consenting_gold_class_shares_and_the_gpu_follows_the_highest_tier(
     placed: tuple[GpuCluster, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     gpu, node = placed
-    eventually(lambda: running(gpu, "gold-shared") and running(gpu, "bronze-with-shared"), 120, "both pods running")
+    all_running(gpu, ["gold-shared", "bronze-with-shared"], 120)
     seen = [("gold (consenting) + bronze", interval(gpu, node, 3))]
     assert seen[-1][1] == "Short"
     gpu.cluster.kubectl("delete", "pod", "-n", NS, "gold-shared", "--wait=true", timeout=90)
