@@ -7,7 +7,7 @@
                      [--controllers 2] [--addons jobset,lws]
     python -m e2e down [--state-dir DIR]
     python -m e2e status [--state-dir DIR]
-    python -m e2e demo [--state-dir DIR] [--nodes SPEC] [--controllers N]
+    python -m e2e demo [--state-dir DIR] [--nodes SPEC] [--controllers N] [--with-example DIR]
 
 ``up`` leaves the components running after it exits (each in its own
 session, tracked by pidfiles in the state directory): the control plane;
@@ -282,7 +282,7 @@ def cmd_up(args: argparse.Namespace, out: Printer) -> int:
 def cmd_demo(args: argparse.Namespace, out: Printer) -> int:
     """The main job: cluster up (or reused), gpuplane installed, every example applied, a table of results."""
     state_dir, kubeconfig = bring_up_from_args(args, out)
-    return demo.run(state_dir, kubeconfig, out=out, timeout=args.timeout)
+    return demo.run(state_dir, kubeconfig, out=out, timeout=args.timeout, extra_examples=args.with_example)
 
 
 def cmd_down(args: argparse.Namespace, out: Printer) -> int:
@@ -357,6 +357,14 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     run_demo.add_argument("--controllers", type=int, default=components.DEFAULT_REPLICAS, help=controllers_help)
     run_demo.add_argument("--addons", default=",".join(DEFAULT_ADDONS), help=addons_help)
     run_demo.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the example pods")
+    run_demo.add_argument(
+        "--with-example",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder of YAML to apply with the examples and judge like them: all its pods must run (repeatable)",
+    )
     run_demo.set_defaults(func=cmd_demo)
     for name, func, text in (
         ("down", cmd_down, "stop the control plane"),

@@ -10,11 +10,19 @@ and started the node drivers and the controller (``e2e.plane.components``).
 1. ``kubectl apply -f manifests/examples/<scenario>/`` for every other scenario
    folder; folders with a GpuGang first, each waited for until the controller
    has placed its gangs, so that the other examples' pods cannot take the
-   NVLink clique a gang needs while the controller is deciding;
+   NVLink clique a gang needs while the controller is deciding; then the folders
+   whose claims pin a GPU by its minor (``mps-tiers``), each waited for until its
+   pods run, so that no example that takes any free GPU can take the pinned one
+   first (the order of the scheduler's choices then decides nothing);
 2. wait until every example pod is Running, or Pending with the scheduler's
    reason (the ``unsatisfiable`` scenario is meant to stay there);
 3. print the table (pod, node, device, sharing, CDI ids), one line per gang
-   (phase, NVLink domain, member -> node) and how to go on.
+   (phase, NVLink domain, member -> node) and how to go on;
+4. the verdict (``demo_verdict``): exit 0 only if every example reached the
+   state it exists to show, else 1, with each pod that did not, the scheduler's
+   reason, its newest Event and what to do next.
+
+``--with-example DIR`` (repeatable) adds a folder of the user's own to the run.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ import yaml
 
 from e2e.cluster import build
 from e2e.cluster import handle as cluster
-from e2e.plane import report, simnodes
+from e2e.plane import demo_verdict, report, simnodes
 from e2e.plane.realnode import demo_real
 from e2e.plane.realnode import plan as realplan
 
@@ -78,6 +86,21 @@ def gangs_of(folder: Path) -> list[tuple[str, str]]:
                 meta = doc["metadata"]
                 found.append((str(meta.get("namespace") or "default"), str(meta["name"])))
     return found
+
+
+def pins_a_device(folder: Path) -> bool:
+    """Whether a claim (or claim template) in the folder selects a GPU by its minor number."""
+    for path in sorted(folder.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            claim = isinstance(doc, dict) and doc.get("kind") in ("ResourceClaim", "ResourceClaimTemplate")
+            if claim and ".minor" in json.dumps(doc.get("spec") or {}):
+                return True
+    return False
+
+
+def apply_order(folders: Sequence[Path]) -> list[Path]:
+    """Gangs first (the controller needs the clique), then examples that pin a GPU, then the rest; by name."""
+    return sorted(folders, key=lambda f: (not gangs_of(f), not pins_a_device(f), f.name))
 
 
 def gang_status(handle: cluster.Cluster, namespace: str, name: str) -> dict[str, Any]:
@@ -163,22 +186,33 @@ def wait_for_pods(
             return pods
         now = time.monotonic()
         if now - started > timeout:
-            raise TimeoutError(f"example pods not settled after {timeout:.0f}s: {', '.join(waiting)}")
+            out(f"[{now - started:5.1f}s] not settled after {timeout:.0f}s: {', '.join(waiting)} (see the verdict)")
+            return pods
         if now - last_note > 10:
             last_note = now
             out(f"[{now - started:5.1f}s] waiting for {len(waiting)} of {len(pods)} pods: {', '.join(waiting[:6])}")
         time.sleep(1.0)
 
 
-def take_turn(handle: cluster.Cluster, folder: Path, state_dir: Path, timeout: float, out: Printer) -> None:
-    """Apply one rack-sized example, wait until its pods run, print where they are, delete it."""
-    out(f"apply (alone: it needs the whole GB200 rack): kubectl apply -f {folder.relative_to(REPO_ROOT)}/")
+def take_turn(
+    handle: cluster.Cluster, folder: Path, state_dir: Path, timeout: float, out: Printer
+) -> tuple[list[dict[str, Any]], list[demo_verdict.Finding]]:
+    """Apply one rack-sized example, wait until its pods run, print where they are, delete it.
+
+    Returns its pods as they were before the delete (for the verdict) and a finding for a gang that
+    did not reach Running.
+    """
+    out(f"apply (alone: it needs the whole GB200 rack): kubectl apply -f {_shown(folder)}/")
     handle.kubectl("apply", "-f", str(folder))
     namespaces = sorted(namespaces_of(folder))
+    found: list[demo_verdict.Finding] = []
     try:
         gangs = gangs_of(folder)
-        if gangs:
-            wait_for_gangs(handle, gangs, timeout, out, phases=("Running",))
+        try:
+            if gangs:
+                wait_for_gangs(handle, gangs, timeout, out, phases=("Running",))
+        except TimeoutError as late:
+            found.append(demo_verdict.Finding(folder.name, "", "gang Running", str(late)))
         pods = wait_for_pods(handle, namespaces, timeout, out)
         sim_nodes = {n.name: n for n in simnodes.load_nodes(state_dir)}
         attributes = report.device_attributes(handle.custom)
@@ -186,8 +220,17 @@ def take_turn(handle: cluster.Cluster, folder: Path, state_dir: Path, timeout: f
             out(line)
         for line in gang_lines(handle, gangs):
             out(line)
+        found += demo_verdict.judge({folder.name: pods}, _events(handle, namespaces))
+        return pods, found
     finally:
         handle.kubectl("delete", "-f", str(folder), "--wait=true", "--timeout=120s", timeout=150)
+
+
+def _events(handle: cluster.Cluster, namespaces: Sequence[str]) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    for namespace in namespaces:
+        events.extend(json.loads(handle.kubectl("get", "events", "-n", namespace, "-o", "json")).get("items", []))
+    return events
 
 
 def run(
@@ -196,31 +239,43 @@ def run(
     *,
     out: Printer = print,
     timeout: float = 180.0,
+    extra_examples: Sequence[Path] = (),
 ) -> int:
-    """Apply the examples (gangs first), wait, print the table."""
+    """Apply the examples (gangs first, then those pinning a GPU), wait, print the table and the verdict.
+
+    Returns 0 when every example reached its expected state (``demo_verdict``), 1 otherwise.
+    """
     bins = build.ensure_binaries(out=out)
     handle = cluster.Cluster.connect(kubeconfig, bins, state_dir=state_dir)
     try:
-        for folder in [f for f in example_dirs() if f.name in TAKES_TURNS]:
-            take_turn(handle, folder, state_dir, timeout, out)
-        folders = sorted(
-            (f for f in example_dirs() if f.name not in TAKES_TURNS), key=lambda f: (not gangs_of(f), f.name)
-        )
+        examples = example_dirs() + [Path(e).resolve() for e in extra_examples]
+        findings: list[demo_verdict.Finding] = []
+        for folder in [f for f in examples if f.name in TAKES_TURNS]:
+            findings += take_turn(handle, folder, state_dir, timeout, out)[1]
+        folders = apply_order([f for f in examples if f.name not in TAKES_TURNS])
         namespaces: set[str] = set()
         gangs: list[tuple[str, str]] = []
         real = {n.name: n for n in realplan.load(state_dir)}
         sims = simnodes.load_nodes(state_dir)
         with demo_real.placing_on_real_nodes(handle, real, sims, out):
             for folder in folders:
-                out(f"apply: kubectl apply -f {folder.relative_to(REPO_ROOT)}/")
+                out(f"apply: kubectl apply -f {_shown(folder)}/")
                 handle.kubectl("apply", "-f", str(folder))
                 namespaces |= namespaces_of(folder)
-                if gangs_of(folder):
-                    gangs += gangs_of(folder)
-                    wait_for_gangs(handle, gangs_of(folder), timeout, out)
+                try:
+                    if gangs_of(folder):
+                        gangs += gangs_of(folder)
+                        wait_for_gangs(handle, gangs_of(folder), timeout, out)
+                except TimeoutError as late:
+                    findings.append(demo_verdict.Finding(folder.name, "", "gang placed", str(late)))
+                if pins_a_device(folder):  # it runs before any example that takes whatever GPU is free
+                    wait_for_pods(handle, sorted(namespaces_of(folder)), timeout, out)
             out(f"waiting for the pods of {len(folders)} examples (up to {timeout:.0f}s) ...")
             pods = wait_for_pods(handle, sorted(namespaces), timeout, out)
-        wait_for_gangs(handle, gangs, timeout, out, phases=("Running",))  # status follows the pods within seconds
+        try:
+            wait_for_gangs(handle, gangs, timeout, out, phases=("Running",))  # status follows the pods within seconds
+        except TimeoutError as late:
+            findings.append(demo_verdict.Finding("gangs", "", "gang Running", str(late)))
         nodes: dict[str, report.NodeFiles] = {n.name: n for n in sims}
         nodes.update(real)
         attributes = report.device_attributes(handle.custom)
@@ -243,6 +298,7 @@ def run(
         out(f"  {bins.kubectl} get nodes,resourceslices")
         out(f"  {bins.kubectl} get pods,resourceclaims -A -o wide")
         out(f"  {bins.kubectl} get gpugangs -A")
+        out("  kubectl gpuplane map   # the fleet map (.venv/bin/kubectl-gpuplane: put .venv/bin on PATH)")
         out(
             "  python -m gpuplane.driver.hw.sim_cli --state-dir <state>/nodes/<node>/sim show"
             "   # a node's simulated GPUs" + (" (a real node's: <state>/realnodes/<node>/sim)" if real else "")
@@ -250,6 +306,15 @@ def run(
         out(f"  logs: {state_dir / 'logs'}   (controller-<i>, driver-<node>, kubelet-<node>, the control plane)")
         out(f"  identities: {state_dir / 'identities'}   (ServiceAccount token kubeconfigs, valid 24 h)")
         out("Stop it: scripts/demo.sh down")
+        by_example = {f.name: [p for p in pods if p["metadata"]["namespace"] in namespaces_of(f)] for f in folders}
+        findings += demo_verdict.judge(by_example, _events(handle, sorted(namespaces)))
+        out("")
+        for line in demo_verdict.render(findings, len(examples)):
+            out(line)
     finally:
         handle.close()
-    return 0
+    return 1 if findings else 0
+
+
+def _shown(folder: Path) -> str:
+    return str(folder.relative_to(REPO_ROOT)) if folder.is_relative_to(REPO_ROOT) else str(folder)
