@@ -48,6 +48,13 @@ class Use:
     claim: str  # namespace/name
     how: str  # "exclusive", "MPS gold 60 %", "time-slice silver", ...
     share: int  # percent of the device (100 when exclusive)
+    sharing: str = "exclusive"  # "exclusive", "mps", "timeslice" or "shared" (a share without a tier class)
+    tier: str = ""  # the sharing tier of an MPS or time-slice class ("gold", "silver", "bronze")
+
+    @property
+    def namespace(self) -> str:
+        """The claim's namespace: the tenant."""
+        return self.claim.split("/", 1)[0]
 
 
 @dataclass
@@ -168,12 +175,20 @@ def parse_device(device: Mapping[str, Any]) -> Device | None:
 
 def _how(class_name: str, share: int) -> str:
     """``mps-gold.gpu.gpuplane.dev`` -> ``MPS gold 60 %``; a whole-GPU or MIG class -> ``exclusive``."""
+    sharing, tier = _sharing(class_name, share)
+    if sharing in ("mps", "timeslice"):
+        label = "MPS" if sharing == "mps" else "time-slice"
+        return f"{label} {tier}" + (f" {share} %" if share < 100 else "")
+    return "exclusive" if sharing == "exclusive" else f"shared {share} %"
+
+
+def _sharing(class_name: str, share: int) -> tuple[str, str]:
+    """(sharing, tier) of a device class: ``mps-gold.gpu.gpuplane.dev`` -> ("mps", "gold")."""
     head = class_name.split(".", 1)[0]
     if head.startswith(("mps-", "timeslice-")):
         what, tier = head.split("-", 1)
-        label = "MPS" if what == "mps" else "time-slice"
-        return f"{label} {tier}" + (f" {share} %" if share < 100 else "")
-    return "exclusive" if share >= 100 else f"shared {share} %"
+        return what, tier
+    return ("exclusive", "") if share >= 100 else ("shared", "")
 
 
 def _share(result: Mapping[str, Any], request: Mapping[str, Any]) -> int:
@@ -235,7 +250,9 @@ def build(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any
             gpus = fleet.nodes.get(str(result.get("pool")), {})
             request = requests.get(str(result.get("request", ""))) or {}
             share = _share(result, request)
-            use = Use(str(result.get("device")), key, _how(str(request.get("deviceClassName", "")), share), share)
+            class_name = str(request.get("deviceClassName", ""))
+            sharing, tier = _sharing(class_name, share)
+            use = Use(str(result.get("device")), key, _how(class_name, share), share, sharing, tier)
             for gpu in gpus.values():
                 if any(d.name == use.device for d in gpu.devices):
                     gpu.uses.append(use)

@@ -3,9 +3,12 @@
     kubectl gpuplane [--kubeconfig PATH] [--context NAME] [-n NAMESPACE] map [--node NAME ...]
                      [--color auto|always|never]
     kubectl gpuplane [...] why pod/NAME|resourceclaim/NAME
+    kubectl gpuplane [...] usage [--price PER_GPU_HOUR] [-o text|json]
 
 ``why`` answers why a pod or claim waits, or what it got (``gpuplane.cli.why``: the controller's
 annotations, kube-scheduler's condition, the driver's Events and the claim's ``status.devices``).
+``usage`` is per-tenant usage and cost now (``gpuplane.cli.usage``: the GPUs each namespace holds,
+by kind and tier, charged as docs/cost.md charges them; with ``--price``, per hour).
 ``map`` draws the fleet (``gpuplane.cli.fleetmap``): per node and GPU, its memory slices as cells with
 the claim that holds each, whole-GPU owners, MPS and time-slice shares with their tier, administrators'
 MIG instances, taints and the largest free block; colour on a terminal, plain text when piped (or
@@ -17,6 +20,7 @@ on ResourceClaims in every namespace it shows the caller's namespace's claims on
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -25,7 +29,7 @@ from typing import Any
 from kubernetes import client, config
 
 from gpuplane.api import kuberesponse
-from gpuplane.cli import fleetmap, why
+from gpuplane.cli import fleetmap, usage, why
 
 GROUP, VERSION = "resource.k8s.io", "v1"
 EXIT_FORBIDDEN = 3
@@ -46,6 +50,9 @@ def _parser() -> argparse.ArgumentParser:
         "why", help="why a pod or claim waits, or what it got: controller, scheduler, driver in one place"
     )
     w.add_argument("target", help="pod/NAME or resourceclaim/NAME (claim/NAME); a bare NAME is a pod, else a claim")
+    u = sub.add_parser("usage", help="per namespace: the GPUs it holds now, by kind and tier, and what they cost")
+    u.add_argument("--price", type=float, help="price of one GPU-hour (any currency): adds the cost per hour")
+    u.add_argument("-o", "--output", choices=("text", "json"), default="text")
     return p
 
 
@@ -189,6 +196,9 @@ def explain(api: client.ApiClient, namespace: str, target: str) -> tuple[int, li
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``kubectl-gpuplane``."""
     args = _parser().parse_args(argv)
+    if args.command == "usage" and args.price is not None and not 0 <= args.price < float("inf"):
+        print(f"kubectl gpuplane usage: --price must be a finite number >= 0, not {args.price}", file=sys.stderr)
+        return 2
     api, namespace = _client(args)
     namespace = args.namespace or namespace
     if args.command == "why":
@@ -204,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         slices, claims, hidden = read(api, namespace)
     except SlicesForbidden as err:
         print(
-            "kubectl gpuplane map: you may not list ResourceSlices (resource.k8s.io/v1, cluster-scoped), "
+            f"kubectl gpuplane {args.command}: you may not list ResourceSlices (resource.k8s.io/v1, cluster-scoped), "
             "so there is no map to draw; ask an administrator for `list` on resourceslices "
             f"(and on resourceclaims, to see who holds what). The API server said: {err}",
             file=sys.stderr,
@@ -215,6 +225,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         close()
     fleet = fleetmap.build(slices, claims)
     fleet.hidden += hidden
+    if args.command == "usage":
+        if args.output == "json":
+            print(json.dumps(usage.as_json(fleet, args.price), indent=2))
+        else:
+            for line in usage.render(fleet, args.price):
+                print(line)
+        return 0
     if args.node:
         fleet.nodes = {n: g for n, g in fleet.nodes.items() if n in set(args.node)}
     colour = args.color == "always" or (args.color == "auto" and sys.stdout.isatty() and not os.environ.get("NO_COLOR"))

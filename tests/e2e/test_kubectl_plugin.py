@@ -8,11 +8,13 @@ slices but not every namespace's claims gets the map of its own allocations and 
 rest was hidden, and never sees another namespace's claim. ``why`` says a running pod got its devices,
 an unplaceable one why (kube-scheduler's message, or the controller's explanation on its claim), a
 missing one that it is missing (exit 1), and a tenant asking about another namespace that it may not
-(exit 3).
+(exit 3). ``usage`` charges the admin's namespace one whole GPU (and its price), shows a viewer its own
+namespace only and says the rest was hidden, and refuses a tenant without slice access (exit 3).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -157,3 +159,20 @@ def test_why_answers_for_a_running_pod_an_unplaceable_one_and_a_missing_one(
 def test_why_about_another_namespace_is_refused_to_a_tenant(gpu_cluster: GpuCluster, placed: dict[str, Any]) -> None:
     done = plugin(gpu_cluster, placed["tenant"], "-n", ADMIN_NS, "why", "pod/admins-pod")
     assert done.returncode == 3 and "not allowed" in done.stderr and "forbidden" in done.stderr
+
+
+def test_usage_per_tenant_as_the_admin_and_as_a_viewer(gpu_cluster: GpuCluster, placed: dict[str, Any]) -> None:
+    done = plugin(gpu_cluster, placed["admin"], "usage", "--price", "3")
+    assert done.returncode == 0, done.stderr
+    mine = next(line for line in done.stdout.splitlines() if line.startswith(ADMIN_NS + " "))
+    # one claim, one whole GPU (never-gpu is not allocated, so not charged), 3 per hour at 3 per GPU-hour
+    assert mine.split() == [ADMIN_NS, "1", "1", "1", "0", "0", "0", "0", "-", "3.00"], done.stdout
+    assert f"{VIEWER_NS} " in done.stdout and "hidden:" not in done.stdout
+    seen = plugin(gpu_cluster, placed["viewer"], "-n", VIEWER_NS, "usage", "-o", "json")
+    assert seen.returncode == 0, seen.stderr
+    report = json.loads(seen.stdout)
+    assert [t["namespace"] for t in report["tenants"]] == [VIEWER_NS]
+    assert report["tenants"][0]["gpus"] == 1 and report["tenants"][0]["claims"] == [f"{VIEWER_NS}/viewers-gpu"]
+    assert report["hidden"] and "only " + VIEWER_NS in report["hidden"][0]
+    refused = plugin(gpu_cluster, placed["tenant"], "usage")
+    assert refused.returncode == 3 and "kubectl gpuplane usage: you may not list ResourceSlices" in refused.stderr
