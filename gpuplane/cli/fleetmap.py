@@ -276,7 +276,32 @@ def render(fleet: Fleet, *, colour: bool = False) -> list[str]:
     return lines
 
 
-def _gpu_line(gpu: Gpu, colour: bool) -> str:
+@dataclass(frozen=True)
+class Owner:
+    """One allocation as the map shows it: its letter and colour, what it holds, whose it is, how."""
+
+    letter: str
+    colour: int
+    what: str  # MIG profile, or "whole GPU"
+    claim: str
+    how: str
+
+
+@dataclass(frozen=True)
+class GpuView:
+    """What the map draws for one GPU, for any renderer (text here, HTML in ``fleethtml``)."""
+
+    name: str
+    product: str
+    cells: tuple[tuple[Owner | None, bool], ...]  # per memory slice: its owner (None: free), shared or not
+    free: str
+    owners: tuple[Owner, ...]
+    static: tuple[str, ...]
+    taints: tuple[str, ...]
+
+
+def view(gpu: Gpu) -> GpuView:
+    """The GPU's cells, owners, free block, administrators' MIG and taints."""
     letters: dict[str, tuple[str, int]] = {}
     for use in gpu.uses:
         if use.claim not in letters:
@@ -284,17 +309,23 @@ def _gpu_line(gpu: Gpu, colour: bool) -> str:
             letters[use.claim] = (LETTERS[n % len(LETTERS)], COLOURS[n % len(COLOURS)])
     by_name = {d.name: d for d in gpu.devices}
     size = gpu.cells or 1
-    cells = [_paint(".", None, colour)] * size
-    owners: list[str] = []
+    cells: list[tuple[Owner | None, bool]] = [(None, False)] * size
+    owners: list[Owner] = []
+    shared_so_far = 0  # percent of the GPU drawn for shares: each share gets its part of the cells, in order
     for use in gpu.uses:
         letter, col = letters[use.claim]
         device = by_name.get(use.device)
-        taken = sorted(device.cells) if device and device.cells else range(size)
+        taken: Sequence[int] = sorted(device.cells) if device and device.cells else range(size)
         shared = device is not None and device.kind == names.DEVICE_TYPE_GPU and use.share < 100
-        for k in taken:
-            cells[k] = _paint("s" if shared else letter, col, colour)
+        if shared:
+            first = round(min(100, shared_so_far) * size / 100)
+            shared_so_far += use.share
+            taken = range(first, round(min(100, shared_so_far) * size / 100))
         what = device.profile if device and device.profile else "whole GPU"
-        owners.append(f"{_paint(letter, col, colour)}={what} {use.claim} ({use.how})")
+        owner = Owner(letter, col, what, use.claim, use.how)
+        for k in taken:
+            cells[k] = (owner, shared)
+        owners.append(owner)
     whole_uses = [u for u in gpu.uses if u.device in by_name and by_name[u.device].kind == names.DEVICE_TYPE_GPU]
     shares = [u.share for u in whole_uses if u.share < 100]
     free = gpu.free_blocks()
@@ -307,15 +338,29 @@ def _gpu_line(gpu: Gpu, colour: bool) -> str:
             free_text += f" @{min(best.cells)}"
     else:
         free_text = "full"
-    name = gpu.whole.name if gpu.whole else f"gpu-{gpu.minor}"
-    product = gpu.product.removeprefix("NVIDIA ")[:16]
-    parts = [f"{name:<7} {product:<16} [{' '.join(cells)}]", free_text, *owners]
-    static = [d.profile for d in gpu.mig if d.static]
-    if static:
-        parts.append(f"admin MIG: {', '.join(static)}")
-    taints = gpu.taints()
-    if taints:
-        parts.append(_paint("taint " + ", ".join(taints), 31, colour))
+    return GpuView(
+        name=gpu.whole.name if gpu.whole else f"gpu-{gpu.minor}",
+        product=gpu.product.removeprefix("NVIDIA "),
+        cells=tuple(cells),
+        free=free_text,
+        owners=tuple(owners),
+        static=tuple(d.profile for d in gpu.mig if d.static),
+        taints=tuple(gpu.taints()),
+    )
+
+
+def _gpu_line(gpu: Gpu, colour: bool) -> str:
+    v = view(gpu)
+    cells = [
+        _paint(".", None, colour) if owner is None else _paint("s" if shared else owner.letter, owner.colour, colour)
+        for owner, shared in v.cells
+    ]
+    owners = [f"{_paint(o.letter, o.colour, colour)}={o.what} {o.claim} ({o.how})" for o in v.owners]
+    parts = [f"{v.name:<7} {v.product[:16]:<16} [{' '.join(cells)}]", v.free, *owners]
+    if v.static:
+        parts.append(f"admin MIG: {', '.join(v.static)}")
+    if v.taints:
+        parts.append(_paint("taint " + ", ".join(v.taints), 31, colour))
     return "  ".join(parts)
 
 

@@ -1,7 +1,7 @@
 """``kubectl gpuplane``: a kubectl plugin (an executable ``kubectl-gpuplane`` on PATH, installed with the package).
 
     kubectl gpuplane [--kubeconfig PATH] [--context NAME] [-n NAMESPACE] map [--node NAME ...]
-                     [--color auto|always|never]
+                     [--color auto|always|never] [-o text|html]
     kubectl gpuplane [...] why pod/NAME|resourceclaim/NAME
     kubectl gpuplane [...] usage [--price PER_GPU_HOUR] [-o text|json]
 
@@ -12,7 +12,8 @@ by kind and tier, charged as docs/cost.md charges them; with ``--price``, per ho
 ``map`` draws the fleet (``gpuplane.cli.fleetmap``): per node and GPU, its memory slices as cells with
 the claim that holds each, whole-GPU owners, MPS and time-slice shares with their tier, administrators'
 MIG instances, taints and the largest free block; colour on a terminal, plain text when piped (or
-with ``NO_COLOR``). It reads with the caller's own credentials and says what RBAC hid: without
+with ``NO_COLOR``); ``-o html`` writes the same map as one self-contained page (``gpuplane.cli.fleethtml``).
+It reads with the caller's own credentials and says what RBAC hid: without
 ``list`` on ResourceSlices there is no map (exit 3, with the permission to ask for); without ``list``
 on ResourceClaims in every namespace it shows the caller's namespace's claims only and says so.
 """
@@ -20,6 +21,7 @@ on ResourceClaims in every namespace it shows the caller's namespace's claims on
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -29,7 +31,7 @@ from typing import Any
 from kubernetes import client, config
 
 from gpuplane.api import kuberesponse
-from gpuplane.cli import fleetmap, usage, why
+from gpuplane.cli import fleethtml, fleetmap, usage, why
 
 GROUP, VERSION = "resource.k8s.io", "v1"
 EXIT_FORBIDDEN = 3
@@ -46,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     m = sub.add_parser("map", help="per node and GPU: MIG layout, owners, shares and tiers, taints, free blocks")
     m.add_argument("--node", action="append", default=[], help="only this node (repeatable)")
     m.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    m.add_argument(
+        "-o", "--output", choices=("text", "html"), default="text", help="html: one self-contained page (fleethtml)"
+    )
     w = sub.add_parser(
         "why", help="why a pod or claim waits, or what it got: controller, scheduler, driver in one place"
     )
@@ -239,6 +244,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             "no node publishes gpuplane's devices (driver gpu.gpuplane.dev)" + (" of those named" if args.node else "")
         )
+        return 0
+    if args.output == "html":
+        now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        sys.stdout.write(fleethtml.render(fleet, generated=f"generated {now}"))
         return 0
     for line in [*fleetmap.render(fleet, colour=colour), *fleetmap.summary(fleet)]:
         print(line)
