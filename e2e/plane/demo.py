@@ -17,7 +17,8 @@ and started the node drivers and the controller (``e2e.plane.components``).
 2. wait until every example pod is Running, or Pending with the scheduler's
    reason (the ``unsatisfiable`` scenario is meant to stay there);
 3. print the table (pod, node, device, sharing, CDI ids), one line per gang
-   (phase, NVLink domain, member -> node) and how to go on;
+   (phase, NVLink domain, member -> node), the fleet map (``kubectl gpuplane map``, also
+   written as ``<state>/fleet.html`` and, with Chromium, ``<state>/fleet.png``) and how to go on;
 4. the verdict (``demo_verdict``): exit 0 only if every example reached the
    state it exists to show, else 1, with each pod that did not, the scheduler's
    reason, its newest Event and what to do next.
@@ -28,6 +29,8 @@ and started the node drivers and the controller (``e2e.plane.components``).
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -40,6 +43,7 @@ from e2e.cluster import handle as cluster
 from e2e.plane import demo_verdict, report, simnodes
 from e2e.plane.realnode import demo_real
 from e2e.plane.realnode import plan as realplan
+from gpuplane.cli import fleethtml, fleetmap, kubectl_gpuplane
 
 Printer = Callable[[str], None]
 
@@ -293,6 +297,8 @@ def run(
         for line in gang_lines(handle, gangs):
             out(line)
         out("")
+        show_fleet(handle, state_dir, out)
+        out("")
         out("Use the cluster:")
         out(f"  export KUBECONFIG={kubeconfig}")
         out(f"  {bins.kubectl} get nodes,resourceslices")
@@ -314,6 +320,29 @@ def run(
     finally:
         handle.close()
     return 1 if findings else 0
+
+
+def show_fleet(handle: cluster.Cluster, state_dir: Path, out: Printer) -> None:
+    """Print the fleet map (``kubectl gpuplane map``), write it as ``<state>/fleet.html`` and, where Debian's
+    Chromium is installed, its screenshot ``<state>/fleet.png``."""
+    slices, claims, hidden = kubectl_gpuplane.read(handle.api, "default")
+    fleet = fleetmap.build(slices, claims)
+    fleet.hidden += hidden
+    out("The fleet (kubectl gpuplane map):")
+    for line in [*fleetmap.render(fleet), *fleetmap.summary(fleet)]:
+        out("  " + line)
+    page = state_dir / "fleet.html"
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    page.write_text(fleethtml.render(fleet, generated=f"the demo cluster, {now}"))
+    browser = shutil.which("chromium")
+    if browser is None:
+        out(f"  as a page: {page} (no chromium here for a screenshot: scripts/setup-browser.sh)")
+        return
+    png = state_dir / "fleet.png"
+    argv = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1400,1800"]
+    done = subprocess.run([*argv, f"--screenshot={png}", page.as_uri()], capture_output=True, timeout=120, check=False)
+    shot = f", its screenshot {png}" if done.returncode == 0 and png.is_file() else " (chromium's screenshot failed)"
+    out(f"  as a page: {page}{shot}")
 
 
 def _shown(folder: Path) -> str:

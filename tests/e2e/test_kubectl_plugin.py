@@ -10,6 +10,8 @@ an unplaceable one why (kube-scheduler's message, or the controller's explanatio
 missing one that it is missing (exit 1), and a tenant asking about another namespace that it may not
 (exit 3). ``usage`` charges the admin's namespace one whole GPU (and its price), shows a viewer its own
 namespace only and says the rest was hidden, and refuses a tenant without slice access (exit 3).
+``map -o html`` is rendered by Debian's headless Chromium: the admin's whole GPU is on screen in its
+claim's colour (the screenshot kept in ``GPUPLANE_ARTEFACTS``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from gpuplane.cli import fleethtml
+from tests import browserkit
 from tests.e2e import tenantkit
 from tests.e2e.conftest import GpuCluster, eventually
 
@@ -176,3 +180,25 @@ def test_usage_per_tenant_as_the_admin_and_as_a_viewer(gpu_cluster: GpuCluster, 
     assert report["hidden"] and "only " + VIEWER_NS in report["hidden"][0]
     refused = plugin(gpu_cluster, placed["tenant"], "usage")
     assert refused.returncode == 3 and "kubectl gpuplane usage: you may not list ResourceSlices" in refused.stderr
+
+
+def test_the_html_map_renders_in_a_real_browser(
+    gpu_cluster: GpuCluster, placed: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = _allocated(gpu_cluster, ADMIN_NS, "admins-gpu")["status"]["allocation"]["devices"]["results"][0]
+    done = plugin(gpu_cluster, placed["admin"], "map", "--node", result["pool"], "-o", "html")
+    assert done.returncode == 0, done.stderr
+    assert f'title="{ADMIN_NS}/admins-gpu: whole GPU (exclusive)"' in done.stdout
+    page = tmp_path / "fleet.html"
+    page.write_text(done.stdout)
+    out = Path(os.environ.get("GPUPLANE_ARTEFACTS") or tmp_path)
+    out.mkdir(parents=True, exist_ok=True)
+    png = out / "fleet-map-e2e.png"
+    browserkit.screenshot(page, png, width=1400, height=600)
+    seen = browserkit.colours(browserkit.read_png(png))
+    held = sum(seen[browserkit.hex_pixel(c)] for c in fleethtml.CSS_COLOURS.values())
+    free = seen[browserkit.hex_pixel(fleethtml.FREE)]
+    with capsys.disabled():
+        print(f"\n[e2e] fleet map of {result['pool']} in Chromium: {png} ({held} px in claims' colours, {free} free)")
+    assert held >= 8 * 15 * 15, "the whole GPU's 8 cells are not on screen in a claim's colour"
+    assert free > 0
