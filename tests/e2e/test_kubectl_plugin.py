@@ -11,7 +11,8 @@ missing one that it is missing (exit 1), and a tenant asking about another names
 (exit 3). ``usage`` charges the admin's namespace one whole GPU (and its price), shows a viewer its own
 namespace only and says the rest was hidden, and refuses a tenant without slice access (exit 3).
 ``map -o html`` is rendered by Debian's headless Chromium: the admin's whole GPU is on screen in its
-claim's colour (the screenshot kept in ``GPUPLANE_ARTEFACTS``).
+claim's colour (the screenshot kept in ``GPUPLANE_ARTEFACTS``). The shipped ClusterRole
+``gpuplane-fleet-viewer`` sees every namespace's usage and may change nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from tests.e2e.conftest import GpuCluster, eventually
 pytestmark = pytest.mark.e2e
 
 ADMIN_NS, TENANT_NS, VIEWER_NS = "gpuplane-plugin", "gpuplane-plugin-tenant", "gpuplane-plugin-viewer"
+OPERATOR_NS = "gpuplane-plugin-operator"
 NO_SUCH_GPU = 'device.attributes["gpu.gpuplane.dev"].productName == "NVIDIA B300"'  # no node has one
 
 
@@ -67,6 +69,7 @@ def placed(gpu_cluster: GpuCluster, tmp_path_factory: pytest.TempPathFactory) ->
     gc.cluster.apply(tenantkit.pod(ADMIN_NS, "never-pod", claim_name="never-gpu"))
     tenant = tenantkit.make_tenant(gc, "tenant", TENANT_NS, {}, out)
     viewer = tenantkit.make_tenant(gc, "viewer", VIEWER_NS, {}, out)
+    tenantkit.make_tenant(gc, "operator", OPERATOR_NS, {}, out)  # given the shipped gpuplane-fleet-viewer below
     rbac = client.RbacAuthorizationV1Api(gc.cluster.api)
     rbac.create_cluster_role(
         client.V1ClusterRole(
@@ -83,6 +86,15 @@ def placed(gpu_cluster: GpuCluster, tmp_path_factory: pytest.TempPathFactory) ->
             subjects=[client.RbacV1Subject(kind="ServiceAccount", name="tenant", namespace=VIEWER_NS)],
         )
     )
+    rbac.create_cluster_role_binding(
+        client.V1ClusterRoleBinding(
+            metadata=client.V1ObjectMeta(name="gpuplane-plugin-operator"),
+            role_ref=client.V1RoleRef(
+                api_group="rbac.authorization.k8s.io", kind="ClusterRole", name="gpuplane-fleet-viewer"
+            ),
+            subjects=[client.RbacV1Subject(kind="ServiceAccount", name="tenant", namespace=OPERATOR_NS)],
+        )
+    )
     viewer.must_create(tenantkit.claim(VIEWER_NS, "viewers-gpu", "gpu.gpuplane.dev"))
     viewer.must_create(tenantkit.pod(VIEWER_NS, "viewers-pod", claim_name="viewers-gpu"))
     tenantkit.wait_running(gc, ADMIN_NS, ["admins-pod"], 120)
@@ -93,12 +105,14 @@ def placed(gpu_cluster: GpuCluster, tmp_path_factory: pytest.TempPathFactory) ->
             "admin": gc.cluster.kubeconfig,
             "tenant": out / "tenant.kubeconfig",
             "viewer": out / "viewer.kubeconfig",
+            "operator": out / "operator.kubeconfig",
             "tenant_obj": tenant,
         }
     finally:
+        rbac.delete_cluster_role_binding("gpuplane-plugin-operator")
         rbac.delete_cluster_role_binding("gpuplane-plugin-slices")
         rbac.delete_cluster_role("gpuplane-plugin-slices")
-        tenantkit.delete_namespaces(gc, [ADMIN_NS, TENANT_NS, VIEWER_NS])
+        tenantkit.delete_namespaces(gc, [ADMIN_NS, TENANT_NS, VIEWER_NS, OPERATOR_NS])
 
 
 def test_the_admin_sees_the_claim_on_the_gpu_it_got(gpu_cluster: GpuCluster, placed: dict[str, Any]) -> None:
@@ -202,3 +216,18 @@ def test_the_html_map_renders_in_a_real_browser(
         print(f"\n[e2e] fleet map of {result['pool']} in Chromium: {png} ({held} px in claims' colours, {free} free)")
     assert held >= 8 * 15 * 15, "the whole GPU's 8 cells are not on screen in a claim's colour"
     assert free > 0
+
+
+def test_the_shipped_fleet_viewer_role_sees_everything_and_changes_nothing(
+    gpu_cluster: GpuCluster, placed: dict[str, Any]
+) -> None:
+    seen = plugin(gpu_cluster, placed["operator"], "usage")
+    assert seen.returncode == 0, seen.stderr
+    assert any(line.startswith(ADMIN_NS + " ") for line in seen.stdout.splitlines()), seen.stdout
+    assert "hidden:" not in seen.stdout
+    why = plugin(gpu_cluster, placed["operator"], "-n", ADMIN_NS, "why", "pod/admins-pod")
+    assert why.returncode == 0 and why.stdout.startswith("why: running"), why.stderr
+    argv = [str(gpu_cluster.cluster.bins.kubectl), f"--kubeconfig={placed['operator']}", "auth", "can-i"]
+    for verb, what in (("delete", "resourceclaims"), ("create", "pods"), ("update", "resourceslices")):
+        done = subprocess.run([*argv, verb, what, "-A"], capture_output=True, text=True, timeout=60, check=False)
+        assert done.stdout.strip() == "no", f"the fleet viewer may {verb} {what}"
