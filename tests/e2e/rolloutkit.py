@@ -13,7 +13,9 @@
   devices, CDI ids, MIG instance, MPS daemon), and, reported apart, the same MPS
   control daemon process (host pid);
 * :func:`leaks`: on every node, nothing but the steady claims' state: checkpoint
-  records, CDI spec files, simulated MIG instances, MPS daemon dirs.
+  records, CDI spec files, simulated MIG instances, MPS daemon dirs;
+* :func:`wait_driver_replaced`: the driver DaemonSet's rollout finished (every pod of ``before``
+  gone, every node's pod updated and available).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 
 from kubernetes import client
 
-from e2e.plane import identity
+from e2e.plane import identity, realinstall
 from e2e.plane.realnode.plan import REAL_NODE_LABEL
 from gpuplane.driver.prepare import cdi
 from gpuplane.driver.sharing.mps_procs import MpsProcesses
@@ -378,3 +380,26 @@ def daemon_pods(install: Install, node: str, keep: set[str]) -> list[str]:
         if p["metadata"].get("annotations", {}).get("gpuplane.dev/claim-uid") not in keep
         and p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
     )
+
+
+def wait_driver_replaced(
+    install: Install, what: str, before: set[str], began: float, *, one_plugin_per_node: bool = False
+) -> None:
+    """Wait until none of the driver pods ``before`` (uids) remains and the DaemonSet's new pods are all
+    updated and available (and, with ``one_plugin_per_node``, the first node's kubelet sees one plugin
+    socket again); fail 420 s after ``began`` with the DaemonSet's status."""
+    node = install.nodes[0]
+    while True:
+        pods = install.driver_pods()
+        status = install.daemonset()["status"]
+        desired = status.get("desiredNumberScheduled", 0)
+        if (
+            not {p["metadata"]["uid"] for p in pods} & before
+            and status.get("updatedNumberScheduled") == desired
+            and status.get("numberAvailable") == desired
+            and len(pods) == desired
+            and (not one_plugin_per_node or len(realinstall.registration_sockets(node)) == 1)
+        ):
+            return
+        assert time.monotonic() - began < 420, f"{what}: rollout did not finish: {status}"
+        time.sleep(0.5)

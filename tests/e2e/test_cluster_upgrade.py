@@ -129,18 +129,9 @@ def _under_churn(install: Install, what: str, replace: Callable[[], None], keep:
 
 def _rollout_restart(install: Install) -> Callable[[], None]:
     def restart() -> None:
-        before = {p["metadata"]["uid"] for p in install.driver_pods()}
+        before, began = {p["metadata"]["uid"] for p in install.driver_pods()}, time.monotonic()
         install.kubectl("rollout", "restart", "-n", realinstall.NAMESPACE, f"daemonset/{realinstall.DAEMONSET}")
-
-        def replaced() -> bool:
-            pods = install.driver_pods()
-            status = install.daemonset()["status"]
-            desired = status.get("desiredNumberScheduled", 0)
-            return not {p["metadata"]["uid"] for p in pods} & before and status.get(
-                "updatedNumberScheduled"
-            ) == desired == status.get("numberAvailable") == len(pods)
-
-        eventually(replaced, 420.0, "the driver DaemonSet's pods replaced")
+        rolloutkit.wait_driver_replaced(install, "the driver DaemonSet's restart", before, began)
 
     return restart
 

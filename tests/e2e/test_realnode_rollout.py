@@ -88,24 +88,6 @@ class Run:
     install: Install
 
 
-def _wait_replaced(install: Install, what: str, before: set[str], began: float) -> None:
-    node = install.nodes[0]
-    while True:
-        pods = install.driver_pods()
-        status = install.daemonset()["status"]
-        desired = status.get("desiredNumberScheduled", 0)
-        if (
-            not {p["metadata"]["uid"] for p in pods} & before
-            and status.get("updatedNumberScheduled") == desired
-            and status.get("numberAvailable") == desired
-            and len(pods) == desired
-            and len(realinstall.registration_sockets(node)) == 1
-        ):
-            return
-        assert time.monotonic() - began < 420, f"{what}: rollout did not finish: {status}"
-        time.sleep(0.5)
-
-
 def _roll(
     install: Install, what: str, apply: Callable[[], object], steady: list[rolloutkit.SteadyPod], rolls: bool
 ) -> Step:
@@ -127,7 +109,7 @@ def _roll(
         began = time.monotonic()
         apply()
         if rolls:
-            _wait_replaced(install, what, before, began)
+            rolloutkit.wait_driver_replaced(install, what, before, began, one_plugin_per_node=True)
         install.wait_rolled_out()
         step.seconds = time.monotonic() - began
         time.sleep(SOAK_S)
