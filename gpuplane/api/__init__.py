@@ -10,5 +10,7 @@ reads the body of a response the client already holds.
 - ``boundedjson``: API JSON decoded with bounded nesting, so no object a user writes makes a reader recurse.
 - ``kuberesponse``: the kubernetes client's responses read through that decoder.
 - ``ledger``: the cost ledger's record (``Segment``), written by the driver and by the rebalancer.
+- ``imex``: the IMEX plan object (``ImexDomain``): its strict parser and ``claims_on``, what the controller tells
+  each node's driver about which claims get which IMEX channel.
 - ``noisy_taint``: the noisy-neighbour device taint, the driver's signal to the controller in its ResourceSlice.
 """
