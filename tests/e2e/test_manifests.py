@@ -231,6 +231,19 @@ def test_controller_role_grants_no_secrets_and_no_wildcards() -> None:
     binding = by_kind(objects, "RoleBinding")["gpuplane-driver-mps-daemons"]
     sa = {"kind": "ServiceAccount", "name": "gpuplane-driver", "namespace": "gpuplane-system"}
     assert binding["subjects"] == [sa] and binding["roleRef"]["name"] == "gpuplane-driver-mps-daemons"
+    # The IMEX plan (docs/imex.md): the controller writes ImexDomains in its namespace, the drivers read them
+    # and patch their status; nothing else.
+    assert roles.pop("gpuplane-controller-imex")["rules"] == [
+        {
+            "apiGroups": ["gpuplane.dev"],
+            "resources": ["imexdomains"],
+            "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+        }
+    ]
+    assert roles.pop("gpuplane-driver-imex")["rules"] == [
+        {"apiGroups": ["gpuplane.dev"], "resources": ["imexdomains"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["gpuplane.dev"], "resources": ["imexdomains/status"], "verbs": ["patch"]},
+    ]
     # The other namespaced Roles: only the controller's leader-election Lease, get/update by name.
     for role in roles.values():
         assert role["metadata"]["namespace"] == "gpuplane-system"
