@@ -15,6 +15,7 @@ mypy
 if [ "$(id -u)" -eq 0 ]; then
   echo "==> Debian packages for real nodes (runc, CNI plugins, busybox-static)"
   bash "$ROOT/scripts/setup-realnodes.sh"
+  bash "$ROOT/scripts/setup-monitoring.sh"
 else
   echo "==> not root: the real-node e2e tests will be skipped (run as root to include them)"
 fi
