@@ -11,6 +11,11 @@ the ``node`` label added), and evaluates gpuplane's rules. The rules are a test 
 through the simulator's controls (docs/health.md) and waits for ``GpuplaneGpuUnhealthy`` to be
 firing in ``/api/v1/alerts`` for that GPU and node, and prints how long that took.
 
+Before that, the real controller process (its own token, metrics behind the same review, the fleet
+gauges every second) is scraped too: through Prometheus it reports itself the leader (so
+``GpuplaneControllerNoLeader`` is quiet), the node's 8 free H100s as the largest free block, and a
+claim as pending only once a pod waits for it.
+
 Without the prometheus binary (``scripts/setup-monitoring.sh``) the test is skipped, except in CI
 (``CI=true`` or ``GPUPLANE_REAL_NODES=required``), where that is a failure.
 """
@@ -41,7 +46,7 @@ from e2e.cluster import procs
 from e2e.cluster.controlplane import free_port
 from e2e.plane import driverproc, identity, install, nodes
 from gpuplane.driver.hw.sim import gpu_uuid
-from tests.e2e.conftest import eventually
+from tests.e2e.conftest import claim, eventually, pod
 
 pytestmark = pytest.mark.e2e
 
@@ -130,10 +135,46 @@ def reader_token(control_plane: cluster.Cluster) -> Iterator[str]:
         core.delete_namespace(ns)
 
 
+@dataclass
+class Controller:
+    metrics_port: int
+
+
+@pytest.fixture(scope="module")
+def controller(control_plane: cluster.Cluster, node: Node) -> Iterator[Controller]:
+    """The real controller process under its own token, --metrics-auth=kubernetes, fleet gauges every second."""
+    root = Path(tempfile.mkdtemp(prefix="gpac-"))
+    who = identity.controller_identity(control_plane, root)
+    taken: set[int] = set()
+    port, health = free_port(taken), free_port(taken)
+    argv = [
+        sys.executable,
+        "-m",
+        "gpuplane.controller.main",
+        f"--kubeconfig={who.kubeconfig}",
+        f"--identity=e2e-alerts-{uuid.uuid4().hex[:4]}",
+        "--lease-namespace=gpuplane-system",
+        f"--metrics-port={port}",
+        "--metrics-auth=kubernetes",
+        f"--liveness=http://127.0.0.1:{health}/healthz",
+        "--fleet-gauges-interval=1",
+        "--log-format=json",
+    ]
+    log = root / "controller.log"
+    proc, record = procs.spawn(
+        "controller-alerts", argv, log=log, pid_dir=root / "pids", cwd=REPO, die_with_parent=True
+    )
+    try:
+        yield Controller(port)
+    finally:
+        procs.stop(record, proc)
+        shutil.rmtree(root, ignore_errors=True)
+
+
 class Prometheus:
     """Debian's prometheus on loopback, scraping one driver with the reader's token and evaluating the rules."""
 
-    def __init__(self, binary: str, root: Path, node: Node, token: str) -> None:
+    def __init__(self, binary: str, root: Path, node: Node, controller: Controller, token: str) -> None:
         self.port = free_port(set())
         self.root = root
         (root / "token").write_text(token)
@@ -148,7 +189,8 @@ class Prometheus:
                     "authorization": {"credentials_file": str(root / "token")},
                     "tls_config": {"insecure_skip_verify": True},
                     "static_configs": [
-                        {"targets": [f"127.0.0.1:{node.driver.metrics_port}"], "labels": {"node": node.name}}
+                        {"targets": [f"127.0.0.1:{node.driver.metrics_port}"], "labels": {"node": node.name}},
+                        {"targets": [f"127.0.0.1:{controller.metrics_port}"], "labels": {"pod": "controller"}},
                     ],
                 }
             ],
@@ -174,9 +216,14 @@ class Prometheus:
         assert body["status"] == "success", body
         return body["data"]
 
+    def query(self, promql: str) -> dict[str, float]:
+        """An instant query's samples, keyed by their labels' values joined with ','."""
+        result = self.api("query", query=promql)["result"]
+        return {",".join(r["metric"].values()): float(r["value"][1]) for r in result}
+
     def ready(self) -> bool:
         try:
-            return bool(self.api("query", query='up{job="gpuplane"} == 1')["result"])
+            return len(self.query('up{job="gpuplane"} == 1')) == 2  # the driver and the controller
         except OSError:
             return False
 
@@ -187,17 +234,57 @@ class Prometheus:
         procs.stop(self.record, self.proc)
 
 
-@pytest.fixture
-def prometheus(node: Node, reader_token: str) -> Iterator[Prometheus]:
+@pytest.fixture(scope="module")
+def prometheus(node: Node, controller: Controller, reader_token: str) -> Iterator[Prometheus]:
     binary = prometheus_binary()
     root = Path(tempfile.mkdtemp(prefix="gpprom-"))
-    prom = Prometheus(binary, root, node, reader_token)
+    prom = Prometheus(binary, root, node, controller, reader_token)
     try:
-        eventually(prom.ready, 60, "Prometheus scraping the driver with the reader's token (up == 1)", step=0.5)
+        eventually(
+            prom.ready, 90, "Prometheus scraping the driver and the controller with the reader's token", step=0.5
+        )
         yield prom
     finally:
         prom.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+H100 = "NVIDIA H100 80GB HBM3"
+NO_SUCH_GPU = 'device.attributes["gpu.gpuplane.dev"].productName == "NVIDIA B300"'
+
+
+def test_the_controller_reports_the_leader_the_free_block_and_pending_claims(
+    control_plane: cluster.Cluster, node: Node, prometheus: Prometheus
+) -> None:
+    eventually(lambda: prometheus.query("sum(gpuplane_controller_is_leader)") == {"": 1.0}, 30, "a leader")
+    eventually(lambda: not prometheus.alerts("GpuplaneControllerNoLeader"), 30, "GpuplaneControllerNoLeader quiet")
+    # The one node: 8 whole H100s in its own NVLink domain, none held.
+    published = {d["name"] for s in node.driver.slices(control_plane.api) for d in s["spec"].get("devices") or []}
+    assert {f"gpu-{k}" for k in range(8)} <= published
+
+    def fleet(gauge: str) -> dict[str, float]:
+        return prometheus.query(f'max by (product) (gpuplane_fleet_{gauge}{{product="{H100}"}})')
+
+    eventually(lambda: fleet("largest_free_block_gpus") == {H100: 8.0}, 30, "the largest free block: 8 H100s")
+    assert fleet("free_gpus") == {H100: 8.0}
+    assert prometheus.query("max(gpuplane_claims_pending)") == {"": 0.0}
+
+    custom, core = client.CustomObjectsApi(control_plane.api), client.CoreV1Api(control_plane.api)
+    name = f"waits-{uuid.uuid4().hex[:5]}"
+    custom.create_namespaced_custom_object(
+        "resource.k8s.io", "v1", "default", "resourceclaims", claim(name, "gpu.gpuplane.dev", NO_SUCH_GPU)
+    )
+    try:
+        time.sleep(4)  # several passes: a claim no pod uses waits for nothing
+        assert prometheus.query("max(gpuplane_claims_pending)") == {"": 0.0}
+        core.create_namespaced_pod("default", pod(name, name))
+        eventually(lambda: prometheus.query("max(gpuplane_claims_pending)") == {"": 1.0}, 30, "the claim pending")
+        oldest = prometheus.query("max(gpuplane_claim_pending_oldest_seconds)")[""]
+        assert 4 <= oldest < 120, oldest
+    finally:
+        core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+        custom.delete_namespaced_custom_object("resource.k8s.io", "v1", "default", "resourceclaims", name)
+    eventually(lambda: prometheus.query("max(gpuplane_claims_pending)") == {"": 0.0}, 30, "no claim pending")
 
 
 def test_a_gpu_off_the_bus_fires_the_unhealthy_alert(node: Node, prometheus: Prometheus) -> None:
