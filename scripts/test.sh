@@ -17,6 +17,7 @@ if [ "$(id -u)" -eq 0 ]; then
   bash "$ROOT/scripts/setup-realnodes.sh"
   echo "==> Debian's chromium (the fleet map's rendering tests)"
   bash "$ROOT/scripts/setup-browser.sh"
+  bash "$ROOT/scripts/setup-monitoring.sh"
 else
   echo "==> not root: the real-node e2e tests will be skipped (run as root to include them)"
 fi

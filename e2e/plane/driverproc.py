@@ -13,6 +13,7 @@ DaemonSet pod restart keeps its host paths.
 from __future__ import annotations
 
 import dataclasses
+import socket
 import subprocess
 import sys
 import time
@@ -41,6 +42,7 @@ class DriverProcess:
     profile: str = "hgx-h100"
     extra_args: tuple[str, ...] = ()
     metrics_port: int = 0
+    metrics_auth: str = "none"  # "kubernetes": HTTPS behind a token review, as the DaemonSet serves it
     _proc: subprocess.Popen[bytes] | None = None
     _record: procs.ProcessRecord | None = None
     starts: int = 0
@@ -90,7 +92,7 @@ class DriverProcess:
             f"--boot-id-file={self.root / 'boot_id'}",
             f"--mps-control-binary={STANDIN_MPS}",
             f"--metrics-address=127.0.0.1:{self.metrics_port}",
-            "--metrics-auth=none",  # loopback plain HTTP (development); the DaemonSet wants a token
+            f"--metrics-auth={self.metrics_auth}",  # none: loopback plain HTTP (development); scrape() reads it
             "--log-format=json",
             "--republish-interval=5",
             *self.extra_args,
@@ -119,7 +121,10 @@ class DriverProcess:
                 raise procs.ComponentError(f"driver-{self.node_name}", f"exited with code {code}", self.log)
             if self.registration_socket.exists():
                 try:
-                    self.scrape(timeout=1.0)
+                    if self.metrics_auth == "none":
+                        self.scrape(timeout=1.0)
+                    else:  # HTTPS wanting a token: that it accepts connections is enough
+                        socket.create_connection(("127.0.0.1", self.metrics_port), timeout=1.0).close()
                     return
                 except OSError:
                     pass

@@ -29,6 +29,8 @@ The operator around them (these modules do I/O unless marked pure):
 - ``kopf_memories``: ... nor a kept per-object memory for them between their events.
 - ``startup``: what those handlers deferred, done once when the barrier opens.
 - ``periodic``: a leader's background loop (one pass per interval, after the barrier): explaining, rebalancing.
+- ``fleet_gauges``: the gauges the operator's alerts read (pending claims, the largest free block), set by a
+  loop on every replica.
 - ``heap``: the C allocator for a long-lived process: few arenas, free pages given back after peaks.
 - ``memdump``: ``kill -USR2``: a memory report (live objects by type; allocation sites when traced).
 - ``slim``: what kopf keeps of each decoded object (a ResourceSlice as its digest, no managedFields).

@@ -35,6 +35,7 @@ class ControllerConfig(BaseModel):
     fail_invalid_pods: bool = True  # Pending pods of a claim the driver will refuse fail at once (failfast)
     resync_s: float = Field(default=2.0, gt=0)
     claim_explain_after_s: float = Field(default=10.0, ge=0)
+    fleet_gauges_interval_s: float = Field(default=30.0, gt=0)  # pending claims, largest free block (fleet_gauges)
     policy: str = "gpuplane"
     aging_s: float = Field(default=60.0, gt=0)
     aging_cap: int = Field(default=10, ge=0)
@@ -116,6 +117,12 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Contro
     serving.add_arguments(p, lambda name, default: env(name, default) or default)
     p.add_argument("--resync", type=float, default=float(env("RESYNC", "2") or 2))
     p.add_argument("--claim-explain-after", type=float, default=float(env("CLAIM_EXPLAIN_AFTER", "10") or 10))
+    p.add_argument(
+        "--fleet-gauges-interval",
+        type=float,
+        default=float(env("FLEET_GAUGES_INTERVAL", "30") or 30),
+        help="seconds between two passes that set the pending-claim and largest-free-block gauges",
+    )
     p.add_argument("--policy", default=env("POLICY", "gpuplane"))
     p.add_argument("--aging", type=float, default=float(env("AGING", "60") or 60))
     p.add_argument("--aging-cap", type=int, default=int(env("AGING_CAP", "10") or 10))
@@ -201,6 +208,7 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Contro
         fail_invalid_pods=a.fail_invalid_pods == "true",
         resync_s=a.resync,
         claim_explain_after_s=a.claim_explain_after,
+        fleet_gauges_interval_s=a.fleet_gauges_interval,
         policy=a.policy,
         aging_s=a.aging,
         aging_cap=a.aging_cap,

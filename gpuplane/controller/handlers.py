@@ -22,6 +22,7 @@ import kopf
 
 from gpuplane.api import names as dn
 from gpuplane.controller import config, heap, indexed, kopf_barrier, names, rejects, runtime, slim, startup, steering
+from gpuplane.controller import fleet_gauges as gauges
 from gpuplane.controller.claim import checks, explainer, handling, review
 from gpuplane.controller.gang import leaderworkersets, owners
 from gpuplane.controller.node import slice_index, untrusted
@@ -300,7 +301,8 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
         await handling.check_claim(memo, _plain(body, "spec", "status"), classes, consumers)
 
     # Pending claims are explained by a loop over the claim index, not a kopf timer: kopf would keep
-    # the last body of every claim for a timer on claims (gpuplane.controller.claim.explainer).
+    # the last body of every claim for a timer on claims (gpuplane.controller.claim.explainer). The fleet's
+    # gauges (pending claims, the largest free block) have a loop of their own, started here too.
     @kopf.on.startup(registry=reg)
     async def start_claim_explainer(memo: runtime.Runtime, **kw: Any) -> None:
         def begin() -> explainer.Explain:  # once per pass: the classes and the world, copied once
@@ -319,6 +321,8 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
                 explainer.run(kw["claim_idx"], begin, memo.leading, max(cfg.claim_explain_after_s, 5.0))
             )
         )
+        fleet = gauges.run(memo, lambda: world_of(memo, kw), kw["claim_consumer_idx"], cfg.fleet_gauges_interval_s)
+        memo.shared.tasks.append(asyncio.create_task(fleet))  # on every replica: the operator's alerts read them
 
     # --- GpuRequests (right-sizing) -----------------------------------------------------------
     @kopf.index(

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the controller: placement decisions, gang wait time, queue depth.
+"""Prometheus metrics of the controller: placement decisions, gang wait time, queue depth, the fleet's gauges.
 
 One :class:`ControllerMetrics` per process on its own registry (so tests can
 make as many as they like), created in main() and kept in the operator memo.
@@ -81,6 +81,31 @@ class ControllerMetrics:
             "gpuplane_untrusted_slices_total",
             "ResourceSlice events of this driver not read: no node (no-node), pool not the node (pool-not-node).",
             ["reason"],
+            registry=self.registry,
+        )
+
+        # Set by gpuplane.controller.fleet_gauges, one pass per interval on every replica (observations, not
+        # decisions: a standby's indexes are warm, so the figures survive a change of leader).
+        self.claims_pending = prom.Gauge(
+            "gpuplane_claims_pending",
+            "gpuplane ResourceClaims a pod waits for that have no allocation yet.",
+            registry=self.registry,
+        )
+        self.claim_pending_oldest = prom.Gauge(
+            "gpuplane_claim_pending_oldest_seconds",
+            "Age of the oldest of those claims (0 when none).",
+            registry=self.registry,
+        )
+        self.largest_free_block = prom.Gauge(
+            "gpuplane_fleet_largest_free_block_gpus",
+            "Largest TP group of whole free GPUs one NVLink domain can still host, per GPU product.",
+            ["product"],
+            registry=self.registry,
+        )
+        self.free_gpus = prom.Gauge(
+            "gpuplane_fleet_free_gpus",
+            "Whole GPUs no claim holds or gang reserves, per GPU product.",
+            ["product"],
             registry=self.registry,
         )
 

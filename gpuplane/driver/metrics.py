@@ -38,6 +38,11 @@ class DriverMetrics:
         )
         self.mig_instances = Gauge("gpuplane_driver_mig_instances", "MIG instances owned by claims", registry=r)
         self.mps_daemons = Gauge("gpuplane_driver_mps_daemons", "Running per-claim MPS control daemons", registry=r)
+        self.mig_owed = Gauge(
+            "gpuplane_driver_mig_instances_owed",
+            "MIG instances owed: made for a claim, not destroyed at its unprepare because the GPU fell off the bus",
+            registry=r,
+        )
         self.devices_published = Gauge(
             "gpuplane_driver_devices_published", "Devices in this node's ResourceSlices", registry=r
         )
@@ -59,11 +64,12 @@ class DriverMetrics:
     def failed(self, op: str, reason: str) -> None:
         self.errors.labels(op, reason).inc()
 
-    def hardware_changed(self, mig_instances: int, mps_daemons: int, devices_prepared: int) -> None:
-        """After recovery and every prepare/unprepare batch, from the state's in-memory checkpoint."""
+    def hardware_changed(self, mig_instances: int, mps_daemons: int, devices_prepared: int, mig_owed: int) -> None:
+        """After every discovery and prepare/unprepare batch, from the state's in-memory checkpoint."""
         self.mig_instances.set(mig_instances)
         self.mps_daemons.set(mps_daemons)
         self.devices_allocated.set(devices_prepared)
+        self.mig_owed.set(mig_owed)
 
     # gRPC timing hook
     def rpc(self, op: str, seconds: float, n_errors: int) -> None:

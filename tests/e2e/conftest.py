@@ -302,6 +302,7 @@ def running_plane(control_plane: cluster.Cluster, node_spec: str = GPU_NODES) ->
 # after them, scales the Deployment to 0 and pins it to containerized nodes).
 # tests/unit/test_e2e_order.py fails when a module installs the base on the session's plane and is not here.
 OWN_PLANE_MODULES = (
+    "test_alerts.py",
     "test_bind_timeout.py",
     "test_claim_device_status.py",
     "test_cluster_upgrade.py",

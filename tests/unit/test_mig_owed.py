@@ -18,6 +18,7 @@ import structlog
 from gpuplane.driver.hw.interface import HealthEventKind
 from gpuplane.driver.hw.sim_controls import XID_FALLEN_OFF_BUS
 from gpuplane.driver.inventory import Inventory, mig_device_name
+from gpuplane.driver.metrics import DriverMetrics
 from gpuplane.driver.prepare import owed
 from gpuplane.driver.prepare.checkpoint import CheckpointStore
 from tests.driverkit import DriverUnderTest, build_driver, driver_env, make_claim, ref
@@ -110,3 +111,26 @@ def test_a_restarted_driver_destroys_what_the_last_one_owed(drv: DriverUnderTest
     fresh.state.recover()
     assert len(fresh.sim.gpu_instances(uuid)) == 0
     assert not _stored(fresh).load().checkpoint.owed_mig
+
+
+def test_the_owed_gauge_counts_them_until_they_are_settled(drv: DriverUnderTest) -> None:
+    meter = DriverMetrics()
+    drv.state.observer = meter
+
+    def gauges() -> tuple[float | None, float | None]:
+        get = meter.registry.get_sample_value
+        return get("gpuplane_driver_mig_instances_owed"), get("gpuplane_driver_mig_instances")
+
+    claim, uuid = _prepared_then_lost(drv)
+    assert gauges() == (0, 1)
+    drv.state.unprepare([ref(claim)])
+    assert gauges() == (1, 1), "owed: still on the hardware, no claim holds it"
+    drv.state.rediscover()  # still lost: still owed
+    assert gauges() == (1, 1)
+    restarted = build_driver(drv.root, "hgx-h100", drv.node, claims=drv.claims, sim_overrides={"durable": False})
+    restarted.state.observer = again = DriverMetrics()
+    restarted.state.recover()  # a restarted driver reads the debt from its checkpoint
+    assert again.registry.get_sample_value("gpuplane_driver_mig_instances_owed") == 1
+    drv.sim.back_on_bus(uuid)
+    drv.state.rediscover()  # settled before the GPU is offered again
+    assert gauges() == (0, 0)

@@ -42,8 +42,7 @@ def recover(state: DeviceState) -> dict[str, int]:
             stats["rebuilt"] = _rebuild_from_api(state, cp)
         stats.update(sweep(state, cp))
         state.store.save(cp)
-        state.refresh(cp)
-        state.report_hardware(cp)
+        state.refresh(cp)  # reports the hardware to the observer
     log.info("recovery finished", **stats)
     return stats
 

@@ -65,7 +65,7 @@ class Observer(Protocol):
 
     def failed(self, op: str, reason: str) -> None: ...
 
-    def hardware_changed(self, mig_instances: int, mps_daemons: int, devices_prepared: int) -> None: ...
+    def hardware_changed(self, mig_instances: int, mps_daemons: int, devices_prepared: int, mig_owed: int) -> None: ...
 
 
 class _NullObserver:
@@ -75,7 +75,7 @@ class _NullObserver:
     def failed(self, op: str, reason: str) -> None:
         pass
 
-    def hardware_changed(self, mig_instances: int, mps_daemons: int, devices_prepared: int) -> None:
+    def hardware_changed(self, mig_instances: int, mps_daemons: int, devices_prepared: int, mig_owed: int) -> None:
         pass
 
 
@@ -147,6 +147,7 @@ class DeviceState:
         # Owed MIG instances first (destroyed where their GPU answers again): a GPU is offered only after.
         withheld = owed.settle(self.mig, cp, lambda: self.store.save(cp))
         self.owing = bool(cp.owed_mig)
+        self.report_hardware(cp)  # settling may have dropped owed instances
         owned = [
             (d.mig.parent_uuid, d.mig.gi_id)
             for rec in cp.claims.values()
@@ -330,12 +331,12 @@ class DeviceState:
         return recovery.cleanup(self)
 
     def report_hardware(self, cp: Checkpoint) -> None:
-        """Tell the observer how many MIG instances, MPS daemons and prepared devices the checkpoint holds."""
+        """Tell the observer how many MIG instances (owed ones too), MPS daemons and prepared devices there are."""
         mig = sum(1 for r in cp.claims.values() for d in r.devices if d.mig is not None and d.mig.gi_id is not None)
         mig += len(cp.owed_mig)  # they still exist on the hardware
         mps = sum(1 for r in cp.claims.values() if r.mps_daemon)
         prepared = sum(len(r.devices) for r in cp.claims.values() if r.phase == "PrepareCompleted")
-        self.observer.hardware_changed(mig, mps, prepared)
+        self.observer.hardware_changed(mig, mps, prepared, len(cp.owed_mig))
 
     def snapshot(self) -> Checkpoint:
         with self.locked():
