@@ -385,21 +385,14 @@ def daemon_pods(install: Install, node: str, keep: set[str]) -> list[str]:
 def wait_driver_replaced(
     install: Install, what: str, before: set[str], began: float, *, one_plugin_per_node: bool = False
 ) -> None:
-    """Wait until none of the driver pods ``before`` (uids) remains and the DaemonSet's new pods are all
-    updated and available (and, with ``one_plugin_per_node``, the first node's kubelet sees one plugin
-    socket again); fail 420 s after ``began`` with the DaemonSet's status."""
-    node = install.nodes[0]
+    """Until no pod of ``before`` (uids) is left and all new ones are updated and available (and, with
+    ``one_plugin_per_node``, node 0's kubelet sees one plugin socket); fail 420 s after ``began``."""
     while True:
-        pods = install.driver_pods()
-        status = install.daemonset()["status"]
+        pods, status = install.driver_pods(), install.daemonset()["status"]
         desired = status.get("desiredNumberScheduled", 0)
-        if (
-            not {p["metadata"]["uid"] for p in pods} & before
-            and status.get("updatedNumberScheduled") == desired
-            and status.get("numberAvailable") == desired
-            and len(pods) == desired
-            and (not one_plugin_per_node or len(realinstall.registration_sockets(node)) == 1)
-        ):
+        counts = (status.get("updatedNumberScheduled"), status.get("numberAvailable"), len(pods))
+        sockets_ok = not one_plugin_per_node or len(realinstall.registration_sockets(install.nodes[0])) == 1
+        if not {p["metadata"]["uid"] for p in pods} & before and counts == (desired,) * 3 and sockets_ok:
             return
         assert time.monotonic() - began < 420, f"{what}: rollout did not finish: {status}"
         time.sleep(0.5)
