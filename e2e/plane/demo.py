@@ -224,7 +224,8 @@ def take_turn(
             out(line)
         for line in gang_lines(handle, gangs):
             out(line)
-        found += demo_verdict.judge({folder.name: pods}, _events(handle, namespaces))
+        shown = {folder.name: _shown(folder)}
+        found += demo_verdict.judge({folder.name: pods}, _events(handle, namespaces), folders=shown)
         return pods, found
     finally:
         handle.kubectl("delete", "-f", str(folder), "--wait=true", "--timeout=120s", timeout=150)
@@ -313,7 +314,8 @@ def run(
         out(f"  identities: {state_dir / 'identities'}   (ServiceAccount token kubeconfigs, valid 24 h)")
         out("Stop it: scripts/demo.sh down")
         by_example = {f.name: [p for p in pods if p["metadata"]["namespace"] in namespaces_of(f)] for f in folders}
-        findings += demo_verdict.judge(by_example, _events(handle, sorted(namespaces)))
+        folder_of = {f.name: _shown(f) for f in folders}
+        findings += demo_verdict.judge(by_example, _events(handle, sorted(namespaces)), folders=folder_of)
         out("")
         for line in demo_verdict.render(findings, len(examples)):
             out(line)

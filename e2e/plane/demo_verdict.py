@@ -29,14 +29,15 @@ class Finding:
     actual: str
     scheduler: str = ""
     event: str = ""
+    folder: str = ""  # where the example's YAML (and README) is; manifests/examples/<example> when empty
 
     @property
     def next_step(self) -> str:
-        readme = f"manifests/examples/{self.example}/README.md"
+        where = f"the example: {self.folder or f'manifests/examples/{self.example}'}/"
         if not self.pod:
-            return f"kubectl get all -n <the example's namespace>; {readme}"
+            return f"kubectl get all -n <the example's namespace>; {where}"
         namespace, name = self.pod.split("/", 1)
-        return f"kubectl gpuplane why pod/{name} -n {namespace}; kubectl describe pod {name} -n {namespace}; {readme}"
+        return f"kubectl gpuplane why pod/{name} -n {namespace}; kubectl describe pod {name} -n {namespace}; {where}"
 
 
 def _condition(pod: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
@@ -88,16 +89,18 @@ def judge(
     pods_by_example: Mapping[str, Sequence[Mapping[str, Any]]],
     events: Sequence[Mapping[str, Any]] = (),
     stays_pending: frozenset[str] = STAYS_PENDING,
+    folders: Mapping[str, str] | None = None,
 ) -> list[Finding]:
     """Every pod of every example against its example's expected state; sorted by example and pod."""
     about = newest_events(events)
+    where = folders or {}
     findings: list[Finding] = []
     for example in sorted(pods_by_example):
         pods = pods_by_example[example]
         pending = example in stays_pending
         expected = "Pending (unschedulable)" if pending else "Running"
         if not pods:
-            findings.append(Finding(example, "", expected, "no pod was created"))
+            findings.append(Finding(example, "", expected, "no pod was created", folder=where.get(example, "")))
             continue
         for pod in sorted(pods, key=_key):
             ok = unschedulable(pod) if pending else (pod.get("status") or {}).get("phase") == "Running"
@@ -112,6 +115,7 @@ def judge(
                     state_of(pod),
                     scheduler=str(scheduled.get("message") or ""),
                     event=about.get(_key(pod), ""),
+                    folder=where.get(example, ""),
                 )
             )
     return findings

@@ -41,6 +41,7 @@ h2 { font-size: 15px; margin: 18px 0 6px 0; }
 .hidden { color: #8a4b00; }
 table { border-collapse: collapse; font-size: 12px; }
 td, th { padding: 3px 8px; text-align: left; vertical-align: middle; border-bottom: 1px solid #eee; }
+td:nth-child(-n+4) { white-space: nowrap; }
 .cells { display: flex; gap: 2px; }
 .cell { width: 22px; height: 22px; border: 1px solid #999; font: bold 12px monospace; color: #000;
         display: flex; align-items: center; justify-content: center; box-sizing: border-box;

@@ -65,7 +65,7 @@ def test_a_pending_example_is_a_finding_with_the_schedulers_reason_the_newest_ev
     assert lines[2] == f"    scheduler: {UNSCHEDULABLE}"
     assert lines[3] == "    newest Event: Warning FailedScheduling: newer"
     assert lines[4].startswith("    next: kubectl gpuplane why pod/bronze-batch -n ex-mps;")
-    assert lines[4].endswith("manifests/examples/mps-tiers/README.md")
+    assert lines[4].endswith("the example: manifests/examples/mps-tiers/")
 
 
 def test_an_unsatisfiable_pod_that_runs_and_one_that_is_not_yet_scheduled_are_findings() -> None:
@@ -103,5 +103,7 @@ def test_the_broken_example_fixture_is_judged_a_failure() -> None:
     waits = pod(
         "gpuplane-ex-broken", "waits", "Pending", "False", reason="Unschedulable", message="deviceclass not found"
     )
-    findings = demo_verdict.judge({folder.name: [waits]})
+    shown = "tests/e2e/fixtures/demo-broken-example"
+    findings = demo_verdict.judge({folder.name: [waits]}, folders={folder.name: shown})
     assert [f.pod for f in findings] == ["gpuplane-ex-broken/waits"]
+    assert findings[0].next_step.endswith(f"the example: {shown}/")  # its own folder, not manifests/examples
