@@ -1,16 +1,8 @@
 #!/usr/bin/env bash
 # Debian's Chromium (headless) for the tests that render the fleet map's HTML and look at the screenshot
-# (tests/browserkit.py), and for the demo's fleet.png. Run as root; idempotent.
+# (tests/browserkit.py), and for the demo's fleet.png. Needs root and apt; idempotent.
 set -euo pipefail
-if command -v chromium >/dev/null 2>&1; then
-  exit 0
-fi
-if ! command -v apt-get >/dev/null 2>&1; then
-  echo "apt-get not found: install Chromium with this system's package manager (the rendering tests need it)" >&2
-  exit 1
-fi
-echo "==> apt-get install chromium fonts-dejavu-core"
-export DEBIAN_FRONTEND=noninteractive
-apt-get -o DPkg::Lock::Timeout=300 update -q || echo "apt-get update failed; trying the package lists there are" >&2
-apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends chromium fonts-dejavu-core
-chromium --version
+# shellcheck source=scripts/debian-packages.sh
+. "$(dirname "${BASH_SOURCE[0]}")/debian-packages.sh"
+ensure_debian_packages "the fleet map's rendering tests" "or those tests are skipped (the demo writes no fleet.png)" \
+  chromium fonts-dejavu-core
