@@ -55,6 +55,17 @@ def _allocated(gc: GpuCluster, ns: str, name: str) -> dict[str, Any]:
     return got
 
 
+def _bind(rbac: client.RbacAuthorizationV1Api, name: str, role: str, namespace: str) -> None:
+    """A ClusterRoleBinding ``name`` of ClusterRole ``role`` to the ServiceAccount ``tenant`` of ``namespace``."""
+    rbac.create_cluster_role_binding(
+        client.V1ClusterRoleBinding(
+            metadata=client.V1ObjectMeta(name=name),
+            role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=role),
+            subjects=[client.RbacV1Subject(kind="ServiceAccount", name="tenant", namespace=namespace)],
+        )
+    )
+
+
 @pytest.fixture(scope="module")
 def placed(gpu_cluster: GpuCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     gc = gpu_cluster
@@ -77,24 +88,8 @@ def placed(gpu_cluster: GpuCluster, tmp_path_factory: pytest.TempPathFactory) ->
             rules=[client.V1PolicyRule(api_groups=["resource.k8s.io"], resources=["resourceslices"], verbs=["list"])],
         )
     )
-    rbac.create_cluster_role_binding(
-        client.V1ClusterRoleBinding(
-            metadata=client.V1ObjectMeta(name="gpuplane-plugin-slices"),
-            role_ref=client.V1RoleRef(
-                api_group="rbac.authorization.k8s.io", kind="ClusterRole", name="gpuplane-plugin-slices"
-            ),
-            subjects=[client.RbacV1Subject(kind="ServiceAccount", name="tenant", namespace=VIEWER_NS)],
-        )
-    )
-    rbac.create_cluster_role_binding(
-        client.V1ClusterRoleBinding(
-            metadata=client.V1ObjectMeta(name="gpuplane-plugin-operator"),
-            role_ref=client.V1RoleRef(
-                api_group="rbac.authorization.k8s.io", kind="ClusterRole", name="gpuplane-fleet-viewer"
-            ),
-            subjects=[client.RbacV1Subject(kind="ServiceAccount", name="tenant", namespace=OPERATOR_NS)],
-        )
-    )
+    _bind(rbac, "gpuplane-plugin-slices", "gpuplane-plugin-slices", VIEWER_NS)
+    _bind(rbac, "gpuplane-plugin-operator", "gpuplane-fleet-viewer", OPERATOR_NS)
     viewer.must_create(tenantkit.claim(VIEWER_NS, "viewers-gpu", "gpu.gpuplane.dev"))
     viewer.must_create(tenantkit.pod(VIEWER_NS, "viewers-pod", claim_name="viewers-gpu"))
     tenantkit.wait_running(gc, ADMIN_NS, ["admins-pod"], 120)
