@@ -19,6 +19,7 @@ What the test modules share lives here, one kit per subject:
   claims, gangs); ``hostilekit`` what the hostile-input e2e modules share.
 - ``rbackit``: fixtures of the least-privilege e2e tests.
 - ``browserkit``: headless Chromium screenshots and a PNG reader, for the fleet map's HTML.
+- ``hosttools``: programs from Debian's packages some tests need (promtool, prometheus, chromium): skip, or fail in CI.
 - ``daemonpods``: MPS daemon pod bodies as ``--mps-daemons=pod`` makes them, for the pod-policy tests, and
   helpers that tell a refusal by the policy from one by RBAC.
 - ``supervisor_worker``: a controller process with a misbehaving operator, for ``test_supervisor``.

@@ -12,12 +12,16 @@ DaemonSet pod restart keeps its host paths.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -25,6 +29,8 @@ from kubernetes import client
 
 from e2e.cluster import procs
 from e2e.cluster.controlplane import free_port
+from e2e.cluster.handle import Cluster
+from e2e.plane import identity, nodes
 from gpuplane.api import names
 from gpuplane.driver.plugin.kubelet_client import KubeletPluginClient
 
@@ -272,3 +278,26 @@ def release_claim(api: client.ApiClient, name: str, namespace: str = "default") 
     except ApiException as exc:
         if exc.status != 404:
             raise
+
+
+@contextlib.contextmanager
+def published_driver(plane: Cluster, name: str, root_prefix: str, **options: Any) -> Iterator[DriverProcess]:
+    """A node ``name`` kept alive by a heartbeat, its driver (``options``: :class:`DriverProcess`'s fields)
+    running under its own ServiceAccount identity and published; stopped, its root and node removed after.
+
+    The root is a short temporary directory (MPS pipe paths under it must fit AF_UNIX's 107 bytes).
+    """
+    root = Path(tempfile.mkdtemp(prefix=root_prefix))
+    try:
+        with nodes.NodeHeartbeat(name, plane.api, delete_on_stop=True) as beat:
+            beat.wait_schedulable()
+            who = identity.driver_identity(plane, name, root)
+            driver = DriverProcess(name, who.kubeconfig, root, **options)
+            driver.start()
+            try:
+                driver.wait_published(plane.api)
+                yield driver
+            finally:
+                driver.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -23,7 +23,6 @@ Without the prometheus binary (``scripts/setup-monitoring.sh``) the test is skip
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -44,8 +43,9 @@ from kubernetes import client
 from e2e.cluster import handle as cluster
 from e2e.cluster import procs
 from e2e.cluster.controlplane import free_port
-from e2e.plane import driverproc, identity, install, nodes
+from e2e.plane import driverproc, identity, install
 from gpuplane.driver.hw.sim import gpu_uuid
+from tests import hosttools
 from tests.e2e.conftest import claim, eventually, pod
 
 pytestmark = pytest.mark.e2e
@@ -58,13 +58,9 @@ READER_ROLE = "gpuplane-metrics-reader"
 
 
 def prometheus_binary() -> str:
-    found = shutil.which("prometheus")
-    if found:
-        return found
-    reason = "prometheus not found: install Debian's prometheus package (scripts/setup-monitoring.sh, as root)"
-    if os.environ.get("CI") == "true" or os.environ.get("GPUPLANE_REAL_NODES") == "required":
-        pytest.fail(reason + " (CI must run the alert e2e test)")
-    pytest.skip(reason)
+    return hosttools.required_tool(
+        "prometheus", installer="scripts/setup-monitoring.sh", what="Debian's prometheus package"
+    )
 
 
 def short_rules(text: str) -> dict[str, Any]:
@@ -94,18 +90,8 @@ def node(control_plane: cluster.Cluster) -> Iterator[Node]:
     install.apply(control_plane)
     install.wait_established(control_plane, install.crd_names(install.render(control_plane)))
     name = f"alerts-{uuid.uuid4().hex[:5]}"
-    root = Path(tempfile.mkdtemp(prefix="gpa-"))  # short: MPS pipe paths must fit AF_UNIX's 107 bytes
-    with nodes.NodeHeartbeat(name, control_plane.api, delete_on_stop=True) as beat:
-        beat.wait_schedulable()
-        who = identity.driver_identity(control_plane, name, root)
-        driver = driverproc.DriverProcess(name, who.kubeconfig, root, metrics_auth="kubernetes")
-        driver.start()
-        try:
-            driver.wait_published(control_plane.api)
-            yield Node(name, driver)
-        finally:
-            driver.stop()
-            shutil.rmtree(root, ignore_errors=True)
+    with driverproc.published_driver(control_plane, name, "gpa-", metrics_auth="kubernetes") as driver:
+        yield Node(name, driver)
 
 
 @pytest.fixture(scope="module")

@@ -11,17 +11,14 @@ MIG instances, MPS daemons, devices published and prepared, errors by reason.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
 from e2e.cluster import handle as cluster
-from e2e.plane import driverproc, identity, install, nodes
+from e2e.plane import driverproc, install
 from e2e.plane.driverproc import metric_value
 from gpuplane.driver.prepare.contract import ClaimRef
 
@@ -41,19 +38,8 @@ def node(control_plane: cluster.Cluster) -> Iterator[Node]:
     install.apply(control_plane)
     install.wait_established(control_plane, install.crd_names(install.render(control_plane)))
     name = f"metrics-{uuid.uuid4().hex[:5]}"
-    # A short root: MPS pipe paths under it must fit AF_UNIX's 107 bytes.
-    root = Path(tempfile.mkdtemp(prefix="gpm-"))
-    with nodes.NodeHeartbeat(name, control_plane.api, delete_on_stop=True) as beat:
-        beat.wait_schedulable()
-        who = identity.driver_identity(control_plane, name, root)
-        driver = driverproc.DriverProcess(name, who.kubeconfig, root)
-        driver.start()
-        try:
-            driver.wait_published(control_plane.api)
-            yield Node(name, driver)
-        finally:
-            driver.stop()
-            shutil.rmtree(root, ignore_errors=True)
+    with driverproc.published_driver(control_plane, name, "gpm-") as driver:
+        yield Node(name, driver)
 
 
 def test_metrics_move_when_claims_are_prepared(control_plane: cluster.Cluster, node: Node) -> None:

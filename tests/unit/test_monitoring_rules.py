@@ -11,15 +11,14 @@ package (``scripts/setup-monitoring.sh``); where it is missing these tests skip,
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
+
+from tests import hosttools
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "manifests" / "monitoring" / "prometheus" / "gpuplane.rules.yaml"
@@ -30,13 +29,9 @@ DOCS = REPO / "docs"
 
 def promtool() -> str:
     """promtool's path; skips where it is missing, fails in CI."""
-    found = shutil.which("promtool")
-    if found:
-        return found
-    reason = "promtool not found: install Debian's prometheus package (scripts/setup-monitoring.sh, as root)"
-    if os.environ.get("CI") == "true" or os.environ.get("GPUPLANE_REAL_NODES") == "required":
-        pytest.fail(reason + " (CI must run the alert tests)")
-    pytest.skip(reason)
+    return hosttools.required_tool(
+        "promtool", installer="scripts/setup-monitoring.sh", what="Debian's prometheus package"
+    )
 
 
 def alerts() -> list[dict[str, Any]]:
