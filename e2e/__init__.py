@@ -47,6 +47,7 @@ Three packages: ``plane`` built on ``cluster`` (nothing in ``cluster`` imports `
 - ``legacynode``: a node served by the NVIDIA device plugin (``nvidia.com/gpu`` in its capacity, no DRA driver).
 - ``report``: what happened to a pod's claims, read back from the API and the node.
 - ``demo``: apply every example and print where each pod landed.
+- ``fleetpage``: headless Chromium's command line for a screenshot of the fleet map's page (demo and tests).
 - ``demo_verdict``: whether each example reached its expected state (the demo's exit status), with next steps.
 - ``helm``: helm built (once) from its Go module and cached by version; ``helm template`` /
   ``helm lint`` of ``charts/gpuplane``.

@@ -10,42 +10,28 @@ installs it.
 
 from __future__ import annotations
 
-import os
-import shutil
 import struct
 import subprocess
 import zlib
 from collections import Counter
 from pathlib import Path
 
-import pytest
+from e2e.plane import fleetpage
+from tests import hosttools
 
 Pixel = tuple[int, int, int]
 
 
 def chromium_or_skip() -> str:
     """The Chromium executable; a skip (locally) or a failure (CI) without one."""
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found:
-        return found
-    message = "Chromium is not installed: run scripts/setup-browser.sh (Debian's chromium package)"
-    if os.environ.get("GPUPLANE_REAL_NODES") == "required" or os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
+    return hosttools.required_tool(
+        "chromium", "chromium-browser", installer="scripts/setup-browser.sh", what="Debian's chromium package"
+    )
 
 
 def screenshot(html: Path, png: Path, width: int = 1400, height: int = 900) -> None:
     """Render ``html`` in headless Chromium and write a ``width`` x ``height`` screenshot to ``png``."""
-    argv = [
-        chromium_or_skip(),
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--hide-scrollbars",
-        f"--window-size={width},{height}",
-        f"--screenshot={png}",
-        html.resolve().as_uri(),
-    ]
+    argv = fleetpage.screenshot_argv(chromium_or_skip(), html, png, width, height)
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0 and png.is_file(), f"chromium failed ({done.returncode}): {done.stderr[-2000:]}"
 

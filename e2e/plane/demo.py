@@ -40,7 +40,7 @@ import yaml
 
 from e2e.cluster import build
 from e2e.cluster import handle as cluster
-from e2e.plane import demo_verdict, report, simnodes
+from e2e.plane import demo_verdict, fleetpage, report, simnodes
 from e2e.plane.realnode import demo_real
 from e2e.plane.realnode import plan as realplan
 from gpuplane.cli import fleethtml, fleetmap, kubectl_gpuplane
@@ -258,6 +258,7 @@ def run(
         for folder in [f for f in examples if f.name in TAKES_TURNS]:
             findings += take_turn(handle, folder, state_dir, timeout, out)[1]
         folders = apply_order([f for f in examples if f.name not in TAKES_TURNS])
+        spaces = {f.name: namespaces_of(f) for f in folders}  # each folder's YAML read once
         namespaces: set[str] = set()
         gangs: list[tuple[str, str]] = []
         real = {n.name: n for n in realplan.load(state_dir)}
@@ -266,15 +267,15 @@ def run(
             for folder in folders:
                 out(f"apply: kubectl apply -f {_shown(folder)}/")
                 handle.kubectl("apply", "-f", str(folder))
-                namespaces |= namespaces_of(folder)
+                namespaces |= spaces[folder.name]
+                placed = gangs_of(folder)
+                gangs += placed
                 try:
-                    if gangs_of(folder):
-                        gangs += gangs_of(folder)
-                        wait_for_gangs(handle, gangs_of(folder), timeout, out)
+                    wait_for_gangs(handle, placed, timeout, out)
                 except TimeoutError as late:
                     findings.append(demo_verdict.Finding(folder.name, "", "gang placed", str(late)))
                 if pins_a_device(folder):  # it runs before any example that takes whatever GPU is free
-                    wait_for_pods(handle, sorted(namespaces_of(folder)), timeout, out)
+                    wait_for_pods(handle, sorted(spaces[folder.name]), timeout, out)
             out(f"waiting for the pods of {len(folders)} examples (up to {timeout:.0f}s) ...")
             pods = wait_for_pods(handle, sorted(namespaces), timeout, out)
         try:
@@ -313,7 +314,7 @@ def run(
         out(f"  logs: {state_dir / 'logs'}   (controller-<i>, driver-<node>, kubelet-<node>, the control plane)")
         out(f"  identities: {state_dir / 'identities'}   (ServiceAccount token kubeconfigs, valid 24 h)")
         out("Stop it: scripts/demo.sh down")
-        by_example = {f.name: [p for p in pods if p["metadata"]["namespace"] in namespaces_of(f)] for f in folders}
+        by_example = {f.name: [p for p in pods if p["metadata"]["namespace"] in spaces[f.name]] for f in folders}
         folder_of = {f.name: _shown(f) for f in folders}
         findings += demo_verdict.judge(by_example, _events(handle, sorted(namespaces)), folders=folder_of)
         out("")
@@ -341,8 +342,8 @@ def show_fleet(handle: cluster.Cluster, state_dir: Path, out: Printer) -> None:
         out(f"  as a page: {page} (no chromium here for a screenshot: scripts/setup-browser.sh)")
         return
     png = state_dir / "fleet.png"
-    argv = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1400,1800"]
-    done = subprocess.run([*argv, f"--screenshot={png}", page.as_uri()], capture_output=True, timeout=120, check=False)
+    argv = fleetpage.screenshot_argv(browser, page, png, width=1400, height=1800)
+    done = subprocess.run(argv, capture_output=True, timeout=120, check=False)
     shot = f", its screenshot {png}" if done.returncode == 0 and png.is_file() else " (chromium's screenshot failed)"
     out(f"  as a page: {page}{shot}")
 
