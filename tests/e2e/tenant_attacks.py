@@ -261,7 +261,7 @@ ATTACKS: list[Attack] = [
     Attack(
         "controller-writes",
         "6",
-        "DeviceTaintRule, evictions (victim, kube-system), template and pod label in the victim's namespace",
+        "DeviceTaintRule, evictions, template and pod label in the victim's namespace, ImexDomains and their status",
         "refused (RBAC)",
         controller_writes,
     ),

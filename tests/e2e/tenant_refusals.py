@@ -74,6 +74,17 @@ def controller_writes(arena: Arena) -> str:
     system = client.V1Eviction(metadata=client.V1ObjectMeta(name="anything", namespace="kube-system"))
     template = {**claim(victim.ns, "planted", "gpu.gpuplane.dev"), "kind": "ResourceClaimTemplate"}
     template["spec"] = {"spec": template["spec"]}
+    # An IMEX plan naming the victim's claims would hand the attacker their channel (docs/imex.md): only the
+    # controller writes ImexDomains, only the drivers their status; a tenant neither, not even in its own namespace.
+    member = {"namespace": victim.ns, "name": "serve", "uid": "u-1", "node": "n-0"}
+    gang = {"namespace": victim.ns, "name": "train", "uid": "g-1", "channel": 1, "claims": [member]}
+    domain = {
+        "apiVersion": "gpuplane.dev/v1alpha1",
+        "kind": "ImexDomain",
+        "metadata": {"name": f"{a.ns}-imex"},
+        "spec": {"clique": "c.1", "nodes": ["n-0", "n-1"], "gangs": [gang]},
+    }
+    status = {"status": {"nodes": [{"node": "n-0", "ready": True}]}}
     return _all_refused(
         {
             "DeviceTaintRule": outcome(
@@ -84,6 +95,21 @@ def controller_writes(arena: Arena) -> str:
                 lambda: a.core.create_namespaced_pod_eviction("anything", "kube-system", system)
             ),
             "template elsewhere": a.create(template),
+            "ImexDomain in gpuplane-system": outcome(
+                lambda: a.custom.create_namespaced_custom_object(
+                    "gpuplane.dev", "v1alpha1", "gpuplane-system", "imexdomains", domain
+                )
+            ),
+            "ImexDomain in its own namespace": outcome(
+                lambda: a.custom.create_namespaced_custom_object(
+                    "gpuplane.dev", "v1alpha1", a.ns, "imexdomains", domain
+                )
+            ),
+            "ImexDomain status": outcome(
+                lambda: a.custom.patch_namespaced_custom_object_status(
+                    "gpuplane.dev", "v1alpha1", "gpuplane-system", "imexdomains", "imex-any", status
+                )
+            ),
             "label victim pod": outcome(
                 lambda: a.core.patch_namespaced_pod(
                     "serve", victim.ns, {"metadata": {"labels": {"gpuplane.dev/gang": "train"}}}
