@@ -44,7 +44,7 @@ from types import FrameType
 
 from e2e.cluster import addon_build, addons, build, controlplane, procs
 from e2e.cluster import handle as cluster
-from e2e.plane import components, demo, identity, nodes, simnodes
+from e2e.plane import components, demo, identity, nodes, podinstall, simnodes
 from e2e.plane.realnode import cli as realnodes
 
 Printer = Callable[[str], None]
@@ -102,6 +102,44 @@ def start_controllers(state_dir: Path, handle: cluster.Cluster, replicas: int, o
     ctl.detach()
 
 
+def install_step(
+    state_dir: Path, handle: cluster.Cluster, real_groups: Sequence[nodes.NodeGroup], replicas: int, out: Printer
+) -> None:
+    """gpuplane from ``manifests/``: as pods on real nodes where there are any, else the e2e overlay.
+
+    With real nodes they start here, without a driver, and gpuplane is installed as an operator installs
+    it (``e2e.plane.podinstall``): the images built from the Dockerfiles, ``kubectl apply -k`` of the local
+    overlay, the driver DaemonSet's pod on each real node and the controller Deployment's pods on them.
+    Without, ``manifests/overlays/e2e`` (its workloads pinned off the simulated nodes, which cannot run
+    containers); the drivers and the controllers are then host processes (``e2e.plane.components``).
+    """
+    if not real_groups:
+        out(
+            "install: kubectl apply -k manifests/overlays/e2e (no real node: the driver and the controllers "
+            "run as host processes)"
+        )
+        components.install(handle, out)
+        return
+    out(
+        "install: real nodes first, then gpuplane on them as an operator installs it: images from "
+        "Dockerfile.driver/Dockerfile.controller, kubectl apply -k of manifests/overlays/local"
+    )
+    podinstall.start_up(state_dir, handle, real_groups, replicas=replicas, out=out)
+
+
+def controller_step(state_dir: Path, handle: cluster.Cluster, replicas: int, out: Printer) -> None:
+    """The controllers: the Deployment's pods where gpuplane runs as pods, else host processes."""
+    if podinstall.recorded(state_dir) is None:
+        start_controllers(state_dir, handle, replicas, out)
+        return
+    components.stop_controllers(state_dir, out=out)  # a host controller of an earlier `up` would share the Lease
+    out(
+        f"controller: the gpuplane-controller Deployment's {replicas} pod(s), on the real node(s) "
+        f"(leader election on the Lease {identity.NAMESPACE}/{components.LEASE_NAME}); "
+        f"logs: kubectl logs -n {identity.NAMESPACE} deployment/gpuplane-controller"
+    )
+
+
 def start_addons(handle: cluster.Cluster, names: Sequence[str], out: Printer) -> None:
     """The ``addons`` step of ``up``: build (once) and start each workload controller (reused when it runs)."""
     if not names:
@@ -133,6 +171,7 @@ def stop_all(state_dir: Path, out: Printer) -> list[str]:
     """Stop everything recorded in ``state_dir``: controllers, nodes, then the control plane."""
     stopped = components.stop_controllers(state_dir, out=out)
     stopped += realnodes.stop_nodes(state_dir, out=out)
+    podinstall.forget(state_dir)
     stopped += simnodes.stop_nodes(state_dir, out=out)
     stopped += controlplane.stop_state_dir(state_dir, out=out)
     return stopped
@@ -157,19 +196,25 @@ def bring_up(
         bins = build.ensure_binaries(out=out)
         handle = cluster.Cluster.connect(kubeconfig, bins, state_dir=state_dir)
         try:
-            components.install(handle, out)
+            as_pods = podinstall.recorded(state_dir) is not None
+            if not as_pods:
+                components.install(handle, out)
             sim = simnodes.SimNodes(state_dir, kubeconfig, out=out)
-            real_ok = realnodes.running(state_dir, handle) or not real_groups
+            real_ok = realnodes.running(state_dir, handle, host_driver=not as_pods) or not real_groups
             if real_ok and (sim.all_running() or (not groups and not sim.nodes)):
                 out(f"control plane and {len(sim.nodes)} node(s) in {state_dir} already running (reusing them)")
+                if as_pods:
+                    out("install: applying this tree's install again (an upgrade if it changed)")
+                    podinstall.reinstall(state_dir, handle, replicas=controllers, out=out)
             else:
                 out(f"control plane in {state_dir} is running; (re)starting its nodes")
                 realnodes.stop_nodes(state_dir, out=out)
                 simnodes.stop_nodes(state_dir, out=out)
+                podinstall.forget(state_dir)
                 _clear_node_state(state_dir)
-                realnodes.start(state_dir, handle, real_groups, out)
+                install_step(state_dir, handle, real_groups, controllers, out)
                 start_nodes(state_dir, handle, groups, out)
-            start_controllers(state_dir, handle, controllers, out)
+            controller_step(state_dir, handle, controllers, out)
             start_addons(handle, addon_names, out)
         finally:
             handle.close()
@@ -199,13 +244,12 @@ def bring_up(
             "runtime_config": plane.runtime_config,
         }
         (state_dir / "cluster.json").write_text(json.dumps(info, indent=2) + "\n")
-        out("step 3/6: install gpuplane from manifests/ (kustomize, overlay e2e)")
-        components.install(handle, out)
-        out("step 4/6: nodes")
-        realnodes.start(state_dir, handle, real_groups, out)
+        out("step 3/6: install gpuplane from manifests/")
+        install_step(state_dir, handle, real_groups, controllers, out)
+        out("step 4/6: simulated nodes")
         start_nodes(state_dir, handle, groups, out)
         out("step 5/6: controller")
-        start_controllers(state_dir, handle, controllers, out)
+        controller_step(state_dir, handle, controllers, out)
         out("step 6/6: workload controllers")
         start_addons(handle, addon_names, out)
     except BaseException:
@@ -303,7 +347,13 @@ def cmd_status(args: argparse.Namespace, out: Printer) -> int:
         out(f"{name:25} {state}" + (f" (pid {record.pid}, log {record.log})" if record else ""))
     all_alive = True
     node_processes = [(n.driver_process, n.kubelet_process) for n in simnodes.load_nodes(state_dir)]
-    for names in [*realnodes.process_names(state_dir), *node_processes]:
+    as_pods = podinstall.recorded(state_dir)
+    if as_pods is not None:
+        out(
+            f"{'gpuplane':25} installed as pods ({as_pods['kustomization']}) on {', '.join(as_pods['real_nodes'])}: "
+            f"kubectl get pods -n {identity.NAMESPACE} -o wide"
+        )
+    for names in [*realnodes.process_names(state_dir, host_driver=as_pods is None), *node_processes]:
         for name in names:
             record = records.get(name)
             alive = record is not None and procs.is_alive(record)

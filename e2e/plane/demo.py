@@ -17,8 +17,10 @@ and started the node drivers and the controller (``e2e.plane.components``).
 2. wait until every example pod is Running, or Pending with the scheduler's
    reason (the ``unsatisfiable`` scenario is meant to stay there);
 3. print the table (pod, node, device, sharing, CDI ids), one line per gang
-   (phase, NVLink domain, member -> node), the fleet map (``kubectl gpuplane map``, also
-   written as ``<state>/fleet.html`` and, with Chromium, ``<state>/fleet.png``) and how to go on;
+   (phase, NVLink domain, member -> node), how each of gpuplane's programs runs (the DaemonSet's and
+   the Deployment's pods on the real nodes, host processes for the simulated ones), the fleet map
+   (``kubectl gpuplane map``, also written as ``<state>/fleet.html`` and, with Chromium,
+   ``<state>/fleet.png``) and how to go on;
 4. the verdict (``demo_verdict``): exit 0 only if every example reached the
    state it exists to show, else 1, with each pod that did not, the scheduler's
    reason, its newest Event and what to do next.
@@ -40,7 +42,7 @@ import yaml
 
 from e2e.cluster import build
 from e2e.cluster import handle as cluster
-from e2e.plane import demo_verdict, fleetpage, report, simnodes
+from e2e.plane import components, demo_verdict, fleetpage, identity, podinstall, report, simnodes
 from e2e.plane.realnode import demo_real
 from e2e.plane.realnode import plan as realplan
 from gpuplane.cli import fleethtml, fleetmap, kubectl_gpuplane
@@ -299,6 +301,8 @@ def run(
         for line in gang_lines(handle, gangs):
             out(line)
         out("")
+        show_components(handle, state_dir, [n.name for n in sims], out)
+        out("")
         show_fleet(handle, state_dir, out)
         out("")
         out("Use the cluster:")
@@ -311,6 +315,9 @@ def run(
             "  python -m gpuplane.driver.hw.sim_cli --state-dir <state>/nodes/<node>/sim show"
             "   # a node's simulated GPUs" + (" (a real node's: <state>/realnodes/<node>/sim)" if real else "")
         )
+        if podinstall.recorded(state_dir) is not None:
+            out("  kubectl logs -n gpuplane-system deployment/gpuplane-controller   # the controller (a pod)")
+            out("  kubectl logs -n gpuplane-system daemonset/gpuplane-driver        # a real node's driver (a pod)")
         out(f"  logs: {state_dir / 'logs'}   (controller-<i>, driver-<node>, kubelet-<node>, the control plane)")
         out(f"  identities: {state_dir / 'identities'}   (ServiceAccount token kubeconfigs, valid 24 h)")
         out("Stop it: scripts/demo.sh down")
@@ -323,6 +330,19 @@ def run(
     finally:
         handle.close()
     return 1 if findings else 0
+
+
+def show_components(handle: cluster.Cluster, state_dir: Path, sims: Sequence[str], out: Printer) -> None:
+    """How gpuplane's programs run here: ``kubectl get pods -n gpuplane-system -o wide`` and a line each."""
+    out("gpuplane's programs ($ kubectl get pods -n gpuplane-system -o wide):")
+    for line in handle.kubectl("get", "pods", "-n", identity.NAMESPACE, "-o", "wide").splitlines():
+        out("  " + line)
+    listed = json.loads(handle.kubectl("get", "pods", "-n", identity.NAMESPACE, "-o", "json"))
+    real = [n.name for n in realplan.load(state_dir)]
+    leader = components.lease_holder(handle.api)
+    as_pods = podinstall.recorded(state_dir) is not None
+    for line in demo_real.component_lines(listed["items"], real, sims, leader=leader, as_pods=as_pods):
+        out(line)
 
 
 def show_fleet(handle: cluster.Cluster, state_dir: Path, out: Printer) -> None:

@@ -123,9 +123,15 @@ def _repository(ref: str) -> tuple[str, str]:
 
 
 def kustomization(
-    layout: Layout, images: Mapping[str, str], patches: Sequence[Mapping[str, Any]] = ()
+    layout: Layout,
+    images: Mapping[str, str],
+    patches: Sequence[Mapping[str, Any]] = (),
+    replicas: int | None = None,
 ) -> dict[str, Any]:
-    """``kustomization.yaml`` over ``rendered.yaml``: the pinned images, the runtime root's volume, ``patches``."""
+    """``kustomization.yaml`` over ``rendered.yaml``: the pinned images, the runtime root's volume, ``patches``.
+
+    ``replicas``: the controller Deployment's (None keeps the overlay's).
+    """
     runtime = str(layout.runtime_root)
     volume = {"name": "real-node-runtime", "hostPath": {"path": runtime, "type": "Directory"}}
     mount = {"name": "real-node-runtime", "mountPath": runtime}
@@ -137,7 +143,7 @@ def kustomization(
     for current, ref in sorted(images.items()):
         name, tag = _repository(ref)
         entries.append({"name": current, "newName": name, "newTag": tag})
-    return {
+    written: dict[str, Any] = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "resources": ["rendered.yaml"],
@@ -147,6 +153,11 @@ def kustomization(
             *(dict(p) for p in patches),
         ],
     }
+    if replicas is not None:
+        if replicas < 0:
+            raise ValueError(f"controller replicas must be 0 or more, not {replicas}")
+        written["replicas"] = [{"name": DEPLOYMENT, "count": replicas}]
+    return written
 
 
 def rendered(kubectl: Kubectl, tree: Path) -> str:
@@ -162,16 +173,18 @@ def write_install(
     images: Mapping[str, str],
     dest: Path,
     patches: Callable[[str], Sequence[Mapping[str, Any]]] = lambda _: (),
+    replicas: int | None = None,
     out: Printer = print,
 ) -> Path:
     """Render ``tree``'s local overlay and write the install kustomization to ``dest``; return ``dest``.
 
-    ``patches``: more kustomize patches, made from the rendered overlay (``e2e.plane.realinstall_compat``).
+    ``patches``: more kustomize patches, made from the rendered overlay (``e2e.plane.realinstall_compat``);
+    ``replicas``: the controller Deployment's (None: the overlay's).
     """
     dest.mkdir(parents=True, exist_ok=True)
     text = substitute_root(rendered(kubectl, tree), layout)
     (dest / "rendered.yaml").write_text(text)
-    written = kustomization(layout, images, patches(text))
+    written = kustomization(layout, images, patches(text), replicas)
     (dest / "kustomization.yaml").write_text(yaml.safe_dump(written, sort_keys=False))
     out(f"install of {tree}: {dest}/kustomization.yaml (images {', '.join(sorted(images.values()))})")
     return dest

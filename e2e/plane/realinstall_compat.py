@@ -23,6 +23,7 @@ around them in their install, and so does the generated kustomization
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,7 @@ def _driver_args(rendered: str, layout: realinstall.Layout, node: realinstall.No
     raise ValueError("the rendered overlay has no driver DaemonSet")
 
 
-def patches(rendered: str, layout: realinstall.Layout, nodes: list[realinstall.Node]) -> list[dict[str, Any]]:
+def patches(rendered: str, layout: realinstall.Layout, nodes: Sequence[realinstall.Node]) -> list[dict[str, Any]]:
     """The kustomize patches (see the module docstring) for ``rendered`` (the overlay, host root substituted)."""
     if len(nodes) != 1:
         raise ValueError(f"an install older than {FIXED_IN[:12]} works on one real node only, not {len(nodes)}")

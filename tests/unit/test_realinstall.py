@@ -119,6 +119,20 @@ def test_kustomization_pins_images_and_mounts_the_runtime_root(tmp_path: Path) -
         realinstall.kustomization(layout, {"x": "localhost/x"})
 
 
+def test_kustomization_sets_the_controllers_replicas_only_when_asked(tmp_path: Path) -> None:
+    layout = realinstall.Layout(tmp_path / "realnodes", tmp_path / "rn")
+    images = {"localhost/gpuplane-driver": "localhost/gpuplane-driver:0.1.0-abc"}
+    assert "replicas" not in realinstall.kustomization(layout, images)
+    assert realinstall.kustomization(layout, images, replicas=3)["replicas"] == [
+        {"name": "gpuplane-controller", "count": 3}
+    ]
+    assert realinstall.kustomization(layout, images, replicas=0)["replicas"] == [
+        {"name": "gpuplane-controller", "count": 0}
+    ]
+    with pytest.raises(ValueError, match="0 or more"):
+        realinstall.kustomization(layout, images, replicas=-1)
+
+
 def test_api_rule_names_the_bridge() -> None:
     rule = realinstall.api_rule("gpabcdefr0", 6443)
     assert rule[:3] == ["PREROUTING", "-i", "gpabcdefr0"]

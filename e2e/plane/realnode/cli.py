@@ -1,4 +1,4 @@
-"""``--real-nodes`` of ``python -m e2e up``/``demo``: what it means, and the step that starts them.
+"""``--real-nodes`` of ``python -m e2e up``/``demo``: what it means (``e2e.plane.podinstall`` starts them).
 
 ``--real-nodes PROFILE[:COUNT],...`` asks for real nodes (an error names what the
 machine lacks); ``auto`` (the default of ``demo``, the main job) means one real
@@ -8,7 +8,7 @@ and simulated nodes only; ``''`` (the default of ``up``) means none.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 from e2e.cluster import handle as cluster
@@ -49,39 +49,20 @@ def driver_credentials(handle: cluster.Cluster, state_dir: Path, seconds: int) -
     return credentials
 
 
-def start(state_dir: Path, handle: cluster.Cluster, groups: Sequence[nodes.NodeGroup], out: Printer) -> None:
-    """The real-node step of ``up``: start them and leave them running."""
-    if not groups:
-        return
-    described = ", ".join(f"{g.count}x {g.profile}" for g in groups)
-    out(
-        f"real nodes: starting {described} "
-        "(each: containerd, kubelet, gpuplane-driver as ServiceAccount gpuplane-driver)"
-    )
-    real = RealNodes(
-        state_dir,
-        handle.kubeconfig,
-        driver_credentials=driver_credentials(handle, state_dir, identity.LONG_TOKEN_SECONDS),
-        out=out,
-    )
-    real.start(groups)
-    real.detach()
-
-
 def ensure_binaries(out: Printer) -> binaries.NodeBinaries:
     """kubelet, containerd, ctr, the runc shim and pause, built into the cache if missing."""
     return binaries.ensure_node_binaries(out=out)
 
 
-def process_names(state_dir: Path) -> list[tuple[str, ...]]:
-    """The pidfile names of each real node's processes (driver, kubelet, containerd)."""
-    return [node.processes for node in plan.load(state_dir)]
+def process_names(state_dir: Path, *, host_driver: bool = True) -> list[tuple[str, ...]]:
+    """The pidfile names of each real node's processes (driver, kubelet, containerd; no driver where it is a pod)."""
+    return [node.processes[0 if host_driver else 1 :] for node in plan.load(state_dir)]
 
 
-def running(state_dir: Path, handle: cluster.Cluster) -> bool:
-    """Whether every real node recorded in ``state_dir`` runs (containerd, kubelet and driver)."""
+def running(state_dir: Path, handle: cluster.Cluster, *, host_driver: bool = True) -> bool:
+    """Whether every real node recorded in ``state_dir`` runs (containerd, kubelet and, ``host_driver``, driver)."""
     real = RealNodes(state_dir, handle.kubeconfig, driver_credentials=lambda node: handle.kubeconfig)
-    return real.all_running()
+    return real.all_running(host_driver=host_driver)
 
 
 __all__ = [
@@ -92,6 +73,5 @@ __all__ = [
     "process_names",
     "resolve",
     "running",
-    "start",
     "stop_nodes",
 ]

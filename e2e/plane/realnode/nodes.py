@@ -130,10 +130,10 @@ class RealNodes:
                 return node
         raise KeyError(name)
 
-    def all_running(self) -> bool:
-        """Whether every planned node's three processes run."""
+    def all_running(self, *, host_driver: bool = True) -> bool:
+        """Whether every planned node's three processes run (``host_driver=False``: kubelet and containerd)."""
         records = procs.read_records(self.pid_dir)
-        wanted = [p for n in self.nodes for p in n.processes]
+        wanted = [p for n in self.nodes for p in n.processes[0 if host_driver else 1 :]]
         return bool(wanted) and all(p in records and procs.is_alive(records[p]) for p in wanted)
 
     def start(self, groups: Sequence[nodes.NodeGroup], *, host_driver: bool = True) -> list[RealNode]:
