@@ -2,7 +2,7 @@
 
 ``up`` (``e2e.__main__.bring_up``) has installed gpuplane from ``manifests/``
 and started the node drivers and the controller (``e2e.plane.components``).
-``run(state_dir, kubeconfig)``:
+``run(state_dir, kubeconfig)``, after deleting what an earlier run on the same cluster left:
 
 0. the examples that each need the demo's whole GB200 rack (``TAKES_TURNS``:
    the Job, JobSet, LeaderWorkerSet and Workload API gangs) one after another: apply, wait until
@@ -233,6 +233,17 @@ def take_turn(
         handle.kubectl("delete", "-f", str(folder), "--wait=true", "--timeout=120s", timeout=150)
 
 
+def remove_earlier_run(handle: cluster.Cluster, folders: Sequence[Path], out: Printer) -> None:
+    """Delete the examples an earlier demo on this cluster left (they would hold the GPUs this run needs)."""
+    existing = set(handle.kubectl("get", "namespaces", "-o", "name").split())
+    left = [f for f in folders if any(f"namespace/{ns}" in existing for ns in namespaces_of(f))]
+    if not left:
+        return
+    out(f"removing the examples of an earlier run first: {', '.join(f.name for f in left)}")
+    for folder in left:
+        handle.kubectl("delete", "-f", str(folder), "--ignore-not-found", "--wait=true", "--timeout=180s", timeout=210)
+
+
 def _events(handle: cluster.Cluster, namespaces: Sequence[str]) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     for namespace in namespaces:
@@ -256,6 +267,7 @@ def run(
     handle = cluster.Cluster.connect(kubeconfig, bins, state_dir=state_dir)
     try:
         examples = example_dirs() + [Path(e).resolve() for e in extra_examples]
+        remove_earlier_run(handle, examples, out)
         findings: list[demo_verdict.Finding] = []
         for folder in [f for f in examples if f.name in TAKES_TURNS]:
             findings += take_turn(handle, folder, state_dir, timeout, out)[1]
