@@ -157,9 +157,13 @@ class PodInstall:
         self.say(f"{label}: rolled out on {len(self.nodes)} real node(s) in {seconds:.1f}s")
         return seconds
 
-    def wait_rolled_out(self, timeout: float = ROLLOUT_TIMEOUT_S) -> None:
+    def wait_rolled_out(
+        self,
+        timeout: float = ROLLOUT_TIMEOUT_S,
+        workloads: Sequence[str] = (f"daemonset/{realinstall.DAEMONSET}", f"deployment/{realinstall.DEPLOYMENT}"),
+    ) -> None:
         """DaemonSet and Deployment rolled out; every node's driver registered and publishing."""
-        for workload in (f"daemonset/{realinstall.DAEMONSET}", f"deployment/{realinstall.DEPLOYMENT}"):
+        for workload in workloads:
             self.kubectl("rollout", "status", "-n", NS, workload, f"--timeout={int(timeout)}s", timeout=timeout + 30)
         deadline = time.monotonic() + timeout
         with contextlib.closing(identity.new_client(self.kubeconfig)) as api:
@@ -171,6 +175,44 @@ class PodInstall:
                             f"-l app.kubernetes.io/name={realinstall.DAEMONSET}` and the node's kubelet log"
                         )
                     time.sleep(1)
+
+    def install_driver(self, built: Sequence[images.BuiltImage], env: Mapping[str, str] | None = None) -> float:
+        """Only the driver DaemonSet of this tree's install (plus ``env``), for a cluster whose controllers run
+        elsewhere.
+
+        For a shared test cluster: its CRDs, RBAC and policies came from ``manifests/overlays/e2e`` (the same
+        base), its controllers are the session's host processes, and its e2e DaemonSet (pinned to a label no
+        node had) is replaced by this one; ``manifests/overlays/e2e`` applied again puts it back. Returns the
+        seconds until every real node's driver pod runs and its pool is published.
+        """
+        dest = self.state_dir / "install" / "driver"
+        added = [
+            {"op": "add", "path": "/spec/template/spec/containers/0/env/-", "value": {"name": k, "value": v}}
+            for k, v in sorted((env or {}).items())
+        ]
+        patch = {"target": {"kind": "DaemonSet", "name": realinstall.DAEMONSET}, "patch": yaml.safe_dump(added)}
+        realinstall.write_install(
+            self.kubectl,
+            REPO,
+            self.layout,
+            images=image_map(built),
+            dest=dest,
+            patches=lambda _: [patch] if added else [],
+            out=self.say,
+        )
+        objects = yaml.safe_load_all(self.kubectl("kustomize", str(dest), timeout=120))
+        (daemonset,) = [o for o in objects if o and o.get("kind") == "DaemonSet"]
+        began = time.monotonic()
+        self.say(f"$ kubectl apply (the DaemonSet {realinstall.DAEMONSET} of {dest})")
+        self.admin("apply", "-f", "-", input_text=json.dumps(daemonset), timeout=120)
+        for node in self.nodes:
+            labels = [f"{k}={v}" for k, v in realinstall.NODE_LABELS.items()]
+            self.kubectl("label", "node", node.name, "--overwrite", *labels)
+        self.wait_rolled_out(workloads=(f"daemonset/{realinstall.DAEMONSET}",))
+        self.installed, self.built["driver"] = "driver", list(built)
+        seconds = time.monotonic() - began
+        self.say(f"driver DaemonSet: a pod on each of {len(self.nodes)} real node(s), publishing, in {seconds:.1f}s")
+        return seconds
 
     def kubectl_json(self, *args: str) -> dict[str, Any]:
         """``kubectl get ... -o json``."""

@@ -2,7 +2,13 @@
 
 ``real_cluster`` (module) adds ``REAL_NODES`` real nodes to the session's
 ``gpu_cluster`` (same control plane, gpuplane installed, the controllers
-running), each with ``gpuplane-driver`` under its ServiceAccount, and at the end
+running) with gpuplane's driver as operators run it: the driver DaemonSet's pod on each
+(``e2e.plane.podinstall.PodInstall.install_driver``: the image built from ``Dockerfile.driver``,
+this tree's ``manifests/overlays/local`` DaemonSet; the session's controllers stay host processes,
+as they serve every module's simulated nodes; the Deployment is tested on clusters of its own,
+``tests/e2e/installkit``). A module that needs the driver as a host process on purpose (it
+restarts the process in place, or reads its call log from the first call across restarts) sets
+``HOST_DRIVER = True`` and gets ``gpuplane-driver`` as a host process under its ServiceAccount. At the end
 of the module takes them off the machine (and out of the API) and fails if
 anything of them is left (process, mount, cgroup, bridge, iptables rule, CNI
 cache entry, directory). Module scope keeps the other modules' clusters as they
@@ -28,7 +34,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 
 from e2e.cluster.realnode import host
-from e2e.plane import identity, nodes
+from e2e.plane import components, identity, nodes, podinstall, realinstall
 from e2e.plane.realnode import cli, teardown
 from e2e.plane.realnode.nodes import RealNodes
 from e2e.plane.realnode.plan import RealNode
@@ -38,6 +44,8 @@ if TYPE_CHECKING:  # conftest imports this module: no import back at run time
     from tests.e2e.conftest import GpuCluster
 
 REAL_NODES = "hgx-h100:1,gb200-nvl72:2"
+HOST_DRIVER = "HOST_DRIVER"
+"""A module that sets ``HOST_DRIVER = True`` gets the driver as a host process instead of the DaemonSet's pod."""
 REQUIRED_ENV = "GPUPLANE_REAL_NODES"
 DRIVER_ENV = {"GPUPLANE_TAINT_CLEAR_AFTER": "3", "GPUPLANE_HEALTH_POLL_INTERVAL": "0.5"}
 """Short health timings (as tests/e2e/test_health.py uses): a taint clears 3 s after recovery."""
@@ -131,11 +139,13 @@ def skip_or_fail_without_real_nodes() -> None:
 
 
 @pytest.fixture(scope="module")
-def real_cluster(gpu_cluster: GpuCluster) -> Iterator[RealCluster]:
+def real_cluster(request: pytest.FixtureRequest, gpu_cluster: GpuCluster) -> Iterator[RealCluster]:
     skip_or_fail_without_real_nodes()
     handle = gpu_cluster.cluster
     assert handle.state_dir is not None
     state_dir = handle.state_dir.resolve()
+    host_driver = bool(getattr(request.module, HOST_DRIVER, False))
+    built = [] if host_driver else podinstall.ensure_images(out=print)
     real = RealNodes(
         state_dir,
         handle.kubeconfig,
@@ -145,11 +155,28 @@ def real_cluster(gpu_cluster: GpuCluster) -> Iterator[RealCluster]:
         out=lambda _: None,
     )
     started: list[RealNode] = []
+    port = podinstall.apiserver_port(handle.kubeconfig)
     try:
-        started = real.start(nodes.parse_node_spec(REAL_NODES))
+        started = real.start(nodes.parse_node_spec(REAL_NODES), host_driver=host_driver)
+        if not host_driver:
+            pods = podinstall.PodInstall(
+                admin=handle.kubectl,
+                kubeconfig=handle.kubeconfig,
+                state_dir=state_dir,
+                nodes=started,
+                out=lambda line: print(line, flush=True),
+            )
+            pods.prepare_nodes()
+            pods.import_images(podinstall.missing_images(started, built))
+            pods.install_driver(built, DRIVER_ENV)
         yield RealCluster(gpu=gpu_cluster, real=real)
     finally:
+        if not host_driver:
+            for node in started:
+                realinstall.unroute_api(node.bridge, port)
         left = real.stop()
+        if not host_driver:  # the session's e2e DaemonSet back (pinned off every node)
+            components.install(handle, out=lambda _: None)
     leftovers = {n.name: teardown.leftovers(n) for n in started}
     assert not left and not any(leftovers.values()), f"real nodes left behind: {left} {leftovers}"
 

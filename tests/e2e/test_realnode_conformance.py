@@ -27,6 +27,10 @@ from tests.e2e.conftest import eventually
 from tests.e2e.realfixtures import RealCluster
 
 pytestmark = pytest.mark.e2e
+# The driver as a host process on purpose: the test compares every call the real kubelet made since the
+# driver started with the stand-in's, from the driver's call log in the state dir, as the stand-in's driver
+# writes it (both drivers the same program, so the difference is the caller's alone).
+HOST_DRIVER = True
 
 MIG_1G = 'device.attributes["gpu.gpuplane.dev"].migProfile == "1g.10gb"'
 REGISTRATION = ("GetInfo", "NodeWatchResources", "NotifyRegistrationStatus")

@@ -38,6 +38,10 @@ from tests.e2e.conftest import eventually
 from tests.e2e.realfixtures import RealCluster
 
 pytestmark = pytest.mark.e2e
+# The driver as a host process on purpose: the test restarts the process in place (SIGTERM, same command
+# line) to separate a driver restart from a pod replacement (the rollout test replaces the DaemonSet's pods),
+# and reads the driver's call log across that restart (a deleted pod's log is gone).
+HOST_DRIVER = True
 
 NAMESPACE = "gpuplane-realnode-lifecycle"
 STUBBORN = "trap '' TERM; while true; do sleep 1; done"  # only SIGKILL at the end of the grace period stops it
