@@ -58,7 +58,11 @@ Three packages: ``plane`` built on ``cluster`` (nothing in ``cluster`` imports `
 - ``access_review``: SubjectAccessReviews for an identity, one at a time or a whole intended matrix.
 - ``realinstall``: gpuplane installed on real nodes as an operator does (images in each containerd,
   ``kubectl apply -k`` of ``manifests/overlays/local`` plus one listed delta); ``realinstall_compat``
-  the patches an install of a version older than the first real-node fixes needs.
+  the patches an install of a version older than the first real-node fixes needs; ``podinstall``
+  the flow on top (images imported, the install applied, rolled out, recorded) that ``up``, the
+  demo and the real-node tests use: the driver DaemonSet's and the controller Deployment's pods.
+- ``bringup``: ``python -m e2e up``'s steps (control plane, install, simulated nodes, controllers,
+  addons) and ``stop_all``.
 - ``chaos``: fault injection (SIGKILL a component, start it again, wait until it answers);
   ``chaos_load`` the churning workload of whole-GPU, MIG and MPS pods; ``chaos_invariants`` what
   must hold once the cluster is quiet, the API against each node's own state.

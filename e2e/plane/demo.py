@@ -1,6 +1,6 @@
 """The main job after ``up``: apply every example, wait, show where each pod landed.
 
-``up`` (``e2e.__main__.bring_up``) has installed gpuplane from ``manifests/``
+``up`` (``e2e.plane.bringup.bring_up``) has installed gpuplane from ``manifests/``
 and started the node drivers and the controller (``e2e.plane.components``).
 ``run(state_dir, kubeconfig)``, after deleting what an earlier run on the same cluster left:
 

@@ -138,3 +138,36 @@ def test_api_rule_names_the_bridge() -> None:
     assert rule[:3] == ["PREROUTING", "-i", "gpabcdefr0"]
     assert rule[-2:] == ["--to-destination", "127.0.0.1:6443"]
     assert "10.0.0.1/32" in rule
+
+
+def test_the_install_record_is_what_up_status_and_down_read_back(tmp_path: Path) -> None:
+    from e2e.plane import podinstall
+
+    assert podinstall.recorded(tmp_path) is None  # nothing recorded: host processes
+    install = podinstall.PodInstall(
+        admin=lambda *a, **k: "", kubeconfig=tmp_path / "kubeconfig", state_dir=tmp_path, nodes=[], replicas=2
+    )
+    install.installed = "N"
+    install.save_record()
+    record = podinstall.recorded(tmp_path)
+    assert record == {
+        "installed": "N",
+        "kustomization": str(tmp_path / "install" / "N"),
+        "images": [],
+        "real_nodes": [],
+        "replicas": 2,
+    }
+    podinstall.forget(tmp_path)
+    assert podinstall.recorded(tmp_path) is None
+    podinstall.forget(tmp_path)  # twice is fine (down after down)
+
+
+def test_the_apiserver_port_comes_from_the_kubeconfig(tmp_path: Path) -> None:
+    from e2e.plane import podinstall
+
+    config = tmp_path / "kubeconfig"
+    config.write_text(yaml.safe_dump({"clusters": [{"cluster": {"server": "https://127.0.0.1:52709"}}]}))
+    assert podinstall.apiserver_port(config) == 52709
+    config.write_text(yaml.safe_dump({"clusters": [{"cluster": {"server": "https://127.0.0.1"}}]}))
+    with pytest.raises(ValueError, match="names no port"):
+        podinstall.apiserver_port(config)
