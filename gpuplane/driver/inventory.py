@@ -77,6 +77,13 @@ class Inventory:
             out.update(s.name for s in gpu.mig_slots)
         return out
 
+    def published_view(self) -> tuple[object, ...]:
+        """What the node's slices show of it: a change of this is a change to publish."""
+        return tuple(
+            (g.name, g.nvlink_domain, g.offer_whole, g.offer_dynamic_mig, tuple(s.name for s in g.mig_slots))
+            for g in self.gpus
+        )
+
 
 def gpu_device_name(minor: int) -> str:
     return f"gpu-{minor}"
