@@ -7,10 +7,9 @@ channel >= 1 per gang, distinct; each member's CDI spec on its tray carries its 
 environment and never another gang's; deleting the gangs deletes the domain. The daemons are not built yet
 (``docs/imex.md``): no status is reported, so prepare does not wait.
 
-Known gap, reported as an xfail rather than hidden: the controller lifts a gang's gates before its IMEX pass
-has named the member claims, so kubelet may prepare a member before the plan names it, and that member runs
-without a channel (the fix, holding the gates until the plan names every member claim, is the first next step
-in ``docs/imex.md``).
+The channel is there because the controller holds each gang's gates until its ``ImexDomain`` lists every
+member claim (``gpuplane.controller.imex.hold``): the gang's ``Placed`` Event says its gates wait for the
+domain, and no member is prepared before the plan names it.
 """
 
 from __future__ import annotations
@@ -93,7 +92,16 @@ def test_gangs_across_two_trays_get_their_own_channels_and_the_domain_goes_with_
     assert channel["wide"] >= 1 and channel["narrow"] >= 1 and channel["wide"] != channel["narrow"], channel
     print(f"\n[e2e] ImexDomain {obj['metadata']['name']} on {trays}: channels {channel}")
 
-    unchanneled: list[str] = []  # members prepared before the plan named them (the race in docs/imex.md)
+    for gang in ("wide", "narrow"):  # the user sees why the gates were held
+        said = [
+            e["message"]
+            for e in gc.kubectl_json("get", "events", "-n", ns, f"--field-selector=involvedObject.name={gang}")["items"]
+            if e["reason"] == "Placed"
+        ]
+        assert any("waiting for the IMEX domain to list every member claim" in m for m in said), (gang, said)
+    late = [e["reason"] for e in gc.kubectl_json("get", "events", "-n", ns)["items"] if e["reason"].startswith("Imex")]
+    assert late == [], late  # no gate lifted without the domain (ImexDomainLate, ImexRefused, ImexNotWaited)
+
     for gang, members in (("wide", 2), ("narrow", 2)):
         placed_on = set()
         for i in range(members):
@@ -104,18 +112,10 @@ def test_gangs_across_two_trays_get_their_own_channels_and_the_domain_goes_with_
             assert [(c["name"], c["node"]) for c in listed] == [(f"{gang}-{i}", result)]
             paths, env = cdi_imex(gc, result, claim["metadata"]["uid"])
             print(f"[e2e] {gang}-{i} on {result}: CDI {paths} {env}")
-            assert paths in ([], [f"{CHANNELS}{channel[gang]}"]), (gang, i, paths)  # never another gang's channel
-            if not paths:
-                assert env == [], env
-                unchanneled.append(f"{gang}-{i}")
-                continue
+            assert paths == [f"{CHANNELS}{channel[gang]}"], (gang, i, paths)  # its own gang's channel, only it
             assert env == [f"GPUPLANE_IMEX_CHANNEL={channel[gang]}", f"GPUPLANE_IMEX_DOMAIN={obj['metadata']['name']}"]
         assert placed_on == set(trays), f"gang {gang} is on {placed_on}, not across both trays"
 
     for gang in ("narrow", "wide"):
         gc.cluster.kubectl("delete", "gpugang", "-n", ns, gang, "--wait=true", "--timeout=60s", timeout=90)
     eventually(lambda: domains(gc) == [], 60, "the ImexDomain deleted with its gangs")
-    if unchanneled:
-        # Known gap (docs/imex.md, next steps): the gang's gates are lifted before the plan names its claims,
-        # so kubelet may prepare a member first and it runs without its channel. Reported, not hidden.
-        pytest.xfail(f"prepared before the ImexDomain named them, so no channel: {', '.join(unchanneled)}")

@@ -10,7 +10,10 @@ Being built. What is here:
   member claims, the channel the existing objects give them).
 - ``api``: the ``ImexDomain`` objects in ``gpuplane-system`` listed, created, their spec replaced,
   deleted (fenced writes, through the controller's client).
-- ``reconcile``: the leader's pass (``desired``, pure; the loop, I/O) and its start on kopf's registry.
+- ``reconcile``: the leader's pass (``desired``, pure; the loop, I/O) and its start on kopf's registry; each
+  pass leaves what it wrote in the runtime's shared state.
+- ``hold``: pure: whether a placed gang's gates wait for its domain to list every member claim (read by the
+  gang reconcile from what the last pass wrote), bounded, with a Warning when a gang goes on without it.
 
 Not yet: the daemon pods and their configuration, the readiness bound (a gang released when its
 domain never gets ready).

@@ -13,6 +13,10 @@ objects (one API read), decides on the loop under the process lock (the World is
 a few dicts per placed gang) and writes in a thread. A failed pass is logged and tried again ``RETRY_S``
 later; a lost leadership ends it at its next write. Without the CRD (an older install) it logs once and
 writes nothing.
+
+Each pass leaves what it wrote in the runtime's shared state (:class:`gpuplane.controller.imex.hold.Written`:
+the claims each gang's domain lists, the gangs refused, whether a write failed or the CRD is not served), which
+the gang reconcile reads to hold a gang's gates until its domain lists every member claim (:mod:`.hold`).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuplane.controller import kopf_barrier, kube, runtime
 from gpuplane.controller.gang import world
-from gpuplane.controller.imex import decide, gangs, objects
+from gpuplane.controller.imex import decide, gangs, hold, objects
 from gpuplane.controller.imex.api import ImexApi
 
 log = structlog.get_logger(__name__)
@@ -41,11 +45,18 @@ RETRY_S = 5.0
 
 @dataclass(frozen=True)
 class Outcome:
-    """One pass's decision: the writes, the plan they come from, and what was refused (by gang uid or domain)."""
+    """One pass's decision: the writes, the plan they come from, and what was refused (by gang uid or domain);
+    ``listed``: gang uid -> the claim uids its domain object lists; ``gangs_refused``: gang uid -> why none does."""
 
     diff: objects.Diff
     plan: decide.Plan
     refused: Mapping[str, str]
+    listed: Mapping[str, frozenset[str]]
+    gangs_refused: Mapping[str, str]
+
+    def written(self, at: float, failed: str = "") -> hold.Written:
+        """What the API holds once this outcome's diff is applied (``failed``: why it may not)."""
+        return hold.Written(at=at, failed=failed, listed=self.listed, refused=self.gangs_refused)
 
 
 def desired(w: world.World, gpu_domains: Mapping[str, str], existing: Sequence[Mapping[str, Any]]) -> Outcome:
@@ -53,7 +64,16 @@ def desired(w: world.World, gpu_domains: Mapping[str, str], existing: Sequence[M
     placed = gangs.placed(w, gpu_domains, gangs.recorded_channels(existing))
     plan = decide.plan(placed.gangs)
     rendered = objects.render(plan, placed.members)
-    return Outcome(objects.diff(rendered.objects, existing), plan, {**plan.refused, **rendered.refused})
+    listed: dict[str, frozenset[str]] = {}
+    gangs_refused = dict(plan.refused)
+    for domain in plan.domains:
+        for uid in domain.gangs:
+            if domain.name in rendered.refused:
+                gangs_refused[uid] = rendered.refused[domain.name]
+            else:
+                listed[uid] = frozenset(c.uid for c in placed.members[uid].claims)
+    refused = {**plan.refused, **rendered.refused}
+    return Outcome(objects.diff(rendered.objects, existing), plan, refused, listed, gangs_refused)
 
 
 class Pass:
@@ -83,6 +103,7 @@ class Pass:
             if not self.unserved:
                 log.warning("ImexDomains not served or not readable; no IMEX plan is written", status=exc.status)
             self.unserved = True
+            self.rt.shared.imex = hold.Written(at=time.time(), served=False)
             self.version, self.at = version, now
             return None
         self.unserved = False
@@ -100,9 +121,11 @@ class Pass:
                 channels=dict(outcome.plan.channels),
                 failed=failed[:10],
             )
-            if failed:  # tried again after RETRY_S
+            if failed:  # tried again after RETRY_S; meanwhile no gang waits for a plan the API does not hold
+                self.rt.shared.imex = outcome.written(time.time(), f"the IMEX plan could not be written: {failed[0]}")
                 self.retry_at = now + RETRY_S
                 return d
+        self.rt.shared.imex = outcome.written(time.time())
         if outcome.refused != self.refused:
             for what, why in sorted(outcome.refused.items()):
                 log.warning("IMEX: refused", what=what, why=why)
@@ -119,8 +142,11 @@ async def run(rt: runtime.Runtime, world_of: Callable[[], world.World], tick_s: 
     """Forever, once kopf's start-up barrier opened: a pass when one is due and this replica leads."""
     await kopf_barrier.wait_indexed()
     one = Pass(rt, world_of, ImexApi(rt.writer))
+    first = True  # the first pass right away: gangs placed meanwhile wait for it (hold.decide)
     while True:
-        await asyncio.sleep(tick_s)
+        if not first:
+            await asyncio.sleep(tick_s)
+        first = False
         if not rt.leading():
             one.version = None  # a new term starts with a pass
             continue
@@ -133,8 +159,9 @@ async def run(rt: runtime.Runtime, world_of: Callable[[], world.World], tick_s: 
             continue
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as exc:
             log.exception("IMEX pass failed; the next one runs in a moment")
+            rt.shared.imex = hold.Written(at=time.time(), failed=f"the IMEX pass failed: {type(exc).__name__}")
             one.retry_at = now + RETRY_S
 
 
