@@ -9,6 +9,7 @@ ready; a garbled or hostile object is refused whole and never crashes the driver
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -212,6 +213,45 @@ def test_an_unreadable_plan_fails_the_prepare_retryably(drv: tuple[driverkit.Dri
     d.state.imex = imex_claims.Gate(broken, imex_claims.Settings(node=NODE, dev_dir=d.sim.device_node_dir()))
     error, _ = prepared(d, "any", "u-any")
     assert "cannot read the ImexDomain objects" in error and "connection refused" in error
+
+
+def test_an_hgx_node_never_reads_the_plan_and_prepares_when_the_read_would_fail() -> None:
+    """No GPU of an HGX node has multi-node NVLink, so no domain can name its claims: no read, no failure."""
+    asked: list[str] = []
+
+    def broken() -> list[Any]:
+        asked.append("list")
+        raise OSError("forbidden: no Role gpuplane-driver-imex")
+
+    with driverkit.driver_env("hgx-h100", "hgx-0", prefix="imh") as d:
+        assert d.state.inventory().gpus and not any(g.multi_node for g in d.state.inventory().gpus)
+        d.state.imex = imex_claims.Gate(broken, imex_claims.Settings(node="hgx-0", dev_dir=d.sim.device_node_dir()))
+        c = driverkit.make_claim("solo", "hgx-0", ["gpu-0", "gpu-1"], namespace="team", uid="u-hgx")
+        d.claims.add(c)
+        assert d.state.prepare([driverkit.ref(c)])["u-hgx"].error == ""
+        assert asked == []  # the read was never made
+        assert d.state.snapshot().claims["u-hgx"].imex_channel is None
+
+
+def test_a_tray_reads_the_plan_for_its_fabric_gpus_and_only_then_fails_on_a_failed_read(
+    drv: tuple[driverkit.DriverUnderTest, list[Any]],
+) -> None:
+    d, _ = drv
+    inv = d.state.inventory()
+    assert inv.gpus and all(g.multi_node for g in inv.gpus)  # a gb200 tray: every GPU in the rack's clique
+    asked: list[str] = []
+
+    def broken() -> list[Any]:
+        asked.append("list")
+        raise OSError("connection refused")
+
+    gate = imex_claims.Gate(broken, imex_claims.Settings(node=NODE, dev_dir=d.sim.device_node_dir()))
+    assert gate.channel("u-x", []) is None and asked == []  # no GPU: nothing to read
+    local = [dataclasses.replace(g, multi_node=False) for g in inv.gpus]  # the fabric down: local NVLink only
+    assert gate.channel("u-x", local) is None and asked == []
+    with pytest.raises(imex_claims.ImexWait, match="connection refused"):
+        gate.channel("u-x", inv.gpus[:1])
+    assert asked == ["list"]
 
 
 def test_a_node_without_imex_channels_fails_a_named_claim_with_what_to_do(

@@ -3,8 +3,12 @@
 A tenant writes its claims and pods, so nothing on a claim can give it a channel (it would name another
 gang's). Only the controller writes ``ImexDomain`` objects (in ``gpuplane-system``; tenants get no RBAC
 there), and a claim gets a channel only when one of them names it on this node
-(:func:`gpuplane.api.imex.claims_on`). The objects are listed afresh for each claim prepared (one API read
-in one namespace), so a prepare sees the controller's latest plan.
+(:func:`gpuplane.api.imex.claims_on`). The objects are listed afresh for each claim prepared on a GPU whose
+multi-node NVLink is up (:attr:`gpuplane.driver.inventory.GpuEntry.multi_node`: its NVLink domain is a fabric
+clique; one API read in one namespace), so such a prepare sees the controller's latest plan. A claim on
+other GPUs (an HGX node, a tray whose fabric is down) can be in no domain (the controller forms them from
+the GPUs' cliques only): it is prepared without the read, so a failing read (the API, the Role
+``gpuplane-driver-imex``) fails only the prepares IMEX can apply to, retryably.
 
 Every object is parsed with the strict shared parser; one it refuses is logged (once per name and
 generation) and ignored whole, never half-read: a hostile or garbled object cannot crash the driver or give
@@ -24,7 +28,7 @@ record carries the channel, which :mod:`.cdi_assembly` turns into the container'
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +36,7 @@ from typing import Any
 import structlog
 
 from gpuplane.api import imex
+from gpuplane.driver.inventory import GpuEntry
 from gpuplane.driver.prepare import imex_channel
 
 log = structlog.get_logger(__name__)
@@ -95,8 +100,11 @@ class Gate:
         self.settings = settings
         self._refused: set[tuple[str, int]] = set()
 
-    def channel(self, claim_uid: str) -> imex_channel.Channel | None:
-        """The claim's channel (None: no domain names it here); raises :class:`ImexError` to retry later."""
+    def channel(self, claim_uid: str, gpus: Iterable[GpuEntry]) -> imex_channel.Channel | None:
+        """The channel of the claim on ``gpus`` (None: no domain names it here, or none can: no GPU of it has
+        multi-node NVLink, and then nothing is read); raises :class:`ImexError` to retry later."""
+        if not any(g.multi_node for g in gpus):
+            return None
         try:
             listed = self.list_domains()
         except Exception as exc:
@@ -125,5 +133,5 @@ class Gate:
 class NoImex:
     """A node without the controller's plan (tests, a driver built without an API): no claim gets a channel."""
 
-    def channel(self, claim_uid: str) -> imex_channel.Channel | None:
+    def channel(self, claim_uid: str, gpus: Iterable[GpuEntry]) -> imex_channel.Channel | None:
         return None
