@@ -11,8 +11,8 @@ Packages, each with its own index:
 - ``steer``: gate-and-steer, gpuplane's node choice for gated pods (kube-scheduler still allocates).
 - ``rightsize``: a GpuRequest becomes a ResourceClaimTemplate of ordered alternatives.
 - ``rebalance``: a noisy neighbour moved off a GPU it shares with a higher tier.
-- ``imex``: IMEX domains and channels for gangs across the nodes of an NVLink clique (being built:
-  ``decide`` only, issue 35).
+- ``imex``: IMEX domains and channels for gangs across the nodes of an NVLink clique, written as
+  ``ImexDomain`` objects by the leader (issue 35; the daemons are not built yet).
 
 The operator around them (these modules do I/O unless marked pure):
 

@@ -25,6 +25,7 @@ from gpuplane.controller import config, heap, indexed, kopf_barrier, names, reje
 from gpuplane.controller import fleet_gauges as gauges
 from gpuplane.controller.claim import checks, explainer, handling, review
 from gpuplane.controller.gang import leaderworkersets, owners
+from gpuplane.controller.imex import reconcile as imex
 from gpuplane.controller.node import slice_index, untrusted
 from gpuplane.controller.rebalance import act, decide, loop
 from gpuplane.controller.rightsize import apply as rightsize
@@ -187,6 +188,8 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
             class_idx=kw["class_idx"],
             now=time.time(),
         )
+
+    imex.register(reg, world_of)  # the leader's IMEX plan objects, from the placed gangs (issue 35)
 
     # --- gangs -----------------------------------------------------------------------------------
     async def gang(namespace: str | None, name: str, memo: runtime.Runtime, kw: Mapping[str, Any]) -> None:

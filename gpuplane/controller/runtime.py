@@ -27,6 +27,7 @@ from gpuplane.controller import config, events, indexed, kube, leader, names, st
 from gpuplane.controller import metrics as metrics_mod
 from gpuplane.controller.claim import checks
 from gpuplane.controller.gang import deleted, desired, queue_runner, reconciler, status, world
+from gpuplane.controller.imex import hold
 from gpuplane.controller.node import labels, snapshot_builder
 from gpuplane.controller.rightsize import template as rs_template
 from gpuplane.controller.steer import reconciler as steer_reconciler
@@ -62,6 +63,7 @@ class Shared:
     reasons: checks.ReasonCache = field(default_factory=checks.ReasonCache)  # unallocated claims' explanations
     domains: world.DomainCache = field(default_factory=world.DomainCache)  # GPU -> domain, for holding gangs
     worlds: world.CopyCache = field(default_factory=world.CopyCache)  # the last copy of the indexes
+    imex: hold.Written | None = None  # what this term's last IMEX pass left in the API (gates wait on it)
 
 
 @dataclass
@@ -110,6 +112,7 @@ class Runtime:
             self.shared.templates.clear()
             self.shared.steer.clear()
             self.shared.claim_notes.clear()
+            self.shared.imex = None  # an earlier term's pass says nothing of what is written now
             self.coalescer.reset()
             self.metrics.leader_terms.inc()
         return True
@@ -276,6 +279,7 @@ async def _reconcile_gang(rt: Runtime, key: str, w: world.World, now: float) -> 
             domains=lambda: rt.shared.domains.of(w),
             now=now,
             settings=rt.settings,
+            imex=rt.shared.imex,
         )
     )
     if outcome.victims:  # every victim pod's eviction dry-run first: a PodDisruptionBudget may refuse it

@@ -49,6 +49,8 @@ class GpuEntry:
     # True when dynamic MIG placements (with shared counters) are offered.
     offer_dynamic_mig: bool
     mig_slots: tuple[MigSlot, ...]
+    # True when nvlink_domain is a fabric clique (multi-node NVLink is up): IMEX can apply to its claims.
+    multi_node: bool = False
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,13 @@ class Inventory:
             out.update(s.name for s in gpu.mig_slots)
         return out
 
+    def published_view(self) -> tuple[object, ...]:
+        """What the node's slices show of it: a change of this is a change to publish."""
+        return tuple(
+            (g.name, g.nvlink_domain, g.offer_whole, g.offer_dynamic_mig, tuple(s.name for s in g.mig_slots))
+            for g in self.gpus
+        )
+
 
 def gpu_device_name(minor: int) -> str:
     return f"gpu-{minor}"
@@ -98,19 +107,25 @@ def _short(value: str) -> str:
     return f"{value[: MAX_LABEL - 13]}-{digest}"
 
 
-def nvlink_domains(node_name: str, backend: hw.GpuBackend, gpus: Sequence[hw.GpuInfo]) -> dict[str, str]:
-    """GPU uuid -> NVLink domain id."""
+def fabric_cliques(backend: hw.GpuBackend, gpus: Sequence[hw.GpuInfo]) -> dict[str, str]:
+    """GPU uuid -> its fabric clique ``<clusterUuid>.<cliqueId>``, for the GPUs whose multi-node NVLink is up."""
     out: dict[str, str] = {}
-    local: list[hw.GpuInfo] = []
     for gpu in gpus:
         try:
             fabric = backend.fabric_info(gpu.uuid)
         except hw.HardwareError:
-            fabric = hw.FabricInfo(cluster_uuid="", clique_id=0, state=hw.FabricInfo.FABRIC_STATE_NOT_SUPPORTED)
+            continue
         if fabric.completed:
             out[gpu.uuid] = f"{fabric.cluster_uuid}.{fabric.clique_id}"
-        else:
-            local.append(gpu)
+    return out
+
+
+def nvlink_domains(
+    node_name: str, backend: hw.GpuBackend, gpus: Sequence[hw.GpuInfo], fabric: dict[str, str] | None = None
+) -> dict[str, str]:
+    """GPU uuid -> NVLink domain id (``fabric``: :func:`fabric_cliques`, when already read)."""
+    out = dict(fabric_cliques(backend, gpus) if fabric is None else fabric)
+    local = [gpu for gpu in gpus if gpu.uuid not in out]
     parent = {g.uuid: g.uuid for g in local}
 
     def find(u: str) -> str:
@@ -188,7 +203,8 @@ def discover(
     """
     owned = set(driver_instances)
     infos = sorted(backend.gpus(), key=lambda g: g.minor)
-    domains = nvlink_domains(node_name, backend, infos)
+    fabric = fabric_cliques(backend, infos)
+    domains = nvlink_domains(node_name, backend, infos, fabric)
     entries: list[GpuEntry] = []
     for info in infos:
         name = gpu_device_name(info.minor)
@@ -236,6 +252,7 @@ def discover(
                 offer_whole=offer_whole,
                 offer_dynamic_mig=dynamic,
                 mig_slots=tuple(slots),
+                multi_node=info.uuid in fabric,
             )
         )
     return Inventory(node_name=node_name, gpus=tuple(entries))

@@ -14,7 +14,7 @@ from typing import Any, cast
 import structlog
 from kubernetes import client, config
 
-from gpuplane.api import boundedjson, kuberesponse
+from gpuplane.api import boundedjson, imex, kuberesponse
 
 log = structlog.get_logger(__name__)
 
@@ -110,6 +110,20 @@ class KubeApi:
                     "ResourceClaim not readable", claim=f"{meta.get('namespace')}/{meta.get('name')}", why=reason
                 )
         return items
+
+    # --- the controller's IMEX plan --------------------------------------------
+    def list_imex_domains(self, namespace: str = imex.NAMESPACE) -> list[Any]:
+        """The ImexDomain objects in ``namespace``, unparsed ([] where the CRD is not installed)."""
+        try:
+            raw = self.custom.list_namespaced_custom_object(
+                imex.GROUP, imex.VERSION, namespace, imex.PLURAL, _preload_content=False
+            )
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return []
+            raise
+        items = kuberesponse.read_list(raw).get("items")
+        return items if isinstance(items, list) else []
 
     # --- slices --------------------------------------------------------------
     def list_slices(self, node_name: str, driver_name: str) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from types import FrameType
 
 import structlog
@@ -14,6 +15,7 @@ import structlog
 from gpuplane import logs
 from gpuplane.driver import config as config_mod
 from gpuplane.driver import probes
+from gpuplane.driver.hw import interface as hw
 from gpuplane.driver.hw.select import make_backend
 from gpuplane.driver.hw.sim import SimConfig
 from gpuplane.driver.inventory import Inventory
@@ -27,6 +29,7 @@ from gpuplane.driver.observe.noisy_taints import NoisyTaints
 from gpuplane.driver.observe.telemetry_metrics import TelemetryMetrics
 from gpuplane.driver.observe.tiers import TierResolver
 from gpuplane.driver.plugin.server import PluginServer
+from gpuplane.driver.prepare import imex_claims
 from gpuplane.driver.prepare.checkpoint import read_boot_id
 from gpuplane.driver.prepare.state import DeviceState, StateSettings
 from gpuplane.driver.publish import steering
@@ -74,6 +77,18 @@ def _daemon_pods(cfg: config_mod.DriverConfig, api: KubeApi) -> DaemonPods | Non
         raise MpsError(f"--mps-daemons=pod: the driver's pod runs on {template.node_name!r}, not {cfg.node_name!r}")
     log.info("mps daemons run in pods of their own", image=template.image, namespace=template.namespace)
     return DaemonPods(api, template, cfg.mps_control_binary)
+
+
+def _imex_gate(cfg: config_mod.DriverConfig, backend: hw.GpuBackend, api: KubeApi) -> imex_claims.Gate:
+    """The controller's IMEX plan read at prepare; the simulator's own /proc/devices and placeholder nodes."""
+    proc_devices = getattr(backend, "proc_devices", None)  # the simulator's file; a real node's kernel's
+    settings = imex_claims.Settings(
+        node=cfg.node_name,
+        dev_dir=backend.device_node_dir() or cfg.dev_root,
+        proc_devices=proc_devices if isinstance(proc_devices, Path) else Path("/proc/devices"),
+        placeholder_ok=cfg.backend == "sim",
+    )
+    return imex_claims.Gate(api.list_imex_domains, settings)
 
 
 def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
@@ -131,6 +146,7 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
             mps,
             observer=metrics,
         )
+        state.imex = _imex_gate(cfg, backend, api)
         wake = threading.Event()
         board = HealthBoard()
         notices = ClaimNotices(state.snapshot, api)

@@ -51,6 +51,7 @@ from gpuplane.controller.gang import (
 )
 from gpuplane.controller.gang.outcome import EventTuple, GangRead, Outcome, finish
 from gpuplane.controller.gang.spec import SpecError, parse_gang_spec
+from gpuplane.controller.imex import hold
 from gpuplane.controller.node import snapshot_builder
 
 __all__ = ["Outcome", "Settings", "apply", "checked_preemption", "decide", "victim_outcome"]
@@ -80,6 +81,7 @@ def decide(
     domains: Domains,
     now: float,
     settings: Settings,
+    imex: hold.Written | None = hold.NOT_SERVED,
 ) -> Outcome:
     """The desired status, steps, Events and victims for gang ``key`` (pure but for ``planned``).
 
@@ -87,18 +89,20 @@ def decide(
     placement the gang holds, members still missing or ungated, and the queue's action.
     ``planned`` gives the queue pass's plan and view; only the queue's action calls it, so a gang
     with a bad spec, timed out, waiting for its members or holding a placement costs no pass over the
-    cluster. A held placement reads back with ``domains`` alone (the GPUs' NVLink domains).
+    cluster. A held placement reads back with ``domains`` alone (the GPUs' NVLink domains). ``imex``: what the
+    last IMEX pass wrote (None: no pass yet); a gang across nodes of one clique keeps its gates until it names
+    every member claim (:mod:`gpuplane.controller.imex.hold`).
     """
     g = _read(key, body, w, now)
     if isinstance(g, Outcome):
         return g
     outcome = _timed_out(g, settings, now)
     if outcome is None:
-        outcome = _holding(g, domains, settings, now)
+        outcome = _holding(g, w, domains, settings, now, imex=imex)
     if outcome is None:
         outcome = _waiting_for_members(g, w, settings)
     if outcome is None:
-        outcome = _queued(g, w, planned()[0], now)
+        outcome = _queued(g, w, planned()[0], now, domains=domains, imex=imex)
     return outcome
 
 
@@ -178,11 +182,14 @@ def _timed_out(g: GangRead, settings: Settings, now: float) -> Outcome | None:
     )
 
 
-def _holding(g: GangRead, domains: Domains, settings: Settings, now: float) -> Outcome | None:
+def _holding(
+    g: GangRead, w: world.World, domains: Domains, settings: Settings, now: float, *, imex: hold.Written | None
+) -> Outcome | None:
     """A gang that holds a placement: apply what is left of it, or follow its members to Running (or Released)."""
     if g.prev_phase not in world.HOLDING_PHASES:
         return None
-    decision = placement_record.decision_from_status(g.key, g.prev.get("placement"), domains())
+    gpus = domains()
+    decision = placement_record.decision_from_status(g.key, g.prev.get("placement"), gpus)
     if decision is None:
         return None
     spec, members = g.spec, g.members
@@ -199,12 +206,15 @@ def _holding(g: GangRead, domains: Domains, settings: Settings, now: float) -> O
             etype=ends.severity,
             tell_owners=ends.reason if ends.severity == "Warning" else "",
         )
-    applied = writes.apply_steps(g.ref, spec, decision, members, g.claims, driver_profile=spec.migProfile)
+    since = status.parse_time(g.prev.get("placedAt")) or g.created
+    g, applied, reason = hold.apply_steps(
+        g, decision, claims=w.claims, gpu_domains=gpus, written=imex, since=since, now=now
+    )
     g = g.with_problems(applied.problems)
     domain = ",".join(decision.domains)
     if applied.steps:
         msg = applied.blocked or f"applying placement in NVLink domain {domain}"
-        return finish(g, "Placing", "Applying", msg, {"domain": domain}, steps=applied.steps)
+        return finish(g, "Placing", reason, msg, {"domain": domain}, steps=applied.steps)
     if members.complete(spec.members) and members.running == spec.members:
         return finish(g, "Running", "AllRunning", f"all {spec.members} members running in {domain}", {"domain": domain})
     if members.complete(spec.members) and members.bound == spec.members:
@@ -252,7 +262,9 @@ def _waiting_for_members(g: GangRead, w: world.World, settings: Settings) -> Out
     return finish(g, "Pending", events.GANG_WAITING_MEMBERS, msg, {"placement": None})
 
 
-def _queued(g: GangRead, w: world.World, plan: queue_runner.Plan, now: float) -> Outcome:
+def _queued(
+    g: GangRead, w: world.World, plan: queue_runner.Plan, now: float, *, domains: Domains, imex: hold.Written | None
+) -> Outcome:
     """A complete, gated gang: what the queue pass decided for it (place, refuse, preempt, wait)."""
     spec = g.spec
     if g.shape:
@@ -280,10 +292,14 @@ def _queued(g: GangRead, w: world.World, plan: queue_runner.Plan, now: float) ->
     if action.kind == "place" and action.decision is not None:
         decision = action.decision
         placement = placement_record.placement_status(decision)
-        applied = writes.apply_steps(g.ref, spec, decision, g.members, g.claims, driver_profile=spec.migProfile)
+        gpus = domains()
+        g, applied, reason = hold.apply_steps(
+            g, decision, claims=w.claims, gpu_domains=gpus, written=imex, since=now, now=now
+        )
         domain = ",".join(decision.domains)
         waited = now - (status.parse_time(ready_since) or now)
         msg = f"placed {spec.members} members in NVLink domain {domain} (decision {placement['id']})"
+        msg += f"; {applied.blocked}" if reason == hold.WAITING else ""  # the Placed Event says the gates wait
         return finish(
             g,
             "Placing",

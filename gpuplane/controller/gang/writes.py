@@ -11,7 +11,10 @@ member made from a template, whose claims come with its pod), then
 every pod's required node affinity is narrowed to its node, then every gate is
 lifted. A step that is already done is not emitted, so recomputing the list
 after a crash at any point yields exactly the remaining writes; gates are only
-lifted once every claim and affinity is in place. Pure: the writes are made by
+lifted once every claim and affinity is in place, and while ``hold`` says why
+not (a gang across nodes of one NVLink clique waits for its IMEX domain:
+:mod:`gpuplane.controller.imex.hold`) the claims and affinities are written and the
+gates wait. Pure: the writes are made by
 :func:`gpuplane.controller.gang.reconciler.apply` through :mod:`gpuplane.controller.kube`.
 """
 
@@ -27,6 +30,8 @@ from gpuplane.controller.gang.membership import MemberPod, Members
 from gpuplane.controller.gang.placement_record import decision_id
 from gpuplane.controller.gang.spec import GangSpec
 from gpuplane.placement import model
+
+LIFT = "lift the gang gate"
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,11 @@ class ApplyPlan:
         """Nothing left to write and nothing blocking."""
         return not self.steps and not self.blocked
 
+    @property
+    def lifts_gates(self) -> bool:
+        """The steps lift at least one member's gate."""
+        return any(s.why == LIFT for s in self.steps)
+
 
 def apply_steps(
     gang: GangRef,
@@ -82,8 +92,10 @@ def apply_steps(
     claims: Mapping[str, ExistingClaim],
     *,
     driver_profile: str | None = None,
+    hold: str = "",
 ) -> ApplyPlan:
-    """The remaining writes that make the API match ``decision`` (claims, then affinities, then gates)."""
+    """The remaining writes that make the API match ``decision`` (claims, then affinities, then gates);
+    ``hold``: why the gates must wait although everything else is in place ("" : they need not)."""
     did = decision_id(decision)
     claim_steps: list[Step] = []
     affinity_steps: list[Step] = []
@@ -141,10 +153,12 @@ def apply_steps(
                         {"op": "test", "path": "/spec/schedulingGates", "value": [{"name": g} for g in pod.gates]},
                         {"op": "replace", "path": "/spec/schedulingGates", "value": remaining},
                     ],
-                    why="lift the gang gate",
+                    why=LIFT,
                 )
             )
     steps = claim_steps + affinity_steps
+    if hold and gate_steps and not blocked:
+        blocked = hold
     if blocked:
         steps.append(Step("wait", gang.name, why=blocked))
     else:

@@ -6,8 +6,15 @@ Being built. What is here:
   gang's channel out, stable across passes.
 - ``objects``: pure: the plan and each gang's member claims rendered as ``ImexDomain`` objects
   (``gpuplane.api.imex``), and the diff (create, update, delete) against the objects that exist.
+- ``gangs``: pure: the gangs holding a placement read from one copy of the indexes (nodes, cliques,
+  member claims, the channel the existing objects give them).
+- ``api``: the ``ImexDomain`` objects in ``gpuplane-system`` listed, created, their spec replaced,
+  deleted (fenced writes, through the controller's client).
+- ``reconcile``: the leader's pass (``desired``, pure; the loop, I/O) and its start on kopf's registry; each
+  pass leaves what it wrote in the runtime's shared state.
+- ``hold``: pure: whether a placed gang's gates wait for its domain to list every member claim (read by the
+  gang reconcile from what the last pass wrote), bounded, with a Warning when a gang goes on without it.
 
-Not yet: the kopf handlers that write the objects, the daemon pods and their configuration, the channel
-injected into members' claims and the readiness wait in prepare (the driver), the e2e tests on the simulated
-GB200 racks.
+Not yet: the daemon pods and their configuration, the readiness bound (a gang released when its
+domain never gets ready).
 """

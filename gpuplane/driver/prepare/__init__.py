@@ -12,7 +12,9 @@
 - ``cdi_assembly``: the claim's CDI spec from its record; pure.
 - ``cdi``: one CDI spec file per prepared claim (writes under the CDI root).
 - ``imex_channel``: a claim's IMEX channel: its node made from ``/proc/devices`` if missing, its CDI edits
-  (issue 35; not yet called by ``state``).
+  (issue 35).
+- ``imex_claims``: which claim gets a channel: the controller's ``ImexDomain`` objects read at prepare
+  (strictly parsed, a garbled one ignored), the wait for the domain's readiness, the node made.
 - ``recovery``: start-up rollback and rebuild, the periodic cleanup of claims that are gone.
 - ``owed``: MIG instances owed after their GPU fell off the bus at unprepare, recorded in the
   checkpoint and destroyed (or found gone) before the next discovery (changes the GPU, Events).

@@ -5,7 +5,8 @@ of its GPU and compute instance) and an env var naming its UUID. A node is ``/de
 container and ``host_dev/...`` on the host: the backend's own directory of nodes (the simulator's
 placeholders) or the dev root. The claim gets ``NVIDIA_VISIBLE_DEVICES``/``CUDA_VISIBLE_DEVICES``
 with the runtime UUIDs (MIG UUIDs for MIG devices), the control nodes, its MPS daemon's env (with
-the claim's ``CUDA_MPS_CLIENT_PRIORITY``) and bind mounts, and the annotation naming the MIG
+the claim's ``CUDA_MPS_CLIENT_PRIORITY``) and bind mounts, its gang's IMEX channel node and environment
+when its record has one (:mod:`.imex_claims`), and the annotation naming the MIG
 instances the driver made for it (so a claim rebuilt after a corrupt checkpoint owns them again).
 Pure, given the caps minors (``caps_of``) and the daemon; the file is written by
 :func:`gpuplane.driver.prepare.cdi.write_spec`.
@@ -16,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuplane.driver.prepare import cdi
+from gpuplane.driver.prepare import cdi, imex_channel
 from gpuplane.driver.prepare.checkpoint import ClaimRecord, DeviceRecord
 from gpuplane.driver.sharing.mps_spec import MpsDaemon
 
@@ -64,6 +65,12 @@ def claim_spec(
             cdi.Mount(host_path=str(m.host_path), container_path=str(m.container_path), options=tuple(m.options))
             for m in daemon.container_mounts()
         )
+    imex_nodes: tuple[cdi.DeviceNode, ...] = ()
+    if rec.imex_channel is not None:  # the gang's channel alone (given by the controller's plan, imex_claims)
+        imex_nodes, imex_env = imex_channel.edits(
+            imex_channel.Channel(rec.imex_channel, rec.imex_domain or ""), host_dev
+        )
+        common_env.extend(imex_env)
     made = [
         f"{d.mig.parent_uuid}/{d.mig.gi_id}"
         for d in rec.devices
@@ -74,6 +81,6 @@ def claim_spec(
         claim_uid=rec.uid,
         devices=tuple(edits),
         common_env=tuple(common_env),
-        common_device_nodes=tuple(node(n) for n in CONTROL_NODES),
+        common_device_nodes=(*(node(n) for n in CONTROL_NODES), *imex_nodes),
         common_mounts=tuple(common_mounts),
     )

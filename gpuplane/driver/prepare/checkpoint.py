@@ -87,6 +87,8 @@ class ClaimRecord(_Tolerant):
     mps_daemon: bool = False
     cdi_spec: str | None = None
     updated_at: float = Field(default_factory=time.time)
+    imex_channel: int | None = None  # the gang's IMEX channel on this node (issue 35), given at prepare
+    imex_domain: str | None = None  # ... and the ImexDomain that gave it
 
 
 class OwedMig(_Tolerant):

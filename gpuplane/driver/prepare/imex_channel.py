@@ -10,7 +10,7 @@ The container gets the channel's node (``/dev/...`` in the container, ``host_dev
 as for the GPUs) and ``GPUPLANE_IMEX_CHANNEL`` / ``GPUPLANE_IMEX_DOMAIN`` naming what it got. It gets
 no other channel: a pod of one gang cannot open another gang's.
 
-Not wired into prepare yet: the controller's record of which claim gets which channel comes next.
+Called by prepare through :mod:`.imex_claims`, when the controller's ``ImexDomain`` names the claim here.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from gpuplane.driver.host import file_lock
 from gpuplane.driver.hw import interface as hw
 from gpuplane.driver.inventory import GpuEntry, Inventory, MigSlot, discover
 from gpuplane.driver.kube import NotFound
-from gpuplane.driver.prepare import cdi, cdi_assembly, owed, planning, recovery
+from gpuplane.driver.prepare import cdi, cdi_assembly, imex_claims, owed, planning, recovery
 from gpuplane.driver.prepare.checkpoint import (
     Checkpoint,
     CheckpointStore,
@@ -127,6 +127,7 @@ class DeviceState:
         self.on_inventory_change: Callable[[Inventory], None] | None = None
         # Called after every prepare/unprepare batch (the steered layout re-ranks what is prepared).
         self.on_claims_change: Callable[[], None] | None = None
+        self.imex: imex_claims.Gate | imex_claims.NoImex = imex_claims.NoImex()  # a claim's IMEX channel, if any
 
     # ------------------------------------------------------------------ locking
     @contextlib.contextmanager
@@ -157,7 +158,7 @@ class DeviceState:
         owned += also_owned
         cfg = self.settings
         inv = discover(cfg.node_name, self.backend, owned, withheld, mig_placements=cfg.mig_placements)
-        changed = self._inventory is None or _published_view(inv) != _published_view(self._inventory)
+        changed = self._inventory is None or inv.published_view() != self._inventory.published_view()
         self._inventory = inv
         if changed and self.on_inventory_change is not None:
             self.on_inventory_change(inv)
@@ -185,6 +186,7 @@ class DeviceState:
                     MpsError,
                     cdi.CdiError,
                     NotFound,
+                    imex_claims.ImexError,
                 ) as exc:
                     self.observer.failed("prepare", _reason(exc))
                     log_.warning("prepare failed", error=str(exc))
@@ -227,6 +229,7 @@ class DeviceState:
             raise
         for warning in plan.warnings:
             self.claims.claim_event(obj, "ConfigIgnored", warning)
+        imex = self.imex.channel(alloc.uid, (g for _, g, _ in plan.devices))  # before any change; may wait
         rec = ClaimRecord(
             uid=alloc.uid,
             namespace=alloc.namespace,
@@ -234,6 +237,8 @@ class DeviceState:
             phase="PrepareStarted",
             devices=[_device_record(a, g, s) for a, g, s in plan.devices],
             sharing=plan.sharing,
+            imex_channel=imex.index if imex else None,
+            imex_domain=imex.domain if imex else None,
         )
         touches_hardware = plan.sharing.strategy != "Exclusive" or any(s is not None for _, _, s in plan.devices)
         cp.claims[rec.uid] = rec
@@ -389,10 +394,3 @@ def _claim_kind(rec: ClaimRecord | None) -> str:
     if any(d.kind == "mig" for d in rec.devices):
         return "mig"
     return "gpu"
-
-
-def _published_view(inv: Inventory) -> tuple[Any, ...]:
-    return tuple(
-        (g.name, g.nvlink_domain, g.offer_whole, g.offer_dynamic_mig, tuple(s.name for s in g.mig_slots))
-        for g in inv.gpus
-    )

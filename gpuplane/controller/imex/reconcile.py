@@ -1,0 +1,173 @@
+"""The leader's IMEX pass: the placed gangs in, the ``ImexDomain`` objects written to match.
+
+:func:`desired` is pure: one copy of the indexes (:class:`gpuplane.controller.gang.world.World`), the GPU ->
+NVLink domain map and the objects that exist in, the writes out (:func:`gpuplane.controller.imex.decide.plan`
+over :func:`gpuplane.controller.imex.gangs.placed`, rendered and diffed by :mod:`.objects`), with the gangs
+and domains refused and why.
+
+:func:`run` is the loop (I/O), started by :func:`register` on kopf's start-up like the controller's other
+background loops: after the start-up barrier, while this replica leads, a pass whenever anything indexed
+changed since the last one (checked every ``TICK_S``: a claim's allocation, a gang's status, a pod) and every
+``RESYNC_S`` regardless (an object edited or deleted by hand comes back). A pass lists the namespace's
+objects (one API read), decides on the loop under the process lock (the World is copied there; the plan is
+a few dicts per placed gang) and writes in a thread. A failed pass is logged and tried again ``RETRY_S``
+later; a lost leadership ends it at its next write. Without the CRD (an older install) it logs once and
+writes nothing.
+
+Each pass leaves what it wrote in the runtime's shared state (:class:`gpuplane.controller.imex.hold.Written`:
+the claims each gang's domain lists, the gangs refused, whether a write failed or the CRD is not served), which
+the gang reconcile reads to hold a gang's gates until its domain lists every member claim (:mod:`.hold`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+import structlog
+from kubernetes.client.exceptions import ApiException
+
+from gpuplane.controller import kopf_barrier, kube, runtime
+from gpuplane.controller.gang import world
+from gpuplane.controller.imex import decide, gangs, hold, objects
+from gpuplane.controller.imex.api import ImexApi
+
+log = structlog.get_logger(__name__)
+
+TICK_S = 1.0
+RESYNC_S = 30.0
+RETRY_S = 5.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One pass's decision: the writes, the plan they come from, and what was refused (by gang uid or domain);
+    ``listed``: gang uid -> the claim uids its domain object lists; ``gangs_refused``: gang uid -> why none does."""
+
+    diff: objects.Diff
+    plan: decide.Plan
+    refused: Mapping[str, str]
+    listed: Mapping[str, frozenset[str]]
+    gangs_refused: Mapping[str, str]
+
+    def written(self, at: float, failed: str = "") -> hold.Written:
+        """What the API holds once this outcome's diff is applied (``failed``: why it may not)."""
+        return hold.Written(at=at, failed=failed, listed=self.listed, refused=self.gangs_refused)
+
+
+def desired(w: world.World, gpu_domains: Mapping[str, str], existing: Sequence[Mapping[str, Any]]) -> Outcome:
+    """What to write so that the objects match the gangs placed in ``w``."""
+    placed = gangs.placed(w, gpu_domains, gangs.recorded_channels(existing))
+    plan = decide.plan(placed.gangs)
+    rendered = objects.render(plan, placed.members)
+    listed: dict[str, frozenset[str]] = {}
+    gangs_refused = dict(plan.refused)
+    for domain in plan.domains:
+        for uid in domain.gangs:
+            if domain.name in rendered.refused:
+                gangs_refused[uid] = rendered.refused[domain.name]
+            else:
+                listed[uid] = frozenset(c.uid for c in placed.members[uid].claims)
+    refused = {**plan.refused, **rendered.refused}
+    return Outcome(objects.diff(rendered.objects, existing), plan, refused, listed, gangs_refused)
+
+
+class Pass:
+    """One leader's passes: what it last saw, so that a pass runs only on a change, and refusals are logged once."""
+
+    def __init__(self, rt: runtime.Runtime, world_of: Callable[[], world.World], api: ImexApi) -> None:
+        self.rt = rt
+        self.world_of = world_of
+        self.api = api
+        self.version: int | None = None
+        self.at = 0.0
+        self.refused: Mapping[str, str] = {}
+        self.unserved = False
+        self.retry_at = 0.0  # after a failed pass: not before then (a failing API is not asked every tick)
+
+    def due(self, now: float) -> bool:
+        return now >= self.retry_at and (self.version != self.rt.shared.version or now - self.at >= RESYNC_S)
+
+    async def once(self, now: float) -> objects.Diff | None:
+        """One pass (None: the API does not serve ImexDomains to this controller)."""
+        version = self.rt.shared.version
+        try:
+            existing = await asyncio.to_thread(self.api.existing)
+        except ApiException as exc:
+            if exc.status not in (403, 404):
+                raise
+            if not self.unserved:
+                log.warning("ImexDomains not served or not readable; no IMEX plan is written", status=exc.status)
+            self.unserved = True
+            self.rt.shared.imex = hold.Written(at=time.time(), served=False)
+            self.version, self.at = version, now
+            return None
+        self.unserved = False
+        async with self.rt.lock():
+            w = self.world_of()
+            outcome = desired(w, self.rt.shared.domains.of(w), existing)
+        d = outcome.diff
+        if d.create or d.update or d.delete:
+            failed = await asyncio.to_thread(self.api.apply, d)
+            log.info(
+                "IMEX domains written",
+                created=[objects_name(o) for o in d.create],
+                updated=[objects_name(o) for o in d.update],
+                deleted=list(d.delete),
+                channels=dict(outcome.plan.channels),
+                failed=failed[:10],
+            )
+            if failed:  # tried again after RETRY_S; meanwhile no gang waits for a plan the API does not hold
+                self.rt.shared.imex = outcome.written(time.time(), f"the IMEX plan could not be written: {failed[0]}")
+                self.retry_at = now + RETRY_S
+                return d
+        self.rt.shared.imex = outcome.written(time.time())
+        if outcome.refused != self.refused:
+            for what, why in sorted(outcome.refused.items()):
+                log.warning("IMEX: refused", what=what, why=why)
+            self.refused = outcome.refused
+        self.version, self.at = version, now
+        return d
+
+
+def objects_name(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name") or "")
+
+
+async def run(rt: runtime.Runtime, world_of: Callable[[], world.World], tick_s: float = TICK_S) -> None:
+    """Forever, once kopf's start-up barrier opened: a pass when one is due and this replica leads."""
+    await kopf_barrier.wait_indexed()
+    one = Pass(rt, world_of, ImexApi(rt.writer))
+    first = True  # the first pass right away: gangs placed meanwhile wait for it (hold.decide)
+    while True:
+        if not first:
+            await asyncio.sleep(tick_s)
+        first = False
+        if not rt.leading():
+            one.version = None  # a new term starts with a pass
+            continue
+        now = time.monotonic()
+        if not one.due(now):
+            continue
+        try:
+            await one.once(now)
+        except kube.NotLeader:
+            continue
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("IMEX pass failed; the next one runs in a moment")
+            rt.shared.imex = hold.Written(at=time.time(), failed=f"the IMEX pass failed: {type(exc).__name__}")
+            one.retry_at = now + RETRY_S
+
+
+def register(reg: kopf.OperatorRegistry, world_of: Callable[[runtime.Runtime, Mapping[str, Any]], world.World]) -> None:
+    """The loop's start on ``reg`` (``world_of(memo, kw)``: the handlers' copy of the indexes)."""
+
+    @kopf.on.startup(registry=reg)
+    async def start_imex(memo: runtime.Runtime, **kw: Any) -> None:
+        memo.shared.tasks.append(asyncio.create_task(run(memo, lambda: world_of(memo, kw))))

@@ -1,0 +1,137 @@
+"""Which claim prepared on this node gets an IMEX channel: the controller's ``ImexDomain`` objects, read at prepare.
+
+A tenant writes its claims and pods, so nothing on a claim can give it a channel (it would name another
+gang's). Only the controller writes ``ImexDomain`` objects (in ``gpuplane-system``; tenants get no RBAC
+there), and a claim gets a channel only when one of them names it on this node
+(:func:`gpuplane.api.imex.claims_on`). The objects are listed afresh for each claim prepared on a GPU whose
+multi-node NVLink is up (:attr:`gpuplane.driver.inventory.GpuEntry.multi_node`: its NVLink domain is a fabric
+clique; one API read in one namespace), so such a prepare sees the controller's latest plan. A claim on
+other GPUs (an HGX node, a tray whose fabric is down) can be in no domain (the controller forms them from
+the GPUs' cliques only): it is prepared without the read, so a failing read (the API, the Role
+``gpuplane-driver-imex``) fails only the prepares IMEX can apply to, retryably.
+
+Every object is parsed with the strict shared parser; one it refuses is logged (once per name and
+generation) and ignored whole, never half-read: a hostile or garbled object cannot crash the driver or give
+a claim a channel. A claim two domains name, or on a node two domains list, gets none and its prepare fails
+with why (:class:`ImexRefused`); kubelet retries it, and the controller's next pass repairs the plan.
+
+**Readiness.** A named claim's prepare fails retryably (:class:`ImexWait`, naming the nodes) until every node
+of its domain reports its daemon ready for the domain's current spec (``status.nodes[]``: ``ready`` and
+``observedGeneration`` >= ``metadata.generation``). The daemons that will report it are not built yet
+(``docs/imex.md``), so the wait applies only once a domain has any status (``require_status=False``, the
+default); with the daemons in place it must apply from the start (``require_status=True``), or a prepare
+that comes before the first report goes through unwaited.
+
+Then the channel's node is made from ``/proc/devices`` if missing (:mod:`.imex_channel`), and the claim's
+record carries the channel, which :mod:`.cdi_assembly` turns into the container's node and environment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from gpuplane.api import imex
+from gpuplane.driver.inventory import GpuEntry
+from gpuplane.driver.prepare import imex_channel
+
+log = structlog.get_logger(__name__)
+
+
+class ImexError(Exception):
+    """A claim's IMEX channel cannot be given now; the message says why (kubelet retries the prepare)."""
+
+
+class ImexWait(ImexError):
+    """The claim's domain is not ready on every node yet."""
+
+
+class ImexRefused(ImexError):
+    """The plan names the claim in a way the driver will not follow (two domains)."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where this node's channel nodes are made and how."""
+
+    node: str
+    dev_dir: Path  # the host directory of the device nodes (the CDI specs' hostPath root)
+    proc_devices: Path = Path("/proc/devices")
+    placeholder_ok: bool = False  # the simulator without CAP_MKNOD: an empty file stands in for the node
+    require_status: bool = False  # wait for ready even when no daemon has reported anything (see above)
+
+
+def not_ready(domain: imex.ImexDomain, require_status: bool = False) -> tuple[str, ...]:
+    """The domain's nodes whose daemon has not reported ready for its current spec (see the module docstring)."""
+    if not domain.status and not require_status:
+        return ()
+    ready = {s.node for s in domain.status if s.ready and s.observedGeneration >= domain.generation}
+    return tuple(n for n in domain.nodes if n not in ready)
+
+
+def parse_all(objects: Sequence[Any], seen: set[tuple[str, int]] | None = None) -> list[imex.ImexDomain]:
+    """The objects the parser accepts; each refused one logged (once per name and generation when ``seen``)."""
+    out: list[imex.ImexDomain] = []
+    for obj in objects:
+        domain, why = imex.parse_domain(obj)
+        if domain is not None:
+            out.append(domain)
+            continue
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        name = meta.get("name") if isinstance(meta, dict) else None
+        generation = meta.get("generation") if isinstance(meta, dict) else None
+        key = (str(name)[:64], generation if isinstance(generation, int) else -1)
+        if seen is None or key not in seen:
+            log.warning("ImexDomain refused and ignored", why=why)
+            if seen is not None:
+                seen.add(key)
+    return out
+
+
+class Gate:
+    """What prepare asks for each claim: its channel on this node, its domain ready and its node made."""
+
+    def __init__(self, list_domains: Callable[[], Sequence[Any]], settings: Settings) -> None:
+        self.list_domains = list_domains
+        self.settings = settings
+        self._refused: set[tuple[str, int]] = set()
+
+    def channel(self, claim_uid: str, gpus: Iterable[GpuEntry]) -> imex_channel.Channel | None:
+        """The channel of the claim on ``gpus`` (None: no domain names it here, or none can: no GPU of it has
+        multi-node NVLink, and then nothing is read); raises :class:`ImexError` to retry later."""
+        if not any(g.multi_node for g in gpus):
+            return None
+        try:
+            listed = self.list_domains()
+        except Exception as exc:
+            raise ImexWait(f"cannot read the ImexDomain objects ({exc}); the prepare is retried") from exc
+        domains = parse_all(listed, self._refused)
+        plan = imex.claims_on(domains, self.settings.node)
+        if claim_uid in plan.refused:
+            raise ImexRefused(f"no IMEX channel given: {plan.refused[claim_uid]}")
+        got = plan.claims.get(claim_uid)
+        if got is None:
+            return None
+        domain = next(d for d in domains if d.name == got.domain)
+        waiting = not_ready(domain, self.settings.require_status)
+        if waiting:
+            raise ImexWait(
+                f"IMEX domain {domain.name} is not ready on node(s) {', '.join(waiting)}; the prepare is retried"
+            )
+        s = self.settings
+        try:
+            imex_channel.ensure_node(s.dev_dir, s.proc_devices, got.channel, placeholder_ok=s.placeholder_ok)
+        except imex_channel.ChannelError as exc:
+            raise ImexError(str(exc)) from exc
+        return imex_channel.Channel(got.channel, got.domain)
+
+
+class NoImex:
+    """A node without the controller's plan (tests, a driver built without an API): no claim gets a channel."""
+
+    def channel(self, claim_uid: str, gpus: Iterable[GpuEntry]) -> imex_channel.Channel | None:
+        return None

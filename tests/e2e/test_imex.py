@@ -1,0 +1,121 @@
+"""IMEX for gangs across GB200 trays (issue 35), on the session's cluster: the plan object and the channels.
+
+The session's two ``gb200-nvl72`` trays are one clique. Gang ``wide`` (2 members x 3 GPUs) cannot sit on one
+4-GPU tray, so it spans both; gang ``narrow`` (2 x 1 GPU) takes the GPU left on each. The leader writes one
+``ImexDomain`` in ``gpuplane-system`` (the gangs share both trays, so one daemon per tray serves both) with a
+channel >= 1 per gang, distinct; each member's CDI spec on its tray carries its own gang's channel node and
+environment and never another gang's; deleting the gangs deletes the domain. The daemons are not built yet
+(``docs/imex.md``): no status is reported, so prepare does not wait.
+
+The channel is there because the controller holds each gang's gates until its ``ImexDomain`` lists every
+member claim (``gpuplane.controller.imex.hold``): the gang's ``Placed`` Event says its gates wait for the
+domain, and no member is prepared before the plan names it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import GpuCluster, eventually
+from tests.hostilekit import apply_text, ns_fixture, pod_body  # noqa: F401  (fixture ns)
+
+pytestmark = pytest.mark.e2e
+
+GB200 = 'device.attributes["gpu.gpuplane.dev"].productName == "NVIDIA GB200"'
+SYSTEM = "gpuplane-system"
+CHANNELS = "/dev/nvidia-caps-imex-channels/channel"
+
+
+def gang_objects(ns: str, name: str, members: int, gpus: int) -> str:
+    gang = {
+        "apiVersion": "gpuplane.dev/v1alpha1",
+        "kind": "GpuGang",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"members": members, "gpusPerMember": gpus, "selectors": [GB200]},
+    }
+    items: list[dict[str, Any]] = [gang]
+    for i in range(members):
+        pod = pod_body(ns, f"{name}-pod-{i}", f"{name}-{i}")
+        pod["metadata"]["labels"] = {"gpuplane.dev/gang": name}
+        pod["spec"]["schedulingGates"] = [{"name": "gpuplane.dev/gang"}]
+        items.append(pod)
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
+
+
+def domains(gc: GpuCluster) -> list[dict[str, Any]]:
+    return list(gc.kubectl_json("get", "imexdomains", "-n", SYSTEM).get("items", []))
+
+
+def running(gc: GpuCluster, ns: str, name: str, members: int) -> bool:
+    return all(gc.pod(ns, f"{name}-pod-{i}")["status"].get("phase") == "Running" for i in range(members))
+
+
+def cdi_imex(gc: GpuCluster, node: str, claim_uid: str) -> tuple[list[str], list[str]]:
+    """The IMEX device nodes and environment of a prepared claim's CDI spec on its node."""
+    (spec_file,) = [p for p in gc.node(node).cdi_root.glob("*.json") if claim_uid in p.name]
+    edits = json.loads(spec_file.read_text()).get("containerEdits") or {}
+    paths = [n["path"] for n in edits.get("deviceNodes") or [] if n["path"].startswith(CHANNELS)]
+    env = [e for e in edits.get("env") or [] if e.startswith("GPUPLANE_IMEX_")]
+    return paths, env
+
+
+def test_gangs_across_two_trays_get_their_own_channels_and_the_domain_goes_with_them(
+    gpu_cluster: GpuCluster, ns: str
+) -> None:
+    gc = gpu_cluster
+    trays = sorted(n.name for n in gc.of_profile("gb200-nvl72"))
+    assert len(trays) == 2, trays
+    assert domains(gc) == [], "an ImexDomain before any gang"
+
+    apply_text(gc, gang_objects(ns, "wide", 2, 3))
+    eventually(lambda: running(gc, ns, "wide", 2), 180, "gang wide's members Running")
+    apply_text(gc, gang_objects(ns, "narrow", 2, 1))
+    eventually(lambda: running(gc, ns, "narrow", 2), 180, "gang narrow's members Running")
+
+    uids = {g: gc.kubectl_json("get", "gpugang", "-n", ns, g)["metadata"]["uid"] for g in ("wide", "narrow")}
+
+    def both_in_one_domain() -> dict[str, Any] | None:
+        found = domains(gc)
+        if len(found) != 1 or len(found[0]["spec"]["gangs"]) != 2:
+            return None
+        claims = sum(len(g["claims"]) for g in found[0]["spec"]["gangs"])
+        return found[0] if claims == 4 else None
+
+    obj = eventually(both_in_one_domain, 60, "one ImexDomain listing both gangs and their four claims")
+    assert obj["metadata"]["name"] == f"imex-{uids['wide']}"  # the oldest gang names it
+    assert obj["spec"]["nodes"] == trays
+    channel = {g["name"]: g["channel"] for g in obj["spec"]["gangs"]}
+    assert {g["name"]: g["uid"] for g in obj["spec"]["gangs"]} == uids
+    assert channel["wide"] >= 1 and channel["narrow"] >= 1 and channel["wide"] != channel["narrow"], channel
+    print(f"\n[e2e] ImexDomain {obj['metadata']['name']} on {trays}: channels {channel}")
+
+    for gang in ("wide", "narrow"):  # the user sees why the gates were held
+        said = [
+            e["message"]
+            for e in gc.kubectl_json("get", "events", "-n", ns, f"--field-selector=involvedObject.name={gang}")["items"]
+            if e["reason"] == "Placed"
+        ]
+        assert any("waiting for the IMEX domain to list every member claim" in m for m in said), (gang, said)
+    late = [e["reason"] for e in gc.kubectl_json("get", "events", "-n", ns)["items"] if e["reason"].startswith("Imex")]
+    assert late == [], late  # no gate lifted without the domain (ImexDomainLate, ImexRefused, ImexNotWaited)
+
+    for gang, members in (("wide", 2), ("narrow", 2)):
+        placed_on = set()
+        for i in range(members):
+            claim = gc.claim(ns, f"{gang}-{i}")
+            (result,) = {r["pool"] for r in claim["status"]["allocation"]["devices"]["results"]}
+            placed_on.add(result)
+            listed = [c for g in obj["spec"]["gangs"] for c in g["claims"] if c["uid"] == claim["metadata"]["uid"]]
+            assert [(c["name"], c["node"]) for c in listed] == [(f"{gang}-{i}", result)]
+            paths, env = cdi_imex(gc, result, claim["metadata"]["uid"])
+            print(f"[e2e] {gang}-{i} on {result}: CDI {paths} {env}")
+            assert paths == [f"{CHANNELS}{channel[gang]}"], (gang, i, paths)  # its own gang's channel, only it
+            assert env == [f"GPUPLANE_IMEX_CHANNEL={channel[gang]}", f"GPUPLANE_IMEX_DOMAIN={obj['metadata']['name']}"]
+        assert placed_on == set(trays), f"gang {gang} is on {placed_on}, not across both trays"
+
+    for gang in ("narrow", "wide"):
+        gc.cluster.kubectl("delete", "gpugang", "-n", ns, gang, "--wait=true", "--timeout=60s", timeout=90)
+    eventually(lambda: domains(gc) == [], 60, "the ImexDomain deleted with its gangs")
