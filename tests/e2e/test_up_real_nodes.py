@@ -66,7 +66,7 @@ def test_up_installs_gpuplane_as_pods_on_the_real_node(tmp_path: Path) -> None:
     try:
         up = e2e("up", "--state-dir", str(state), *UP)
         assert up.returncode == 0
-        assert "kubectl apply -k manifests/overlays/local" in up.stdout
+        assert "kubectl apply -k of manifests/overlays/local" in up.stdout
 
         (driver,) = pods_of(state, "gpuplane-driver")
         assert driver["spec"]["nodeName"] == REAL and ready(driver)
