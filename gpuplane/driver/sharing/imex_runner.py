@@ -257,6 +257,8 @@ class ImexDaemons:
         step = decide.next_step(want, self._observe(now))
         if step == "start" and self._running is not None and now < self._restart_at:
             step = "keep"  # a daemon that exited waits its backoff
+        if step == "reload" and now < self._settle_until:
+            step = "keep"  # a daemon just started may not handle SIGUSR1 yet (its default action ends it)
         if step in ("stop", "restart"):
             self._stop_daemon()
         if want is not None and step in ("start", "restart"):
