@@ -3,8 +3,10 @@
 Tenants write claims and pods, so a claim cannot carry its IMEX channel (a tenant would name another gang's
 channel). The controller writes one ``ImexDomain`` per domain in ``gpuplane-system``, where only it may write
 (``manifests/controller/rbac.yaml``); the driver reads them and prepares a claim with a channel only when one
-names that claim on its node (:func:`claims_on`). The driver reports its daemon's readiness per node in the
-status.
+names that claim on its node (:func:`claims_on`). ``spec.addresses`` gives each node's InternalIP as the
+controller read it from the Node (a node's ``nvidia-imex`` binds its own and lists all of them, in node-name
+order, in its node file; a node without one gets no daemon). The driver reports its daemon's readiness per
+node in the status.
 
 The parser is strict because the object is input to a privileged program: wrong types, unknown fields, a
 channel outside 1..``IMEX_CHANNEL_COUNT``-1, a channel twice in one domain, a claim on a node not in the
@@ -15,6 +17,7 @@ carries the same bounds (``tests/unit/test_imex_plan_object.py`` compares them).
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -43,7 +46,11 @@ MAX_UID = 64  # a Kubernetes uid is 36 characters
 MAX_MESSAGE = 1024
 MAX_GENERATION = 2**63 - 1
 
-SPEC_FIELDS = frozenset({"clique", "nodes", "gangs"})
+MAX_ADDRESS = 45  # an IPv6 address's longest text form
+
+SPEC_REQUIRED = frozenset({"clique", "nodes", "gangs"})
+SPEC_FIELDS = SPEC_REQUIRED | {"addresses"}
+ADDRESS_FIELDS = frozenset({"node", "address"})
 GANG_FIELDS = frozenset({"namespace", "name", "uid", "channel", "claims"})
 CLAIM_FIELDS = frozenset({"namespace", "name", "uid", "node"})
 NODE_STATUS_FIELDS = frozenset({"node", "ready", "message", "observedGeneration"})
@@ -90,6 +97,11 @@ class ImexDomain:
     nodes: tuple[str, ...]  # sorted
     gangs: tuple[Gang, ...]
     status: tuple[NodeStatus, ...] = ()
+    addresses: tuple[tuple[str, str], ...] = ()  # (node, InternalIP), sorted by node; nodes without one absent
+
+    def address_of(self, node: str) -> str:
+        """The node's address in the spec, "" when it has none."""
+        return dict(self.addresses).get(node, "")
 
 
 @dataclass(frozen=True)
@@ -184,8 +196,35 @@ def _gang(value: Any, path: str, nodes: frozenset[str]) -> Gang:
     return Gang(namespace, name, uid, channel, parsed)
 
 
-def _spec(value: Any) -> tuple[str, tuple[str, ...], tuple[Gang, ...]]:
-    raw = _dict(value, "spec", SPEC_FIELDS, sorted(SPEC_FIELDS))
+def _addresses(value: Any, nodes: frozenset[str]) -> tuple[tuple[str, str], ...]:
+    entries = _list(value, "spec.addresses", 0, MAX_NODES)
+    out: dict[str, str] = {}
+    for i, entry in enumerate(entries):
+        path = f"spec.addresses[{i}]"
+        raw = _dict(entry, path, ADDRESS_FIELDS, sorted(ADDRESS_FIELDS))
+        node = _str(raw["node"], f"{path}.node", MAX_NODE_NAME)
+        address = _str(raw["address"], f"{path}.address", MAX_ADDRESS)
+        if node not in nodes:
+            raise _Bad(f"{path}.node: {node!r} is not one of the domain's nodes")
+        if node in out:
+            raise _Bad(f"{path}.node: {node!r} listed twice")
+        try:
+            parsed = ipaddress.ip_address(address)
+        except ValueError:
+            raise _Bad(f"{path}.address: {address!r} is not an IP address") from None
+        if str(parsed) != address:
+            raise _Bad(f"{path}.address: {address!r} is not in canonical form ({parsed})")
+        if address in out.values():
+            raise _Bad(f"{path}.address: {address!r} is also another node's")
+        out[node] = address
+    return tuple(sorted(out.items()))
+
+
+Spec = tuple[str, tuple[str, ...], tuple[Gang, ...], tuple[tuple[str, str], ...]]
+
+
+def _spec(value: Any) -> Spec:
+    raw = _dict(value, "spec", SPEC_FIELDS, sorted(SPEC_REQUIRED))
     clique = _str(raw["clique"], "spec.clique", MAX_CLIQUE)
     node_list = _list(raw["nodes"], "spec.nodes", MIN_NODES, MAX_NODES)
     nodes = [_str(n, f"spec.nodes[{i}]", MAX_NODE_NAME) for i, n in enumerate(node_list)]
@@ -211,7 +250,8 @@ def _spec(value: Any) -> tuple[str, tuple[str, ...], tuple[Gang, ...]]:
                     f"(also in spec.gangs[{seen_claims[claim.uid]}])"
                 )
             seen_claims[claim.uid] = i
-    return clique, tuple(sorted(nodes)), gangs
+    addresses = _addresses(raw["addresses"], node_set) if "addresses" in raw else ()
+    return clique, tuple(sorted(nodes)), gangs, addresses
 
 
 def _status(value: Any) -> tuple[NodeStatus, ...]:
@@ -244,11 +284,11 @@ def parse_domain(obj: Any) -> tuple[ImexDomain | None, str]:
         meta = _dict(raw["metadata"], "metadata", required=("name",))
         name = _str(meta["name"], "metadata.name", MAX_OBJECT_NAME)
         generation = _int(meta.get("generation", 0), "metadata.generation", 0, MAX_GENERATION)
-        clique, nodes, gangs = _spec(raw["spec"])
+        clique, nodes, gangs, addresses = _spec(raw["spec"])
         status = _status(raw["status"]) if raw.get("status") is not None else ()
     except _Bad as bad:
         return None, f"ImexDomain {_name_of(obj)}: {bad}"
-    return ImexDomain(name, generation, clique, nodes, gangs, status), ""
+    return ImexDomain(name, generation, clique, nodes, gangs, status, addresses), ""
 
 
 def _name_of(obj: Any) -> str:
@@ -259,7 +299,7 @@ def _name_of(obj: Any) -> str:
 
 def domain_to_spec(domain: ImexDomain) -> dict[str, Any]:
     """The ``spec`` of ``domain`` as the API object carries it (the inverse of the parser's spec part)."""
-    return {
+    spec: dict[str, Any] = {
         "clique": domain.clique,
         "nodes": list(domain.nodes),
         "gangs": [
@@ -273,6 +313,9 @@ def domain_to_spec(domain: ImexDomain) -> dict[str, Any]:
             for g in domain.gangs
         ],
     }
+    if domain.addresses:
+        spec["addresses"] = [{"node": n, "address": a} for n, a in domain.addresses]
+    return spec
 
 
 def claims_on(domains: Iterable[ImexDomain], node: str) -> NodePlan:

@@ -34,6 +34,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from gpuplane.api import imex
 from gpuplane.api import names as dn
 from gpuplane.controller import names
 
@@ -153,7 +154,19 @@ def node(body: Mapping[str, Any]) -> dict[str, Any]:
         out_meta["labels"] = {sys.intern(str(k)): sys.intern(str(v)) for k, v in labels.items()}
     if names.ANNOTATION_NVLINK_DOMAINS in annotations:
         out_meta["annotations"] = {names.ANNOTATION_NVLINK_DOMAINS: annotations[names.ANNOTATION_NVLINK_DOMAINS]}
-    return {"schedulable": ready and not spec.get("unschedulable"), "metadata": out_meta}
+    out: dict[str, Any] = {"schedulable": ready and not spec.get("unschedulable"), "metadata": out_meta}
+    address = internal_ip(body)
+    if address:
+        out["address"] = address
+    return out
+
+
+def internal_ip(body: Mapping[str, Any]) -> str:
+    """The Node's first ``InternalIP`` (its IMEX daemon's address), "" when it reports none."""
+    for entry in (body.get("status") or {}).get("addresses") or []:
+        if isinstance(entry, Mapping) and entry.get("type") == "InternalIP" and isinstance(entry.get("address"), str):
+            return str(entry["address"])[: imex.MAX_ADDRESS]
+    return ""
 
 
 POD_SPEC_KEYS = ("nodeName", "resourceClaims", "schedulingGates", "nodeSelector", "affinity")

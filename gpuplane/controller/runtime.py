@@ -170,12 +170,14 @@ def make_world(
         else:
             fresh[key] = patch
     pods: list[Mapping[str, Any]] = [p for store in pod_idx.values() for p in store]
+    nodes_ = indexed.single(node_idx)
     w = world.World(
         gangs=world.overlay(gangs_, fresh),
         pods=world.member_lists(pods),
         claims=indexed.single(claim_idx),
         slices=tuple(d for store in slice_idx.values() for d in store),
-        nodes={k: bool(v.get("schedulable")) for k, v in indexed.single(node_idx).items()},
+        nodes={k: bool(v.get("schedulable")) for k, v in nodes_.items()},
+        addresses={k: str(v["address"]) for k, v in nodes_.items() if v.get("address")},
         classes=indexed.single(class_idx),
         jobs={key: tuple(store) for key, store in (job_idx or {}).items()},
         leaderworkersets={key: tuple(store) for key, store in (lws_idx or {}).items()},

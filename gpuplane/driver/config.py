@@ -41,6 +41,13 @@ class DriverConfig(BaseModel):
     # setting; needs POD_NAME and POD_NAMESPACE from the downward API and hostPID).
     mps_daemons: Literal["process", "pod"] = "process"
     mps_start_timeout_s: float = Field(default=10.0, gt=0)
+    # off: no IMEX daemon (prepare waits for a domain's readiness only once some node reports it); process: this
+    # node's nvidia-imex is the driver's child, and prepare waits until every node of a claim's domain reports
+    # ready (gpuplane/driver/sharing/imex_runner.py, docs/imex.md).
+    imex_daemons: Literal["off", "process"] = "off"
+    imex_binary: str = "nvidia-imex"
+    imex_ctl_binary: str = "nvidia-imex-ctl"
+    imex_port: int = Field(default=50000, gt=0, lt=65536)
     pod_name: str = ""
     pod_namespace: str = ""
     dev_root: Path = Path("/dev")  # where /dev/nvidia* live as the container runtime sees them
@@ -134,6 +141,16 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
         default=None,
         help="seconds an MPS control daemon may take to answer (default 10; 60 with --mps-daemons=pod)",
     )
+    p.add_argument(
+        "--imex-daemons",
+        choices=["off", "process"],
+        default=_env("IMEX_DAEMONS", "off"),
+        help="run this node's nvidia-imex for the ImexDomain listing it: off, or process (the driver's child); "
+        "with a daemon, a claim's prepare waits until its IMEX domain is ready on every node",
+    )
+    p.add_argument("--imex-binary", default=_env("IMEX_BINARY", "nvidia-imex"))
+    p.add_argument("--imex-ctl-binary", default=_env("IMEX_CTL_BINARY", "nvidia-imex-ctl"))
+    p.add_argument("--imex-port", type=int, default=int(_env("IMEX_PORT", "50000") or 50000))
     p.add_argument("--dev-root", default=_env("DEV_ROOT", "/dev"))
     p.add_argument(
         "--metrics-address",
@@ -239,6 +256,10 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
         mps_control_binary=args.mps_control_binary,
         mps_daemons=args.mps_daemons,
         mps_start_timeout_s=start_timeout,
+        imex_daemons=args.imex_daemons,
+        imex_binary=args.imex_binary,
+        imex_ctl_binary=args.imex_ctl_binary,
+        imex_port=args.imex_port,
         pod_name=pod_name,
         pod_namespace=pod_namespace,
         dev_root=Path(args.dev_root),

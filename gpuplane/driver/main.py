@@ -36,6 +36,7 @@ from gpuplane.driver.publish import steering
 from gpuplane.driver.publish.claim_status import ClaimStatusReporter
 from gpuplane.driver.publish.publisher import Layout, SlicePublisher
 from gpuplane.driver.publish.slices import DeviceTaint, PoolContent
+from gpuplane.driver.sharing.imex_runner import ImexDaemons, StatusApi
 from gpuplane.driver.sharing.mps import MpsControl
 from gpuplane.driver.sharing.mps_pods import DaemonPods, PodTemplate
 from gpuplane.driver.sharing.mps_spec import MpsError
@@ -87,8 +88,24 @@ def _imex_gate(cfg: config_mod.DriverConfig, backend: hw.GpuBackend, api: KubeAp
         dev_dir=backend.device_node_dir() or cfg.dev_root,
         proc_devices=proc_devices if isinstance(proc_devices, Path) else Path("/proc/devices"),
         placeholder_ok=cfg.backend == "sim",
+        require_status=cfg.imex_daemons != "off",  # with daemons, a domain is ready only once they say so
     )
     return imex_claims.Gate(api.list_imex_domains, settings)
+
+
+def _imex_daemons(cfg: config_mod.DriverConfig, api: KubeApi) -> ImexDaemons | None:
+    """With --imex-daemons=process: this node's nvidia-imex, run and reported (started after recovery)."""
+    if cfg.imex_daemons == "off":
+        return None
+    return ImexDaemons(
+        cfg.node_name,
+        cfg.plugin_dir / "imex",
+        api.list_imex_domains,
+        StatusApi(api.api_client),
+        binary=cfg.imex_binary,
+        ctl_binary=cfg.imex_ctl_binary,
+        port=cfg.imex_port,
+    )
 
 
 def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
@@ -147,6 +164,7 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
             observer=metrics,
         )
         state.imex = _imex_gate(cfg, backend, api)
+        imex_daemons = _imex_daemons(cfg, api)
         wake = threading.Event()
         board = HealthBoard()
         notices = ClaimNotices(state.snapshot, api)
@@ -233,6 +251,8 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
             timing=metrics.rpc,
         )
         server.start()
+        if imex_daemons is not None:
+            imex_daemons.start()
         checks.add_check("kubelet-registered", server.registered.is_set)
         telemetry_metrics = TelemetryMetrics(metrics.registry)
         sampler = telemetry.TelemetrySampler(
@@ -307,6 +327,8 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
             # Calls already running finish (an MPS prepare waits for its daemon pod): kubelet sends no
             # new ones once registration is withdrawn, and the DaemonSet gives the pod 30 s in all.
             server.stop(grace=SHUTDOWN_GRACE_S)
+            if imex_daemons is not None:
+                imex_daemons.stop()
             reporter.stop()
             for endpoint in http:
                 endpoint.stop()

@@ -151,7 +151,7 @@ def test_driver_backend_and_kubelet_root(helm_bin: Path) -> None:
 def test_namespace_follows_the_release(helm_bin: Path) -> None:
     objects = helm.render(helm_bin, CHART, namespace="gpu-ops")
     assert by_kind(objects, "Namespace").keys() == {"gpu-ops"}
-    for name in ("gpuplane-driver-own-node-slices", "gpuplane-driver-own-node-pods"):
+    for name in ("gpuplane-driver-own-node-slices", "gpuplane-driver-own-node-pods", "gpuplane-driver-own-imex-status"):
         policy = by_kind(objects, "ValidatingAdmissionPolicy")[name]
         assert "system:serviceaccount:gpu-ops:gpuplane-driver" in policy["spec"]["matchConditions"][0]["expression"]
     role = by_kind(objects, "RoleBinding")["gpuplane-driver-mps-daemons"]

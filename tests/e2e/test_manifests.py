@@ -112,6 +112,8 @@ def test_base_renders_everything_the_issue_lists() -> None:
         ("RoleBinding", "gpuplane-driver-mps-daemons"),
         ("ValidatingAdmissionPolicy", "gpuplane-driver-own-node-pods"),
         ("ValidatingAdmissionPolicyBinding", "gpuplane-driver-own-node-pods"),
+        ("ValidatingAdmissionPolicy", "gpuplane-driver-own-imex-status"),
+        ("ValidatingAdmissionPolicyBinding", "gpuplane-driver-own-imex-status"),
     ]:
         assert expected in kinds, f"{expected} missing from the base"
 

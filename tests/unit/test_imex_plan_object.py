@@ -236,7 +236,12 @@ def test_the_crd_schema_bounds_are_the_parsers() -> None:
         imex.MAX_UID,
         imex.MAX_NODE_NAME,
     ]
-    assert set(props["spec"]["required"]) == set(spec) == imex.SPEC_FIELDS
+    assert set(props["spec"]["required"]) == imex.SPEC_REQUIRED and set(spec) == imex.SPEC_FIELDS
+    address = spec["addresses"]
+    assert address["maxItems"] == imex.MAX_NODES and address["x-kubernetes-list-map-keys"] == ["node"]
+    assert set(address["items"]["required"]) == set(address["items"]["properties"]) == imex.ADDRESS_FIELDS
+    a = address["items"]["properties"]
+    assert (a["node"]["maxLength"], a["address"]["maxLength"]) == (imex.MAX_NODE_NAME, imex.MAX_ADDRESS)
     status = props["status"]["properties"]["nodes"]
     assert status["maxItems"] == imex.MAX_NODES and status["x-kubernetes-list-map-keys"] == ["node"]
     s = status["items"]["properties"]

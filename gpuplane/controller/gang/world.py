@@ -42,6 +42,7 @@ class World:
     classes: Mapping[str, Mapping[str, Any]]  # DeviceClass name -> body
     jobs: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)  # gang key -> its Jobs
     leaderworkersets: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)  # gang key -> LWSs
+    addresses: Mapping[str, str] = field(default_factory=dict)  # node -> its InternalIP (IMEX node files)
 
     @functools.cached_property
     def member_uids(self) -> frozenset[str]:

@@ -46,8 +46,14 @@ class Diff:
     delete: tuple[str, ...]
 
 
-def render(plan: Plan, members: Mapping[str, GangMembers], namespace: str = imex.NAMESPACE) -> Rendered:
-    """One ``ImexDomain`` object per domain of ``plan``; ``members`` by gang uid."""
+def render(
+    plan: Plan,
+    members: Mapping[str, GangMembers],
+    namespace: str = imex.NAMESPACE,
+    addresses: Mapping[str, str] | None = None,
+) -> Rendered:
+    """One ``ImexDomain`` object per domain of ``plan``; ``members`` by gang uid; ``addresses``: node -> its
+    InternalIP (a node without one is left out of ``spec.addresses``: its driver runs no daemon until it has one)."""
     objects: list[dict[str, Any]] = []
     refused: dict[str, str] = {}
     for domain in plan.domains:
@@ -65,7 +71,9 @@ def render(plan: Plan, members: Mapping[str, GangMembers], namespace: str = imex
             )
             for uid in domain.gangs
         )
-        model = imex.ImexDomain(domain.name, 0, domain.clique, tuple(domain.nodes), gangs)
+        known = addresses or {}
+        where = tuple((n, known[n]) for n in sorted(domain.nodes) if known.get(n))
+        model = imex.ImexDomain(domain.name, 0, domain.clique, tuple(domain.nodes), gangs, addresses=where)
         obj = {
             "apiVersion": imex.API_VERSION,
             "kind": imex.KIND,

@@ -63,7 +63,7 @@ def desired(w: world.World, gpu_domains: Mapping[str, str], existing: Sequence[M
     """What to write so that the objects match the gangs placed in ``w``."""
     placed = gangs.placed(w, gpu_domains, gangs.recorded_channels(existing))
     plan = decide.plan(placed.gangs)
-    rendered = objects.render(plan, placed.members)
+    rendered = objects.render(plan, placed.members, addresses=w.addresses)
     listed: dict[str, frozenset[str]] = {}
     gangs_refused = dict(plan.refused)
     for domain in plan.domains:

@@ -11,6 +11,12 @@
 - ``backoff``: a deadline and a doubling pause, for the loops that wait on a daemon, a process or a pod.
 - ``mps_spec``: the values (spec, paths, what containers get) and the spec checks; no I/O.
 
+- ``imex_daemons``: this node's IMEX daemon: which should run for the ``ImexDomain`` listing the node,
+  its config and node file, the step to take (start, reload, restart, stop), the restart backoff and the
+  status entry to report; pure.
+- ``imex_runner``: runs that daemon as the driver's child (``--imex-daemons=process``), asks it
+  ``nvidia-imex-ctl -q`` and patches this node's entry of the domain's status (I/O).
+
 - ``timeslice_tiers``: which interval a time-sliced GPU gets and which tiers may share it; pure.
 
 Time-slicing needs no daemon: ``DeviceState`` (:mod:`gpuplane.driver.prepare.state`) sets the
