@@ -9,16 +9,20 @@ environment and never another gang's; deleting the gangs deletes the domain. The
 
 The channel is there because the controller holds each gang's gates until its ``ImexDomain`` lists every
 member claim (``gpuplane.controller.imex.hold``): the gang's ``Placed`` Event says its gates wait for the
-domain, and no member is prepared before the plan names it.
+domain, and no member is prepared before the plan names it. A tray's driver token may write its own
+node's entry of the domain's status and is refused another node's (``gpuplane-driver-own-imex-status``).
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from e2e.plane import identity
 from tests.e2e.conftest import GpuCluster, eventually
 from tests.hostilekit import apply_text, ns_fixture, pod_body  # noqa: F401  (fixture ns)
 
@@ -62,8 +66,32 @@ def cdi_imex(gc: GpuCluster, node: str, claim_uid: str) -> tuple[list[str], list
     return paths, env
 
 
+def own_entry_only(gc: GpuCluster, domain: str, trays: list[str], tmp_path: Path) -> None:
+    """A tray's driver (its token, bound to a pod on the tray) writes its own status entry, never the other's."""
+    own, other = trays
+    who = identity.driver_identity(gc.cluster, own, tmp_path)
+
+    def patch(nodes: list[dict[str, Any]]) -> subprocess.CompletedProcess[str]:
+        body = json.dumps({"status": {"nodes": nodes}})
+        argv = [str(gc.cluster.bins.kubectl), f"--kubeconfig={who.kubeconfig}", "patch", "imexdomain", domain]
+        argv += ["-n", SYSTEM, "--subresource=status", "--type=merge", "-p", body]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+
+    mine = {"node": own, "ready": False, "message": "e2e: written by this tray's driver token"}
+    done = patch([mine])
+    assert done.returncode == 0, done.stderr
+    refused = patch([mine, {"node": other, "ready": True, "message": "e2e: the other tray, forged"}])
+    assert refused.returncode != 0
+    assert "gpuplane-driver-own-imex-status" in refused.stderr, refused.stderr
+    assert f"the gpuplane driver on node '{own}' may write only its own node's entry" in refused.stderr
+    print(f"[e2e] {own}'s driver writing {other}'s entry: {refused.stderr.strip()}")
+    entries = gc.kubectl_json("get", "imexdomain", "-n", SYSTEM, domain).get("status", {}).get("nodes", [])
+    assert [e["node"] for e in entries] == [own]  # the refused patch changed nothing
+    assert patch([]).returncode == 0  # and its own entry may go again
+
+
 def test_gangs_across_two_trays_get_their_own_channels_and_the_domain_goes_with_them(
-    gpu_cluster: GpuCluster, ns: str
+    gpu_cluster: GpuCluster, ns: str, tmp_path: Path
 ) -> None:
     gc = gpu_cluster
     trays = sorted(n.name for n in gc.of_profile("gb200-nvl72"))
@@ -115,6 +143,8 @@ def test_gangs_across_two_trays_get_their_own_channels_and_the_domain_goes_with_
             assert paths == [f"{CHANNELS}{channel[gang]}"], (gang, i, paths)  # its own gang's channel, only it
             assert env == [f"GPUPLANE_IMEX_CHANNEL={channel[gang]}", f"GPUPLANE_IMEX_DOMAIN={obj['metadata']['name']}"]
         assert placed_on == set(trays), f"gang {gang} is on {placed_on}, not across both trays"
+
+    own_entry_only(gc, obj["metadata"]["name"], trays, tmp_path)
 
     for gang in ("narrow", "wide"):
         gc.cluster.kubectl("delete", "gpugang", "-n", ns, gang, "--wait=true", "--timeout=60s", timeout=90)
