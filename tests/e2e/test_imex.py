@@ -15,14 +15,16 @@ node's entry of the domain's status and is refused another node's (``gpuplane-dr
 
 from __future__ import annotations
 
+import contextlib
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from e2e.plane import identity
+from gpuplane.driver.sharing import imex_runner
 from tests.e2e.conftest import GpuCluster, eventually
 from tests.hostilekit import apply_text, ns_fixture, pod_body  # noqa: F401  (fixture ns)
 
@@ -67,27 +69,29 @@ def cdi_imex(gc: GpuCluster, node: str, claim_uid: str) -> tuple[list[str], list
 
 
 def own_entry_only(gc: GpuCluster, domain: str, trays: list[str], tmp_path: Path) -> None:
-    """A tray's driver (its token, bound to a pod on the tray) writes its own status entry, never the other's."""
+    """A tray's driver (its token, bound to a pod on the tray) writes its own status entry, never the other's.
+
+    Through the driver's own writer (``imex_runner.StatusApi``: a merge patch of ``status.nodes``)."""
     own, other = trays
     who = identity.driver_identity(gc.cluster, own, tmp_path)
+    with contextlib.closing(identity.new_client(who.kubeconfig)) as api_client:
+        api = imex_runner.StatusApi(api_client, SYSTEM)
 
-    def patch(nodes: list[dict[str, Any]]) -> subprocess.CompletedProcess[str]:
-        body = json.dumps({"status": {"nodes": nodes}})
-        argv = [str(gc.cluster.bins.kubectl), f"--kubeconfig={who.kubeconfig}", "patch", "imexdomain", domain]
-        argv += ["-n", SYSTEM, "--subresource=status", "--type=merge", "-p", body]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        def patch(nodes: list[dict[str, Any]]) -> bool:
+            version = gc.kubectl_json("get", "imexdomain", "-n", SYSTEM, domain)["metadata"]["resourceVersion"]
+            return api.patch_nodes(domain, nodes, version)
 
-    mine = {"node": own, "ready": False, "message": "e2e: written by this tray's driver token"}
-    done = patch([mine])
-    assert done.returncode == 0, done.stderr
-    refused = patch([mine, {"node": other, "ready": True, "message": "e2e: the other tray, forged"}])
-    assert refused.returncode != 0
-    assert "gpuplane-driver-own-imex-status" in refused.stderr, refused.stderr
-    assert f"the gpuplane driver on node '{own}' may write only its own node's entry" in refused.stderr
-    print(f"[e2e] {own}'s driver writing {other}'s entry: {refused.stderr.strip()}")
-    entries = gc.kubectl_json("get", "imexdomain", "-n", SYSTEM, domain).get("status", {}).get("nodes", [])
-    assert [e["node"] for e in entries] == [own]  # the refused patch changed nothing
-    assert patch([]).returncode == 0  # and its own entry may go again
+        mine = {"node": own, "ready": False, "message": "e2e: written by this tray's driver token"}
+        assert patch([mine])
+        with pytest.raises(ApiException) as refused:
+            patch([mine, {"node": other, "ready": True, "message": "e2e: the other tray, forged"}])
+        assert refused.value.status == 403
+        assert "gpuplane-driver-own-imex-status" in str(refused.value.body), refused.value.body
+        assert f"the gpuplane driver on node '{own}' may write only its own node's entry" in str(refused.value.body)
+        print(f"[e2e] {own}'s driver writing {other}'s entry: 403 {refused.value.body}")
+        entries = gc.kubectl_json("get", "imexdomain", "-n", SYSTEM, domain).get("status", {}).get("nodes", [])
+        assert [e["node"] for e in entries] == [own]  # the refused patch changed nothing
+        assert patch([])  # and its own entry may go again
 
 
 def test_gangs_across_two_trays_get_their_own_channels_and_the_domain_goes_with_them(
