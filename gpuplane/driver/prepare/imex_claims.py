@@ -38,6 +38,7 @@ import structlog
 from gpuplane.api import imex
 from gpuplane.driver.inventory import GpuEntry
 from gpuplane.driver.prepare import imex_channel
+from gpuplane.driver.sharing.imex_runner import parse_all
 
 log = structlog.get_logger(__name__)
 
@@ -71,25 +72,6 @@ def not_ready(domain: imex.ImexDomain, require_status: bool = False) -> tuple[st
         return ()
     ready = {s.node for s in domain.status if s.ready and s.observedGeneration >= domain.generation}
     return tuple(n for n in domain.nodes if n not in ready)
-
-
-def parse_all(objects: Sequence[Any], seen: set[tuple[str, int]] | None = None) -> list[imex.ImexDomain]:
-    """The objects the parser accepts; each refused one logged (once per name and generation when ``seen``)."""
-    out: list[imex.ImexDomain] = []
-    for obj in objects:
-        domain, why = imex.parse_domain(obj)
-        if domain is not None:
-            out.append(domain)
-            continue
-        meta = obj.get("metadata") if isinstance(obj, dict) else None
-        name = meta.get("name") if isinstance(meta, dict) else None
-        generation = meta.get("generation") if isinstance(meta, dict) else None
-        key = (str(name)[:64], generation if isinstance(generation, int) else -1)
-        if seen is None or key not in seen:
-            log.warning("ImexDomain refused and ignored", why=why)
-            if seen is not None:
-                seen.add(key)
-    return out
 
 
 class Gate:

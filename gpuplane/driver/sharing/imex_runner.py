@@ -53,6 +53,28 @@ QUERY_TIMEOUT_S = 5.0
 SETTLE_S = 1.0  # after a start or a reload, the daemon's answers may still be about the old node file
 
 
+def parse_all(objects: Sequence[Any], seen: set[tuple[str, int]] | None = None) -> list[imex.ImexDomain]:
+    """The objects the strict parser accepts; each refused one logged (once per name and generation when ``seen``).
+
+    The one reader of listed ``ImexDomain`` objects: this runner's tick and prepare's gate
+    (:mod:`gpuplane.driver.prepare.imex_claims`)."""
+    out: list[imex.ImexDomain] = []
+    for obj in objects:
+        domain, why = imex.parse_domain(obj)
+        if domain is not None:
+            out.append(domain)
+            continue
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        meta = meta if isinstance(meta, dict) else {}
+        generation = meta.get("generation")
+        key = (str(meta.get("name"))[:64], generation if isinstance(generation, int) else -1)
+        if seen is None or key not in seen:
+            log.warning("ImexDomain refused and ignored", why=why)
+            if seen is not None:
+                seen.add(key)
+    return out
+
+
 class StatusApi:
     """Reads one ImexDomain and merge-patches its ``status.nodes`` (the driver's Role ``gpuplane-driver-imex``)."""
 
@@ -251,7 +273,7 @@ class ImexDaemons:
         now = self.clock()
         listed = list(self.list_domains())
         by_name = {str((o.get("metadata") or {}).get("name")): o for o in listed if isinstance(o, dict)}
-        domains = self._parse(listed)
+        domains = parse_all(listed, self._seen_refused)
         plan = decide.wanted(domains, self.node)
         want = plan.daemon
         step = decide.next_step(want, self._observe(now))
@@ -282,23 +304,6 @@ class ImexDaemons:
                 message = f"{message}; earlier: {self._exit_note}"
         entry = decide.status_entry(self.node, ready, message, self._generation)
         report(self.status, by_name.get(want.domain), want.domain, entry)
-
-    def _parse(self, listed: Sequence[Any]) -> list[imex.ImexDomain]:
-        """The objects the strict parser accepts; a refused one is logged once per name and generation."""
-        out: list[imex.ImexDomain] = []
-        for obj in listed:
-            domain, why = imex.parse_domain(obj)
-            if domain is not None:
-                out.append(domain)
-                continue
-            meta = obj.get("metadata") if isinstance(obj, dict) else None
-            meta = meta if isinstance(meta, dict) else {}
-            generation = meta.get("generation")
-            key = (str(meta.get("name"))[:64], generation if isinstance(generation, int) else -1)
-            if key not in self._seen_refused:
-                self._seen_refused.add(key)
-                log.warning("ImexDomain refused and ignored", why=why)
-        return out
 
     # ------------------------------------------------------------------ the loop
 
