@@ -129,6 +129,12 @@ class PodInstall:
                 f"{len(self.nodes)} containerd(s) in {time.monotonic() - began:.1f}s"
             )
 
+    def label_nodes(self) -> None:
+        """Give every real node the labels the workloads' node selectors ask for (``realinstall.NODE_LABELS``)."""
+        labels = [f"{k}={v}" for k, v in realinstall.NODE_LABELS.items()]
+        for node in self.nodes:
+            self.kubectl("label", "node", node.name, "--overwrite", *labels)
+
     def install(self, label: str, tree: Path, built: Sequence[images.BuiltImage]) -> float:
         """``kubectl apply -k`` of ``tree``'s local overlay with ``built``'s images; the seconds until rolled out."""
         dest = self.state_dir / "install" / label
@@ -146,9 +152,7 @@ class PodInstall:
         began = time.monotonic()
         self.say(f"$ kubectl apply -k {dest}")
         self.say(self.kubectl("apply", "-k", str(dest), timeout=180).strip())
-        for node in self.nodes:  # after the apply: an e2e overlay's pinned workloads must never land on a real node
-            labels = [f"{k}={v}" for k, v in realinstall.NODE_LABELS.items()]
-            self.kubectl("label", "node", node.name, "--overwrite", *labels)
+        self.label_nodes()  # after the apply: an e2e overlay's pinned workloads must never land on a real node
         self.say(f"waiting for the driver DaemonSet on {len(self.nodes)} real node(s) and the controller Deployment")
         self.wait_rolled_out()
         seconds = time.monotonic() - began
@@ -205,9 +209,7 @@ class PodInstall:
         began = time.monotonic()
         self.say(f"$ kubectl apply (the DaemonSet {realinstall.DAEMONSET} of {dest})")
         self.admin("apply", "-f", "-", input_text=json.dumps(daemonset), timeout=120)
-        for node in self.nodes:
-            labels = [f"{k}={v}" for k, v in realinstall.NODE_LABELS.items()]
-            self.kubectl("label", "node", node.name, "--overwrite", *labels)
+        self.label_nodes()
         self.wait_rolled_out(workloads=(f"daemonset/{realinstall.DAEMONSET}",))
         self.installed, self.built["driver"] = "driver", list(built)
         seconds = time.monotonic() - began
