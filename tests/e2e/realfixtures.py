@@ -167,7 +167,7 @@ def real_cluster(request: pytest.FixtureRequest, gpu_cluster: GpuCluster) -> Ite
                 out=lambda line: print(line, flush=True),
             )
             pods.prepare_nodes()
-            pods.import_images(podinstall.missing_images(started, built))
+            pods.import_images(built)  # the nodes were just started: they hold none of them
             pods.install_driver(built, DRIVER_ENV)
         yield RealCluster(gpu=gpu_cluster, real=real)
     finally:
