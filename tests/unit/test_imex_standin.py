@@ -156,6 +156,37 @@ def test_a_lost_peer_and_a_crash_are_seen_and_recovered(domain: tuple[list[Node]
     assert a.record()["reloads"] == 1 and a.record()["nodes"] == [a.address, b.address]
 
 
+def test_the_control_directory_makes_a_daemon_slow_crash_or_lose_a_peer(
+    domain: tuple[list[Node], Path], tmp_path: Path
+) -> None:
+    """``GPUPLANE_IMEX_STANDIN_CONTROL``: files a test writes before or while a daemon runs (its runner owns the
+    config directory and removes it on a stop, so a test cannot leave controls there ahead of a start)."""
+    (a, b, c), _ = domain
+    controls = {n.address: tmp_path / f"control-{n.address}" for n in (a, b, c)}
+    for path in controls.values():
+        path.mkdir()
+    (controls[c.address] / "slow").write_text("1.5\n")
+    started = time.monotonic()
+    for node in (a, b, c):
+        node.start(GPUPLANE_IMEX_STANDIN_CONTROL=str(controls[node.address]))
+    until(lambda: a.ctl("-q") == "NOT_READY", "a answers, waiting for its peers")
+    assert not c.ready(), "c is still in its slow start"
+    until(lambda: all(n.ready() for n in (a, b, c)), "the domain ready once c is up")
+    assert time.monotonic() - started >= 1.5
+
+    (controls[a.address] / "drop").write_text(f"{b.address}\n")  # a loses b
+    until(lambda: not a.ready() and not b.ready(), "a and b not ready")
+    (controls[a.address] / "drop").unlink()
+    until(lambda: all(n.ready() for n in (a, b, c)), "ready again once the peer is back")
+
+    (controls[b.address] / "crash").write_text("")
+    assert b.proc is not None and b.proc.wait(timeout=SETTLE_S) == 3
+    assert not (controls[b.address] / "crash").exists(), "one crash per file: the daemon took it"
+    until(lambda: not a.ready() and not c.ready(), "the crash seen by the peers")
+    b.start(GPUPLANE_IMEX_STANDIN_CONTROL=str(controls[b.address]))
+    until(lambda: all(n.ready() for n in (a, b, c)), "ready again once b is restarted")
+
+
 def test_misconfiguration_fails_loudly(tmp_path: Path) -> None:
     other = tmp_path / "nodes.cfg"
     other.write_text("127.0.0.99\n")
