@@ -104,6 +104,7 @@ def controller_argv(
         "--noisy-persist=5",
         "--rebalance-interval=1",
         "--rebalance-cooldown=60",
+        "--imex-ready-timeout=60",  # a gang whose IMEX domain is not ready a minute after placement is released
         *([f"--move-ledger={move_ledger}"] if move_ledger else []),
     ]
 

@@ -38,6 +38,12 @@ class SimNode(plan_files.NodeFiles):
     host_ip: str
     metrics_port: int
     sim_config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    imex_port: int = 0  # the IMEX daemons' peer port (one per cluster, GB200 trays only); 0: no daemons
+
+    @property
+    def imex_control_dir(self) -> Path:
+        """The IMEX stand-in's control directory (``GPUPLANE_IMEX_STANDIN_CONTROL``: slow, crash, drop)."""
+        return self.node_dir / "imex-standin"
 
     @property
     def registry_dir(self) -> Path:
@@ -85,6 +91,7 @@ class SimNode(plan_files.NodeFiles):
             "host_ip": self.host_ip,
             "metrics_port": self.metrics_port,
             "sim_config": dict(self.sim_config),
+            "imex_port": self.imex_port,
         }
 
     @classmethod
@@ -99,6 +106,7 @@ class SimNode(plan_files.NodeFiles):
             host_ip=str(data["host_ip"]),
             metrics_port=int(data["metrics_port"]),
             sim_config=dict(data.get("sim_config") or {}),
+            imex_port=int(data.get("imex_port") or 0),
         )
 
 
@@ -156,6 +164,9 @@ def plan_nodes(
     taken = {n.name for n in existing}
     per_profile: dict[str, int] = {}
     gb200_seen = sum(1 for n in existing if n.profile == GB200_PROFILE)
+    # One IMEX peer port for the cluster's trays (every daemon of a domain binds it, each on its node's loopback
+    # address), chosen free at plan time: a second cluster on the machine plans its own.
+    imex_port = next((n.imex_port for n in existing if n.imex_port), 0)
     for group in groups:
         for _ in range(group.count):
             number = per_profile.get(group.profile, 0)
@@ -168,6 +179,7 @@ def plan_nodes(
                 rack = gb200_seen // rack_nodes
                 gb200_seen += 1
                 sim_config = plan_files.gb200_rack_config(state_dir, rack)
+                imex_port = imex_port or controlplane.free_port(ports)
             if index > 250:
                 raise ValueError("at most 250 simulated nodes (one loopback address each)")
             planned.append(
@@ -180,6 +192,7 @@ def plan_nodes(
                     host_ip=f"127.0.0.{index + 2}",
                     metrics_port=controlplane.free_port(ports),
                     sim_config=sim_config,
+                    imex_port=imex_port if group.profile == GB200_PROFILE else 0,
                 )
             )
             index += 1

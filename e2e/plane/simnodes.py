@@ -31,6 +31,7 @@ policy in ``manifests/policies`` confines the driver to its own node's ResourceS
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -79,6 +80,9 @@ example needs both: 2 members x 4 GPUs in one NVLink domain), one A100 node."""
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MPS_STANDIN = REPO_ROOT / "tests" / "fakes" / "nvidia-cuda-mps-control"
+IMEX_STANDIN = REPO_ROOT / "tests" / "fakes" / "nvidia-imex"
+IMEX_CTL_STANDIN = REPO_ROOT / "tests" / "fakes" / "nvidia-imex-ctl"
+IMEX_CONTROL_ENV = "GPUPLANE_IMEX_STANDIN_CONTROL"
 READY_TIMEOUT_S = 180.0
 PROGRESS_EVERY_S = 15.0
 
@@ -107,7 +111,21 @@ def driver_argv(node: SimNode, kubeconfig: Path, extra: Sequence[str] = ()) -> l
     ]
     if node.sim_config:
         argv.append(f"--sim-config={node.sim_config_file}")
+    if node.imex_port:  # a GB200 tray: its nvidia-imex (the stand-in) as the driver's child, prepare awaits it
+        argv += [
+            "--imex-daemons=process",
+            f"--imex-binary={IMEX_STANDIN}",
+            f"--imex-ctl-binary={IMEX_CTL_STANDIN}",
+            f"--imex-port={node.imex_port}",
+        ]
     return [*argv, *extra]
+
+
+def driver_env(node: SimNode) -> dict[str, str] | None:
+    """The driver's environment: a tray's carries the IMEX stand-in's control directory (its daemons inherit it)."""
+    if not node.imex_port:
+        return None
+    return {**os.environ, IMEX_CONTROL_ENV: str(node.imex_control_dir)}
 
 
 def kubelet_argv(node: SimNode) -> list[str]:
@@ -130,6 +148,8 @@ def kubelet_argv(node: SimNode) -> list[str]:
 def _prepare_dirs(node: SimNode, access: ClusterAccess) -> None:
     for directory in (node.node_dir, node.registry_dir, node.plugin_dir, node.cdi_root, node.sim_state_dir):
         directory.mkdir(parents=True, exist_ok=True)
+    if node.imex_port:
+        node.imex_control_dir.mkdir(exist_ok=True)
     node.kubelet_status.unlink(missing_ok=True)
     if node.sim_config:
         node.sim_config_file.write_text(yaml.safe_dump(dict(node.sim_config), sort_keys=True))
@@ -294,11 +314,13 @@ class SimNodes:
         return self._children[name][1]
 
     def _spawn(self, name: str, argv: list[str]) -> None:
+        env = next((driver_env(n) for n in self.nodes if n.driver_process == name), None)
         proc, record = procs.spawn(
             name,
             argv,
             log=self.log(name),
             pid_dir=self.state_dir / "pids",
+            env=env,
             cwd=REPO_ROOT,
             die_with_parent=self.die_with_parent,
         )

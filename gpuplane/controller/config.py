@@ -56,6 +56,8 @@ class ControllerConfig(BaseModel):
     steer_mode: Literal["prefer", "require"] = "prefer"
     steer_timeout_s: float = Field(default=30.0, gt=0)
     bind_timeout_s: float = Field(default=600.0, ge=0)  # a placement unbound this long is released (0: never)
+    # a placement whose IMEX domain is not ready on every node this long after placedAt is released (0: never)
+    imex_ready_timeout_s: float = Field(default=300.0, ge=0)
     log_level: str = "INFO"
     log_format: Literal["auto", "json", "console"] = "auto"
 
@@ -181,6 +183,12 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Contro
         help="seconds a pod may stay gated for steering before it is released to the scheduler undecided",
     )
     p.add_argument("--bind-timeout", type=float, default=float(env("BIND_TIMEOUT", "600") or 600))
+    p.add_argument(
+        "--imex-ready-timeout",
+        type=float,
+        default=float(env("IMEX_READY_TIMEOUT", "300") or 300),
+        help="seconds after placement a gang's IMEX domain may stay not ready before the gang is released (0: never)",
+    )
     p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
     p.add_argument("--log-format", choices=["auto", "json", "console"], default=env("LOG_FORMAT", "auto"))
     a = p.parse_args(argv)
@@ -226,6 +234,7 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Contro
         steer_mode=a.steer_mode,
         steer_timeout_s=a.steer_timeout,
         bind_timeout_s=a.bind_timeout,
+        imex_ready_timeout_s=a.imex_ready_timeout,
         log_level=a.log_level,
         log_format=a.log_format,
     )

@@ -124,6 +124,7 @@ class Runtime:
         return reconciler.Settings(
             eviction_grace_s=c.eviction_grace_s,
             bind_timeout_s=c.bind_timeout_s,
+            imex_ready_timeout_s=c.imex_ready_timeout_s,
             queue=queue_runner.Settings(aging_s=c.aging_s, aging_cap=c.aging_cap, starvation_s=c.starvation_s),
         )
 

@@ -93,7 +93,7 @@ def _imex_gate(cfg: config_mod.DriverConfig, backend: hw.GpuBackend, api: KubeAp
     return imex_claims.Gate(api.list_imex_domains, settings)
 
 
-def _imex_daemons(cfg: config_mod.DriverConfig, api: KubeApi) -> ImexDaemons | None:
+def _imex_daemons(cfg: config_mod.DriverConfig, api: KubeApi, metrics: DriverMetrics) -> ImexDaemons | None:
     """With --imex-daemons=process: this node's nvidia-imex, run and reported (started after recovery)."""
     if cfg.imex_daemons == "off":
         return None
@@ -105,6 +105,7 @@ def _imex_daemons(cfg: config_mod.DriverConfig, api: KubeApi) -> ImexDaemons | N
         binary=cfg.imex_binary,
         ctl_binary=cfg.imex_ctl_binary,
         port=cfg.imex_port,
+        on_exit=lambda code: metrics.imex_daemon_exits.labels(str(code)).inc(),
     )
 
 
@@ -164,7 +165,7 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
             observer=metrics,
         )
         state.imex = _imex_gate(cfg, backend, api)
-        imex_daemons = _imex_daemons(cfg, api)
+        imex_daemons = _imex_daemons(cfg, api, metrics)
         wake = threading.Event()
         board = HealthBoard()
         notices = ClaimNotices(state.snapshot, api)

@@ -49,6 +49,12 @@ class DriverMetrics:
         self.devices_allocated = Gauge(
             "gpuplane_driver_devices_prepared", "Devices held by prepared claims on this node", registry=r
         )
+        self.imex_daemon_exits = Counter(
+            "gpuplane_driver_imex_daemon_exits",
+            "nvidia-imex exits seen by the driver (--imex-daemons=process; each restarted with backoff), by exit code",
+            ["code"],
+            registry=r,
+        )
         self.slice_writes = Counter(
             "gpuplane_driver_resourceslice_writes",
             "ResourceSlice API writes by kind (create, replace, delete; reorder: in place, same generation)",

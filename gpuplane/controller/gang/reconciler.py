@@ -51,7 +51,7 @@ from gpuplane.controller.gang import (
 )
 from gpuplane.controller.gang.outcome import EventTuple, GangRead, Outcome, finish
 from gpuplane.controller.gang.spec import SpecError, parse_gang_spec
-from gpuplane.controller.imex import hold
+from gpuplane.controller.imex import hold, readiness
 from gpuplane.controller.node import snapshot_builder
 
 __all__ = ["Outcome", "Settings", "apply", "checked_preemption", "decide", "victim_outcome"]
@@ -69,6 +69,7 @@ class Settings:
 
     eviction_grace_s: int | None = None
     bind_timeout_s: float = 0.0  # release a placement still unbound this long after placedAt (0: never)
+    imex_ready_timeout_s: float = 0.0  # release a placement whose IMEX domain is not ready this long (0: never)
     queue: queue_runner.Settings = field(default_factory=queue_runner.Settings)
 
 
@@ -217,13 +218,17 @@ def _holding(
         return finish(g, "Placing", reason, msg, {"domain": domain}, steps=applied.steps)
     if members.complete(spec.members) and members.running == spec.members:
         return finish(g, "Running", "AllRunning", f"all {spec.members} members running in {domain}", {"domain": domain})
-    if members.complete(spec.members) and members.bound == spec.members:
-        return finish(g, "Scheduled", "AllBound", f"all {spec.members} members bound in {domain}", {"domain": domain})
-    late = unbound.overdue(g.prev, members.bound, spec.members, now, settings.bind_timeout_s)
+    late, why = unbound.overdue(g.prev, members.bound, spec.members, now, settings.bind_timeout_s), unbound.REASON
+    if not late and imex is not None:  # its IMEX domain never ready on every node (imex/readiness.py)
+        unready, limit = imex.unready.get(g.ref.uid), settings.imex_ready_timeout_s
+        late = readiness.overdue(unready, g.prev, members.running, spec.members, now=now, timeout_s=limit)
+        why = readiness.RELEASED
     if late:
         gone = writes.release_steps(g.ref, members, g.claims, settings.eviction_grace_s, late)
         extra = {"placement": None, "domain": None, "readySince": None}
-        return finish(g, "Preempted", unbound.REASON, late, extra, steps=gone, etype="Warning")
+        return finish(g, "Preempted", why, late, extra, steps=gone, etype="Warning")
+    if members.complete(spec.members) and members.bound == spec.members:
+        return finish(g, "Scheduled", "AllBound", f"all {spec.members} members bound in {domain}", {"domain": domain})
     return finish(
         g,
         "Placed",

@@ -14,7 +14,9 @@ Being built. What is here:
   pass leaves what it wrote in the runtime's shared state.
 - ``hold``: pure: whether a placed gang's gates wait for its domain to list every member claim (read by the
   gang reconcile from what the last pass wrote), bounded, with a Warning when a gang goes on without it.
+- ``readiness``: pure: the drivers' reports in the domains' status: the Events a gang is told (a node no
+  longer ready, ready again, the domain ready), each gang's nodes not ready, and the readiness bound after
+  which the gang reconcile releases a placement whose domain never got ready.
 
-Not yet: the daemon pods and their configuration, the readiness bound (a gang released when its
-domain never gets ready).
+The daemons themselves are the node driver's (``gpuplane.driver.sharing.imex_runner``).
 """

@@ -56,6 +56,8 @@ class Written:
     failed: str = ""  # why the API does not match the pass's plan ("": it does)
     listed: Mapping[str, frozenset[str]] = field(default_factory=dict)  # gang uid -> claim uids its domain lists
     refused: Mapping[str, str] = field(default_factory=dict)  # gang uid -> why the plan gives it no domain
+    # gang uid -> {node: why} of its domain's nodes not ready, as last read (readiness.unready_by_gang)
+    unready: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
 
 NOT_SERVED = Written(at=0.0, served=False)

@@ -15,13 +15,20 @@ later; a lost leadership ends it at its next write. Without the CRD (an older in
 writes nothing.
 
 Each pass leaves what it wrote in the runtime's shared state (:class:`gpuplane.controller.imex.hold.Written`:
-the claims each gang's domain lists, the gangs refused, whether a write failed or the CRD is not served), which
-the gang reconcile reads to hold a gang's gates until its domain lists every member claim (:mod:`.hold`).
+the claims each gang's domain lists, the gangs refused, whether a write failed or the CRD is not served, each
+gang's domain nodes not ready), which the gang reconcile reads to hold a gang's gates until its domain lists
+every member claim (:mod:`.hold`) and to release a gang whose domain stays not ready (:mod:`.readiness`).
+
+**Readiness.** Every pass, and while any domain exists a status-only look every ``WATCH_S`` (one list; the
+drivers' status writes are not indexed), reads the drivers' reports (:mod:`.readiness`): the Events of what
+changed go to every gang of the domain (a node no longer ready, ready again, the domain ready on every node),
+and the nodes not ready per gang go into the shared state.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,9 +38,10 @@ import kopf
 import structlog
 from kubernetes.client.exceptions import ApiException
 
-from gpuplane.controller import kopf_barrier, kube, runtime
+from gpuplane.api import imex
+from gpuplane.controller import events, kopf_barrier, kube, runtime
 from gpuplane.controller.gang import world
-from gpuplane.controller.imex import decide, gangs, hold, objects
+from gpuplane.controller.imex import decide, gangs, hold, objects, readiness
 from gpuplane.controller.imex.api import ImexApi
 
 log = structlog.get_logger(__name__)
@@ -41,6 +49,7 @@ log = structlog.get_logger(__name__)
 TICK_S = 1.0
 RESYNC_S = 30.0
 RETRY_S = 5.0
+WATCH_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -54,9 +63,11 @@ class Outcome:
     listed: Mapping[str, frozenset[str]]
     gangs_refused: Mapping[str, str]
 
-    def written(self, at: float, failed: str = "") -> hold.Written:
+    def written(
+        self, at: float, failed: str = "", unready: Mapping[str, Mapping[str, str]] | None = None
+    ) -> hold.Written:
         """What the API holds once this outcome's diff is applied (``failed``: why it may not)."""
-        return hold.Written(at=at, failed=failed, listed=self.listed, refused=self.gangs_refused)
+        return hold.Written(at=at, failed=failed, listed=self.listed, refused=self.gangs_refused, unready=unready or {})
 
 
 def desired(w: world.World, gpu_domains: Mapping[str, str], existing: Sequence[Mapping[str, Any]]) -> Outcome:
@@ -79,8 +90,15 @@ def desired(w: world.World, gpu_domains: Mapping[str, str], existing: Sequence[M
 class Pass:
     """One leader's passes: what it last saw, so that a pass runs only on a change, and refusals are logged once."""
 
-    def __init__(self, rt: runtime.Runtime, world_of: Callable[[], world.World], api: ImexApi) -> None:
+    def __init__(
+        self,
+        rt: runtime.Runtime,
+        world_of: Callable[[], world.World],
+        api: ImexApi,
+        recorder: events.Recorder | None = None,
+    ) -> None:
         self.rt = rt
+        self.recorder = recorder or rt.writer  # the gangs' readiness Events
         self.world_of = world_of
         self.api = api
         self.version: int | None = None
@@ -88,9 +106,45 @@ class Pass:
         self.refused: Mapping[str, str] = {}
         self.unserved = False
         self.retry_at = 0.0  # after a failed pass: not before then (a failing API is not asked every tick)
+        self.states: dict[str, dict[str, readiness.NodeState]] = {}  # domain -> node states, as last read
+        self.domains = 0  # how many objects the last read listed
+        self.looked_at = 0.0
 
     def due(self, now: float) -> bool:
         return now >= self.retry_at and (self.version != self.rt.shared.version or now - self.at >= RESYNC_S)
+
+    def watch_due(self, now: float) -> bool:
+        """A status-only look: domains exist and the last read is ``WATCH_S`` old."""
+        return self.domains > 0 and now >= self.retry_at and now - self.looked_at >= WATCH_S
+
+    async def read_status(self, existing: Sequence[Mapping[str, Any]], now: float) -> dict[str, dict[str, str]]:
+        """The drivers' reports in ``existing``: Events for what changed, and each gang's nodes not ready."""
+        parsed = [d for d in (imex.parse_domain(o)[0] for o in existing) if d is not None]
+        self.states, told = readiness.advance(self.states, parsed)
+        self.domains, self.looked_at = len(existing), now
+        if told:
+            await asyncio.to_thread(self._tell, told)
+        return readiness.unready_by_gang(parsed)
+
+    def _tell(self, told: Sequence[readiness.GangEvent]) -> None:
+        for e in told:
+            ref = events.ObjectRef("gpuplane.dev/v1alpha1", "GpuGang", e.gang.name, e.gang.namespace, e.gang.uid)
+            self.recorder.event(ref, e.type, e.reason, e.message)
+            log.info("IMEX readiness told", gang=f"{e.gang.namespace}/{e.gang.name}", reason=e.reason, why=e.message)
+
+    async def look(self, now: float) -> None:
+        """Between passes: the status only (one list), into the shared state's ``unready``. A failure is logged and
+        changes nothing else (the plan the last pass wrote still holds)."""
+        try:
+            existing = await asyncio.to_thread(self.api.existing)
+            unready = await self.read_status(existing, now)
+        except ApiException as exc:
+            log.warning("IMEX status look failed; retrying", status=exc.status, reason=exc.reason)
+            self.looked_at = now
+            return
+        current = self.rt.shared.imex
+        if current is not None:
+            self.rt.shared.imex = dataclasses.replace(current, unready=unready)
 
     async def once(self, now: float) -> objects.Diff | None:
         """One pass (None: the API does not serve ImexDomains to this controller)."""
@@ -107,6 +161,7 @@ class Pass:
             self.version, self.at = version, now
             return None
         self.unserved = False
+        unready = await self.read_status(existing, now)
         async with self.rt.lock():
             w = self.world_of()
             outcome = desired(w, self.rt.shared.domains.of(w), existing)
@@ -122,10 +177,12 @@ class Pass:
                 failed=failed[:10],
             )
             if failed:  # tried again after RETRY_S; meanwhile no gang waits for a plan the API does not hold
-                self.rt.shared.imex = outcome.written(time.time(), f"the IMEX plan could not be written: {failed[0]}")
+                why = f"the IMEX plan could not be written: {failed[0]}"
+                self.rt.shared.imex = outcome.written(time.time(), why, unready)
                 self.retry_at = now + RETRY_S
                 return d
-        self.rt.shared.imex = outcome.written(time.time())
+        self.rt.shared.imex = outcome.written(time.time(), unready=unready)
+        self.domains = len(existing) + len(d.create) - len(d.delete)  # what the status looks will find
         if outcome.refused != self.refused:
             for what, why in sorted(outcome.refused.items()):
                 log.warning("IMEX: refused", what=what, why=why)
@@ -148,13 +205,16 @@ async def run(rt: runtime.Runtime, world_of: Callable[[], world.World], tick_s: 
             await asyncio.sleep(tick_s)
         first = False
         if not rt.leading():
-            one.version = None  # a new term starts with a pass
+            one.version, one.states = None, {}  # a new term starts with a pass, and tells only what it sees change
             continue
         now = time.monotonic()
-        if not one.due(now):
-            continue
         try:
-            await one.once(now)
+            if one.due(now):
+                await one.once(now)
+            elif one.watch_due(now):
+                await one.look(now)
+            else:
+                continue
         except kube.NotLeader:
             continue
         except asyncio.CancelledError:

@@ -74,6 +74,23 @@ def not_ready(domain: imex.ImexDomain, require_status: bool = False) -> tuple[st
     return tuple(n for n in domain.nodes if n not in ready)
 
 
+def wait_message(domain: imex.ImexDomain, waiting: Sequence[str]) -> str:
+    """Why a member's prepare waits: the nodes not ready, each with what its driver reported (kubelet puts it on
+    the pod's ``FailedPrepareDynamicResources`` Event, so ``kubectl describe pod`` says what is awaited)."""
+    said = {s.node: s for s in domain.status}
+    parts = []
+    for node in waiting:
+        entry = said.get(node)
+        if entry is None:
+            why = "no report from its driver yet"
+        elif entry.ready:
+            why = f"ready for generation {entry.observedGeneration}, waiting for {domain.generation}"
+        else:
+            why = (entry.message or "not ready")[:200]
+        parts.append(f"{node} ({why})")
+    return f"IMEX domain {domain.name} is not ready on node(s) {'; '.join(parts)}; the prepare is retried"
+
+
 class Gate:
     """What prepare asks for each claim: its channel on this node, its domain ready and its node made."""
 
@@ -101,9 +118,7 @@ class Gate:
         domain = next(d for d in domains if d.name == got.domain)
         waiting = not_ready(domain, self.settings.require_status)
         if waiting:
-            raise ImexWait(
-                f"IMEX domain {domain.name} is not ready on node(s) {', '.join(waiting)}; the prepare is retried"
-            )
+            raise ImexWait(wait_message(domain, waiting))
         s = self.settings
         try:
             imex_channel.ensure_node(s.dev_dir, s.proc_devices, got.channel, placeholder_ok=s.placeholder_ok)

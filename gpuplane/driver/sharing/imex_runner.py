@@ -13,7 +13,8 @@ ignored whole), asks :func:`.imex_daemons.wanted` which daemon should run here a
 - **restart** (another domain, another address: the config is read only at start) and **stop**: SIGTERM
   (SIGKILL after 5 s) and the directory removed;
 - a daemon that **exited** is started again after 1, 2, 4 ... 60 s (:func:`.imex_daemons.restart_delay`);
-  each exit is logged with what to do and reported in the status message until the daemon is ready again.
+  each exit is logged with what to do, counted (``on_exit``: the driver's ``gpuplane_driver_imex_daemon_exits``)
+  and reported in the status message until the daemon is ready again (the controller tells the domain's gangs).
 
 Then it reports: ``<imex ctl binary> -q --u=<plugin dir>/imex/cmd.sock`` printing ``READY`` is ready, and
 this node's entry of the domain's ``status.nodes`` is patched (ready, message, ``observedGeneration`` = the
@@ -146,11 +147,12 @@ class ImexDaemons:
         ctl_binary: str,
         port: int = decide.PEER_PORT,
         clock: Callable[[], float] = time.monotonic,
+        on_exit: Callable[[int], None] = lambda code: None,
     ) -> None:
         self.node, self.dir = node, directory
         self.list_domains, self.status = list_domains, status
         self.binary, self.ctl_binary, self.port = binary, ctl_binary, port
-        self.clock = clock
+        self.clock, self.on_exit = clock, on_exit  # on_exit(code): each exit seen (the driver's metric)
         self._proc: subprocess.Popen[bytes] | None = None
         self._running: decide.Running | None = None
         self._generation = 0  # the generation whose node file the daemon has
@@ -232,6 +234,7 @@ class ImexDaemons:
         if code is None:
             return running
         self._exits += 1
+        self.on_exit(code)
         delay = decide.restart_delay(self._exits)
         self._restart_at = now + delay
         self._exit_note = (
