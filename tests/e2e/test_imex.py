@@ -4,8 +4,10 @@ The session's two ``gb200-nvl72`` trays are one clique. Gang ``wide`` (2 members
 4-GPU tray, so it spans both; gang ``narrow`` (2 x 1 GPU) takes the GPU left on each. The leader writes one
 ``ImexDomain`` in ``gpuplane-system`` (the gangs share both trays, so one daemon per tray serves both) with a
 channel >= 1 per gang, distinct; each member's CDI spec on its tray carries its own gang's channel node and
-environment and never another gang's; deleting the gangs deletes the domain. The daemons are not built yet
-(``docs/imex.md``): no status is reported, so prepare does not wait.
+environment and never another gang's; deleting the gangs deletes the domain. Each tray's driver runs its
+``nvidia-imex`` (the stand-in of ``tests/fakes``, ``--imex-daemons=process``) and reports it in its own entry
+of the domain's status; a member's prepare waits until both trays say ready, and each gang is told
+``ImexDomainReady``.
 
 The channel is there because the controller holds each gang's gates until its ``ImexDomain`` lists every
 member claim (``gpuplane.controller.imex.hold``): the gang's ``Placed`` Event says its gates wait for the
@@ -71,27 +73,39 @@ def cdi_imex(gc: GpuCluster, node: str, claim_uid: str) -> tuple[list[str], list
 def own_entry_only(gc: GpuCluster, domain: str, trays: list[str], tmp_path: Path) -> None:
     """A tray's driver (its token, bound to a pod on the tray) writes its own status entry, never the other's.
 
-    Through the driver's own writer (``imex_runner.StatusApi``: a merge patch of ``status.nodes``)."""
+    Through the driver's own writer (``imex_runner.StatusApi``: a merge patch of ``status.nodes``). The trays'
+    drivers report their daemons in the same list meanwhile, so each write starts from the entries as read."""
     own, other = trays
     who = identity.driver_identity(gc.cluster, own, tmp_path)
     with contextlib.closing(identity.new_client(who.kubeconfig)) as api_client:
         api = imex_runner.StatusApi(api_client, SYSTEM)
 
-        def patch(nodes: list[dict[str, Any]]) -> bool:
-            version = gc.kubectl_json("get", "imexdomain", "-n", SYSTEM, domain)["metadata"]["resourceVersion"]
-            return api.patch_nodes(domain, nodes, version)
+        def read() -> tuple[str, list[dict[str, Any]]]:
+            obj = gc.kubectl_json("get", "imexdomain", "-n", SYSTEM, domain)
+            return obj["metadata"]["resourceVersion"], list(obj.get("status", {}).get("nodes", []))
 
-        mine = {"node": own, "ready": False, "message": "e2e: written by this tray's driver token"}
-        assert patch([mine])
+        version, entries = read()
+        forged = [
+            e if e["node"] != other else {**e, "ready": not e["ready"], "message": "e2e: the other tray, forged"}
+            for e in entries
+        ]
+        assert any(e["node"] == other for e in entries), entries  # the other tray's driver reported its daemon
         with pytest.raises(ApiException) as refused:
-            patch([mine, {"node": other, "ready": True, "message": "e2e: the other tray, forged"}])
+            api.patch_nodes(domain, forged, version)
         assert refused.value.status == 403
         assert "gpuplane-driver-own-imex-status" in str(refused.value.body), refused.value.body
         assert f"the gpuplane driver on node '{own}' may write only its own node's entry" in str(refused.value.body)
         print(f"[e2e] {own}'s driver writing {other}'s entry: 403 {refused.value.body}")
-        entries = gc.kubectl_json("get", "imexdomain", "-n", SYSTEM, domain).get("status", {}).get("nodes", [])
-        assert [e["node"] for e in entries] == [own]  # the refused patch changed nothing
-        assert patch([])  # and its own entry may go again
+        with pytest.raises(ApiException) as dropped:
+            api.patch_nodes(domain, [e for e in entries if e["node"] != other], version)
+        assert dropped.value.status == 403  # nor remove it
+
+        def own_write() -> bool:
+            version, now = read()
+            mine = {"node": own, "ready": False, "message": "e2e: written by this tray's driver token"}
+            return api.patch_nodes(domain, [mine if e["node"] == own else e for e in now], version)
+
+        assert eventually(own_write, 30, "its own entry written (a 409 when a driver wrote meanwhile: read again)")
 
 
 def test_gangs_across_two_trays_get_their_own_channels_and_the_domain_goes_with_them(
@@ -131,8 +145,17 @@ def test_gangs_across_two_trays_get_their_own_channels_and_the_domain_goes_with_
             if e["reason"] == "Placed"
         ]
         assert any("waiting for the IMEX domain to list every member claim" in m for m in said), (gang, said)
-    late = [e["reason"] for e in gc.kubectl_json("get", "events", "-n", ns)["items"] if e["reason"].startswith("Imex")]
+    said = gc.kubectl_json("get", "events", "-n", ns)["items"]
+    late = [e["reason"] for e in said if e["reason"].startswith("Imex") and e["type"] == "Warning"]
     assert late == [], late  # no gate lifted without the domain (ImexDomainLate, ImexRefused, ImexNotWaited)
+    told = sorted({(e["involvedObject"]["name"], e["reason"]) for e in said if e["reason"] == "ImexDomainReady"})
+    print(f"[e2e] ImexDomainReady told: {told}")
+    assert ("wide", "ImexDomainReady") in told, told  # the daemons' readiness reached the gang
+
+    current = gc.kubectl_json("get", "imexdomain", "-n", SYSTEM, obj["metadata"]["name"])
+    entries = {e["node"]: e for e in current.get("status", {}).get("nodes", [])}
+    print(f"[e2e] status.nodes: {entries}")
+    assert sorted(entries) == trays and all(e["ready"] for e in entries.values()), entries  # the daemons said READY
 
     for gang, members in (("wide", 2), ("narrow", 2)):
         placed_on = set()

@@ -88,12 +88,23 @@ def test_each_gang_is_told_when_a_node_goes_and_comes_back() -> None:
     assert told[0].message == "IMEX daemon on node tray-1 is ready again"
 
 
-def test_a_new_generation_not_served_yet_is_not_ready() -> None:
+def test_a_domain_seen_before_any_report_is_told_when_it_is_ready() -> None:
+    states, told = readiness.advance({}, [domain([])])  # the pass that created it, or a look before any report
+    assert told == [] and states == {"imex-uid-wide": {}}
+    up = domain([("tray-0", True, "", 2), ("tray-1", True, "", 2)])
+    _, told = readiness.advance(states, [up])
+    assert reasons(told) == [("wide", "Normal", readiness.DOMAIN_READY), ("narrow", "Normal", readiness.DOMAIN_READY)]
+
+
+def test_a_new_generation_not_served_yet_is_not_ready_but_no_warning() -> None:
     up = domain([("tray-0", True, "", 2), ("tray-1", True, "", 2)])
     states, _ = readiness.advance({}, [up])
-    _, told = readiness.advance(states, [domain([("tray-0", True, "", 2), ("tray-1", True, "", 2)], generation=3)])
-    assert [e.reason for e in told] == [readiness.NOT_READY] * 4  # both nodes, both gangs
-    assert "serves generation 2, not 3 yet" in told[0].message
+    newer = domain([("tray-0", True, "", 2), ("tray-1", True, "", 2)], generation=3)  # a gang added to the domain
+    states, told = readiness.advance(states, [newer])
+    assert told == []  # the drivers confirm a new spec within a tick: no alarm
+    assert "serves generation 2, not 3 yet" in readiness.unready_by_gang([newer])["uid-wide"]["tray-0"]
+    _, told = readiness.advance(states, [domain([("tray-0", True, "", 3), ("tray-1", True, "", 3)], generation=3)])
+    assert reasons(told) == [("wide", "Normal", readiness.DOMAIN_READY), ("narrow", "Normal", readiness.DOMAIN_READY)]
 
 
 def test_the_bound_releases_only_a_reported_unready_domain_past_it_before_every_member_runs() -> None:
@@ -168,7 +179,8 @@ def test_the_pass_looks_at_the_status_between_passes_and_tells_each_gang() -> No
     assert one.watch_due(imex_reconcile.WATCH_S)
     asyncio.run(one.look(imex_reconcile.WATCH_S))
     assert rt.shared.imex is not None and rt.shared.imex.unready == {"uid-a": {}}
-    assert told == []  # first report seen: nothing changed yet as far as this leader knows
+    assert [(g, r) for g, _, r, _ in told] == [("a", readiness.DOMAIN_READY)]  # created by this pass, now ready
+    told.clear()
 
     obj["status"]["nodes"][1] = {"node": "tray-1", "ready": False, "message": "peer lost", "observedGeneration": 0}
     asyncio.run(one.look(2 * imex_reconcile.WATCH_S))

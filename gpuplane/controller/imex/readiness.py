@@ -9,10 +9,12 @@ Each node's driver writes its own entry of ``status.nodes`` (``ready``, ``messag
   report at all is **unknown**, not unready: a cluster whose drivers run no daemons (``--imex-daemons=off``,
   host-managed IMEX) never reports, and its gangs must not be released for it;
 - :func:`advance`: the Events of one pass against the previous one, on every gang of the domain: a node
-  that was ready and is not any more (Warning ``ImexNodeNotReady``, with its driver's message: a daemon that
-  exited and is being restarted, a lost peer), back to ready (Normal ``ImexNodeReady``), and the domain ready
-  on every node for the first time (Normal ``ImexDomainReady``). A domain the previous pass did not see gets
-  no Event (a new leader's first pass says nothing about what happened before it);
+  whose driver said ready and says not ready any more (Warning ``ImexNodeNotReady``, with its driver's
+  message: a daemon that exited and is being restarted, a lost peer; a new generation not yet confirmed is
+  no Event), back to ready (Normal ``ImexNodeReady``), and the domain ready on every node (Normal
+  ``ImexDomainReady``: the first time, again after a node was lost or a new spec confirmed). A domain the
+  previous pass did not see gets no Event (a new leader's first pass says nothing about what happened before
+  it); one seen without any report (just created: the pass records the domains it creates) does;
 - :func:`overdue`: the **readiness bound**. A placed gang not yet running whose domain is still not ready on
   every node ``timeout_s`` after ``placedAt`` is released the way a placement the scheduler never follows is
   (:mod:`gpuplane.controller.gang.unbound`): member pods and claims deleted, phase ``Preempted``, reason
@@ -46,6 +48,7 @@ class NodeState:
     ready: bool
     message: str = ""
     seen_ready: bool = False  # ready in this pass or an earlier one of this leader (see :func:`advance`)
+    said_ready: bool = False  # the driver's entry says ready, for whichever generation (what Events follow)
 
 
 @dataclass(frozen=True)
@@ -68,9 +71,10 @@ def node_states(domain: imex.ImexDomain) -> dict[str, NodeState]:
             out[node] = NodeState(False, NO_REPORT)
         elif entry.observedGeneration < domain.generation:
             why = f"its daemon serves generation {entry.observedGeneration}, not {domain.generation} yet"
-            out[node] = NodeState(False, entry.message or why)
+            out[node] = NodeState(False, entry.message or why, said_ready=entry.ready)
         else:
-            out[node] = NodeState(entry.ready, "" if entry.ready else (entry.message or "not ready"))
+            why = "" if entry.ready else (entry.message or "not ready")
+            out[node] = NodeState(entry.ready, why, said_ready=entry.ready)
     return out
 
 
@@ -86,6 +90,10 @@ def unready_by_gang(domains: Iterable[imex.ImexDomain]) -> dict[str, dict[str, s
     return out
 
 
+def _seen(prev: Mapping[str, NodeState] | None, node: str) -> bool:
+    return bool(prev and node in prev and prev[node].seen_ready)
+
+
 def advance(
     before: Mapping[str, Mapping[str, NodeState]], domains: Iterable[imex.ImexDomain]
 ) -> tuple[dict[str, dict[str, NodeState]], list[GangEvent]]:
@@ -96,11 +104,12 @@ def advance(
     states: dict[str, dict[str, NodeState]] = {}
     out: list[GangEvent] = []
     for domain in sorted(domains, key=lambda d: d.name):
-        if not domain.status:
-            continue
         prev = before.get(domain.name)
+        if not domain.status:
+            states[domain.name] = {}  # seen, nothing reported yet: its first report is a change
+            continue
         now = {
-            n: NodeState(s.ready, s.message, s.ready or bool(prev and n in prev and prev[n].seen_ready))
+            n: NodeState(s.ready, s.message, s.said_ready or _seen(prev, n), s.said_ready)
             for n, s in node_states(domain).items()
         }
         states[domain.name] = now
@@ -109,9 +118,10 @@ def advance(
         told: list[tuple[EventType, str, str]] = []
         for node in domain.nodes:
             was, became = prev.get(node), now[node]
-            if was is None or was.ready == became.ready:
+            # What the driver says, not the generation: a spec change (a gang added) is served within a tick
+            if was is None or was.said_ready == became.said_ready:
                 continue
-            if was.ready:
+            if was.said_ready:
                 told.append(
                     (
                         "Warning",
@@ -123,7 +133,7 @@ def advance(
                 )
             elif was.seen_ready:
                 told.append(("Normal", READY_AGAIN, f"IMEX daemon on node {node} is ready again"))
-        if all(s.ready for s in now.values()) and not all(s.ready for s in prev.values()):
+        if all(s.ready for s in now.values()) and (not prev or not all(s.ready for s in prev.values())):
             nodes = ", ".join(domain.nodes)
             told.append(("Normal", DOMAIN_READY, f"IMEX domain {domain.name} ready on every node ({nodes})"))
         out.extend(GangEvent(g, t, r, m) for g in domain.gangs for t, r, m in told)

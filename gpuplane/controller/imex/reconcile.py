@@ -183,6 +183,8 @@ class Pass:
                 return d
         self.rt.shared.imex = outcome.written(time.time(), unready=unready)
         self.domains = len(existing) + len(d.create) - len(d.delete)  # what the status looks will find
+        for created in d.create:  # seen with nothing reported: its first report (ready) is told
+            self.states.setdefault(objects_name(created), {})
         if outcome.refused != self.refused:
             for what, why in sorted(outcome.refused.items()):
                 log.warning("IMEX: refused", what=what, why=why)
