@@ -147,7 +147,8 @@ def test_slow_crash_lost_peer_bound_and_kills(gpu_cluster: GpuCluster, ns: str, 
     ]
     assert waits, "no FailedPrepareDynamicResources Event naming the IMEX domain on the members"
     print(f"\n[e2e] slow daemon ({SLOW_S:g}s on {tray1.name}): pod Event: {waits[0]['message']}")
-    assert f"is not ready on node(s) {tray1.name} (" in waits[0]["message"], waits[0]["message"]
+    said = waits[0]["message"]
+    assert "is not ready on node(s) " in said and f"{tray1.name} (nvidia-imex-ctl -q says " in said, said
     assert "the prepare is retried" in waits[0]["message"]
     placed_at = gc.kubectl_json("get", "gpugang", "-n", ns, "tp")["status"]["placedAt"]
     count = sum(int(e.get("count") or 1) for e in waits)
