@@ -146,10 +146,10 @@ def test_slow_crash_lost_peer_bound_and_kills(gpu_cluster: GpuCluster, ns: str, 
         if e["reason"] == "FailedPrepareDynamicResources" and "IMEX domain" in e["message"]
     ]
     assert waits, "no FailedPrepareDynamicResources Event naming the IMEX domain on the members"
-    print(f"\n[e2e] slow daemon ({SLOW_S:g}s on {tray1.name}): pod Event: {waits[0]['message']}")
-    said = waits[0]["message"]
-    assert "is not ready on node(s) " in said and f"{tray1.name} (nvidia-imex-ctl -q says " in said, said
-    assert "the prepare is retried" in waits[0]["message"]
+    said = sorted({e["message"] for e in waits})
+    print(f"\n[e2e] slow daemon ({SLOW_S:g}s on {tray1.name}): the members' Events: {said}")
+    assert all("is not ready on node(s) " in m and "the prepare is retried" in m for m in said), said
+    assert any(f"{tray1.name} (nvidia-imex-ctl -q says " in m for m in said), said  # what its driver reported
     placed_at = gc.kubectl_json("get", "gpugang", "-n", ns, "tp")["status"]["placedAt"]
     count = sum(int(e.get("count") or 1) for e in waits)
     print(f"[e2e] slow daemon: gang Running {took:.1f}s after apply (placedAt {placed_at}); {count} failed")
