@@ -168,6 +168,7 @@ class ImexPodDaemons(ImexDaemons):
         delay = decide.restart_delay(self._exits)
         self._restart_at = self.clock() + delay
         self._exit_note = f"{why}; trying again in {delay:g}s"
+        self._settle_until = 0.0  # reported on this tick
         log.warning("imex daemon pod not serving", pod=self._pod, why=why, retry_in_s=delay)
         running = self._running
         if running is not None:
