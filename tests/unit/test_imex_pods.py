@@ -202,11 +202,8 @@ def test_the_watcher_signals_the_daemon_on_a_node_file_change_and_passes_sigterm
         "while True: time.sleep(0.05)\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    watcher = subprocess.Popen(
-        [sys.executable, "-m", imex_watch.__name__, f"--nodes={nodes}", "--interval=0.05", "--settle=0.2", "--"]
-        + [sys.executable, "-c", child],
-        env=env,
-    )
+    watch = [sys.executable, "-m", imex_watch.__name__, f"--nodes={nodes}", "--interval=0.05", "--settle=0.2"]
+    watcher = subprocess.Popen([*watch, "--", sys.executable, "-c", child], env=env)
     try:
         deadline = time.monotonic() + 20
         while "up" not in (seen.read_text() if seen.exists() else ""):
