@@ -126,7 +126,7 @@ def test_two_trays_through_pods_reload_adopt_refuse_and_stop(tmp_path: Path) -> 
             node,
             root / "imex",
             api.list,
-            api,  # type: ignore[arg-type]
+            api,
             pods=kubelet,
             template=template_for(root, node),
             binary=str(IMEX),
