@@ -4,7 +4,7 @@ The session's two real ``gb200-nvl72`` nodes (one NVL72 clique, 4 GPUs each; ``r
 driver as the DaemonSet's pod with ``--imex-daemons=pod`` and the image's stand-in ``nvidia-imex``
 (``manifests/overlays/local``). Two gangs at once, each an Indexed Job with busybox ranks: ``wide`` (2 members x
 3 GPUs: no tray holds 6, so it spans both) and then ``narrow`` (2 x 1: the one GPU left on each tray). Two TP=8
-gangs (2 x 4 each) cannot be there at once: 16 GPUs on 8.
+gangs (2 x 4 each) cannot be there at once: 16 GPUs on 8; one TP=8 gang runs afterwards on its own.
 
 Shown: the controller's ``ImexDomain`` lists both trays and both gangs with distinct channels; on each tray the
 driver runs one IMEX daemon pod whose node file lists exactly the trays' InternalIPs (in node-name order) and
@@ -29,6 +29,7 @@ import pytest
 
 from e2e.cluster.realnode import images
 from e2e.plane.realnode.plan import RealNode
+from gpuplane.driver.hw import caps
 from gpuplane.driver.sharing import imex_pods
 from tests.e2e.conftest import eventually
 from tests.e2e.realfixtures import RealCluster
@@ -145,6 +146,12 @@ def imex_dir(node: RealNode) -> Path:
     return node.plugin_dir / "imex"
 
 
+def daemon_record(node: RealNode) -> dict[str, Any]:
+    """What the stand-in daemon in the node's pod says of itself (pid, peers connected, ready, reloads)."""
+    record: dict[str, Any] = json.loads((imex_dir(node) / "standin-record.json").read_text())
+    return record
+
+
 def domain_ready(obj: dict[str, Any], trays: list[str]) -> bool:
     entries = {e["node"]: e for e in (obj.get("status") or {}).get("nodes") or []}
     generation = obj["metadata"]["generation"]
@@ -210,10 +217,11 @@ def test_two_gangs_across_two_real_trays_see_their_own_channels_through_daemon_p
         assert node_file == expected, (tray.name, node_file)
         config = (imex_dir(tray) / "config.cfg").read_text()
         assert f"BIND_INTERFACE_IP={tray.node_ip}\n" in config, config
-        record = json.loads((imex_dir(tray) / "standin-record.json").read_text())
+        record = daemon_record(tray)
         print(f"[e2e] {tray.name} daemon pod {pod['metadata']['name']}: node file {node_file.split()}, {record}")
         assert record["ready"] is True, record
     uids = {n: p["metadata"]["uid"] for n, p in pods.items()}
+    pids = {t.name: daemon_record(t)["pid"] for t in trays}
 
     # inside each container: exactly its own gang's channel, same major everywhere, minor = the channel
     majors = set()
@@ -227,8 +235,10 @@ def test_two_gangs_across_two_real_trays_see_their_own_channels_through_daemon_p
             majors.add(major)
             seen_nodes.add(pod["spec"]["nodeName"])
         assert seen_nodes == set(names), f"gang {gang} is on {seen_nodes}, not across both trays"
-    assert len(majors) == 1, majors
-    print(f"[e2e] every rank sees major {majors.pop()}; minors = channels {channel}")
+    # the major of the node's /proc/devices (the simulator's, as the driver reads the kernel's on a real host)
+    kernel = {caps.imex_channel_major((t.sim_state_dir / "proc" / "devices").read_text()) for t in trays}
+    assert majors == kernel and len(majors) == 1, (majors, kernel)
+    print(f"[e2e] every rank sees major {majors.pop()} (the nodes' /proc/devices); minors = channels {channel}")
 
     # the driver pods deleted mid-run: the daemon pods stay, the ranks keep running, the domain stays ready
     drivers = real.kubectl_json("get", "pods", "-n", SYSTEM, "-l", "app.kubernetes.io/name=gpuplane-driver")["items"]
@@ -251,16 +261,43 @@ def test_two_gangs_across_two_real_trays_see_their_own_channels_through_daemon_p
     after = {p["spec"]["nodeName"]: p for p in daemon_pods(real)}
     assert {n: p["metadata"]["uid"] for n, p in after.items()} == uids, "daemon pods replaced by the new drivers"
     assert all(p["status"]["phase"] == "Running" for p in after.values())
+    assert all(cs.get("restartCount", 0) == 0 for p in after.values() for cs in p["status"]["containerStatuses"])
+    assert {t.name: daemon_record(t)["pid"] for t in trays} == pids, "a daemon restarted with the driver"
     for gang, members in (("wide", 2), ("narrow", 2)):
         assert all_running(real, gang, members), f"gang {gang} stopped with the drivers"
         assert all(cs.get("restartCount", 0) == 0 for p in ranks(real, gang) for cs in p["status"]["containerStatuses"])
     (obj,) = domains(real)
     assert domain_ready(obj, names), obj.get("status")
-    print(f"[e2e] after the driver restart: same daemon pods {sorted(uids.values())}, ranks Running, domain ready")
+    print(
+        f"[e2e] after the driver restart: same daemon pods {sorted(uids.values())} and daemons (pids {pids}), "
+        "ranks Running, domain ready"
+    )
 
-    # teardown leaves nothing
+    teardown(real, trays, ("narrow", "wide"))
+
+
+def test_one_tp8_gang_of_two_full_trays(namespace: RealCluster) -> None:
+    """Afterwards, one TP=8 gang (2 x 4: both trays whole): one channel for both ranks, the daemons again."""
+    real = namespace
+    trays = sorted(real.of_profile("gb200-nvl72"), key=lambda n: n.name)
+    assert domains(real) == [] and daemon_pods(real) == [], "IMEX objects left by the test before"
+    apply(real, gang_objects("tp8", 2, 4))
+    eventually(lambda: all_running(real, "tp8", 2), 300, "gang tp8's ranks Running")
+    print(f"\n[e2e] gang tp8 (2 x 4): placedAt -> all members Running: {placed_to_running(real, 'tp8'):.1f}s")
+    (obj,) = domains(real)
+    ((gang,),) = [obj["spec"]["gangs"]]
+    assert gang["name"] == "tp8" and gang["channel"] >= 1 and domain_ready(obj, [t.name for t in trays])
+    seen = {p["spec"]["nodeName"]: seen_channels(real, p) for p in ranks(real, "tp8")}
+    print(f"[e2e] tp8 ranks see {seen}")
+    assert sorted(seen) == [t.name for t in trays]
+    assert all(s == [(f"{CHANNELS}/channel{gang['channel']}", s[0][1], gang["channel"])] for s in seen.values()), seen
+    teardown(real, trays, ("tp8",))
+
+
+def teardown(real: RealCluster, trays: list[RealNode], gangs: tuple[str, ...]) -> None:
+    """Delete the Jobs and gangs; nothing of IMEX (domain, pods, files) or of the claims is left."""
     gone = time.monotonic()
-    for gang in ("narrow", "wide"):
+    for gang in gangs:
         real.kubectl("delete", "job", "-n", NS, gang, "--cascade=foreground", "--wait=true", timeout=120)
         real.kubectl("delete", "gpugang", "-n", NS, gang, "--wait=true", timeout=120)
     eventually(lambda: domains(real) == [], 90, "the ImexDomain deleted with its gangs")
