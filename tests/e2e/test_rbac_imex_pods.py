@@ -59,7 +59,7 @@ def test_the_drivers_imex_daemon_pods_pass_the_policy_and_nothing_else_does(
         wider["metadata"]["name"] = "gpuplane-imex-wider"
         wider["spec"]["volumes"][0]["hostPath"]["path"] = "/var/lib/kubelet"
         said = refused_by(DRIVER_PODS_POLICY, core.create_namespaced_pod, identity.NAMESPACE, wider, dry_run="All")
-        assert "IMEX daemon pods only <plugin dir>/imex" in said, said
+        assert "IMEX daemon pods only" in said and "/imex" in said, said
 
         KubeApi(api).delete_pod(identity.NAMESPACE, name)
     finally:

@@ -34,7 +34,7 @@ from gpuplane.driver.sharing import imex_pods
 from tests.e2e.conftest import eventually
 from tests.e2e.realfixtures import RealCluster
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 NS = "gpuplane-imex-real"
 SYSTEM = "gpuplane-system"
@@ -172,6 +172,30 @@ def seen_channels(real: RealCluster, pod: dict[str, Any]) -> list[tuple[str, int
     return found
 
 
+def diagnose(real: RealCluster) -> None:
+    """What a stuck gang's objects say: gangs, ranks, events, the domain's status, the daemon pods and their logs."""
+    for args in (
+        ("get", "gpugangs,pods", "-n", NS, "-o", "wide"),
+        ("get", "events", "-n", NS, "--sort-by=.lastTimestamp"),
+        ("get", "imexdomains", "-n", SYSTEM, "-o", "yaml"),
+        ("get", "pods", "-n", SYSTEM, "-o", "wide"),
+        ("logs", "-n", SYSTEM, "-l", DAEMONS, "--tail=30", "--prefix"),
+        ("logs", "-n", SYSTEM, "-l", "app.kubernetes.io/name=gpuplane-driver", "--tail=400", "--prefix"),
+    ):
+        out = real.kubectl(*args, check=False, timeout=60)
+        if args[0] == "logs" and "driver" in args[-3]:
+            out = "\n".join(line for line in out.splitlines() if "imex" in line.lower())
+        print(f"[diagnose] $ kubectl {' '.join(args)}\n{out}")
+
+
+def wait_running(real: RealCluster, gang: str, members: int) -> None:
+    try:
+        eventually(lambda: all_running(real, gang, members), 300, f"gang {gang}'s ranks Running")
+    except AssertionError:
+        diagnose(real)
+        raise
+
+
 @pytest.fixture
 def namespace(only_real_nodes: RealCluster) -> Iterator[RealCluster]:
     only_real_nodes.kubectl("create", "namespace", NS)
@@ -190,9 +214,9 @@ def test_two_gangs_across_two_real_trays_see_their_own_channels_through_daemon_p
 
     began = time.monotonic()
     apply(real, gang_objects("wide", 2, 3))
-    eventually(lambda: all_running(real, "wide", 2), 300, "gang wide's ranks Running")
+    wait_running(real, "wide", 2)
     apply(real, gang_objects("narrow", 2, 1))
-    eventually(lambda: all_running(real, "narrow", 2), 300, "gang narrow's ranks Running")
+    wait_running(real, "narrow", 2)
     print(f"\n[e2e] both gangs Running {time.monotonic() - began:.1f}s after the first apply")
     for gang in ("wide", "narrow"):
         print(f"[e2e] gang {gang}: placedAt -> all members Running: {placed_to_running(real, gang):.1f}s")
@@ -282,7 +306,7 @@ def test_one_tp8_gang_of_two_full_trays(namespace: RealCluster) -> None:
     trays = sorted(real.of_profile("gb200-nvl72"), key=lambda n: n.name)
     assert domains(real) == [] and daemon_pods(real) == [], "IMEX objects left by the test before"
     apply(real, gang_objects("tp8", 2, 4))
-    eventually(lambda: all_running(real, "tp8", 2), 300, "gang tp8's ranks Running")
+    wait_running(real, "tp8", 2)
     print(f"\n[e2e] gang tp8 (2 x 4): placedAt -> all members Running: {placed_to_running(real, 'tp8'):.1f}s")
     (obj,) = domains(real)
     ((gang,),) = [obj["spec"]["gangs"]]
