@@ -219,3 +219,32 @@ def test_the_watcher_signals_the_daemon_on_a_node_file_change_and_passes_sigterm
         if watcher.poll() is None:
             watcher.kill()
             watcher.wait()
+
+
+class DownApi(Kubelet):
+    """The API refusing every read."""
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        raise RuntimeError("connection refused")
+
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        raise RuntimeError("connection refused")
+
+
+def test_a_driver_starting_while_the_api_is_down_keeps_the_files_and_does_not_fail(tmp_path: Path) -> None:
+    directory = tmp_path / "imex"
+    directory.mkdir()
+    (directory / "daemon.json").write_text(json.dumps({"domain": "imex-g1", "pod": "x", "generation": 1}))
+    runner = imex_pods.ImexPodDaemons(
+        "tray-0",
+        directory,
+        list,
+        FakeCluster(),
+        pods=DownApi(),
+        template=template_for(tmp_path, "tray-0"),
+        binary=str(IMEX),
+        ctl_binary=str(CTL),
+    )
+    runner.start()  # logged, not raised: the driver goes on
+    runner.stop()
+    assert (directory / "daemon.json").exists()

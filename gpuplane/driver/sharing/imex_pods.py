@@ -208,7 +208,16 @@ class ImexPodDaemons(ImexDaemons):
             self._thread.join(timeout=10.0)
 
     def _clear_leftovers(self) -> None:
-        """Adopt the pod a previous driver left when its record names it and it still serves; delete the rest."""
+        """Adopt the pod a previous driver left when its record names it and it still serves; delete the rest.
+
+        The API failing here is not fatal: the files stay, and the first tick starts the daemon, replacing a pod
+        of the same name (a restart of the daemon, not a wedged driver)."""
+        try:
+            self._adopt_or_clear()
+        except Exception:  # the API: logged, the loop goes on
+            log.exception("could not look for the IMEX daemon pod of the previous driver; the first tick replaces it")
+
+    def _adopt_or_clear(self) -> None:
         ns, node = self.template.namespace, self.template.node_name
         record: Any = None
         with contextlib.suppress(OSError, ValueError):
