@@ -179,9 +179,10 @@ class ImexPodDaemons(ImexDaemons):
         for pod in self.pods.list_pods(ns, selector(self.template.node_name)):
             name = str((pod.get("metadata") or {}).get("name"))
             if (pod.get("spec") or {}).get("nodeName") == self.template.node_name:
-                if not delete_and_wait(self.pods, ns, name, DELETE_TIMEOUT_S):
+                if delete_and_wait(self.pods, ns, name, DELETE_TIMEOUT_S):
+                    log.info("imex daemon pod deleted", pod=name)
+                else:
                     log.warning("imex daemon pod still there after its deletion", pod=name)
-                log.info("imex daemon pod deleted", pod=name)
         if self.dir.exists():
             shutil.rmtree(self.dir, ignore_errors=True)
         self._running, self._pod = None, ""
