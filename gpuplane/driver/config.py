@@ -44,7 +44,7 @@ class DriverConfig(BaseModel):
     # off: no IMEX daemon (prepare waits for a domain's readiness only once some node reports it); process: this
     # node's nvidia-imex is the driver's child, and prepare waits until every node of a claim's domain reports
     # ready (gpuplane/driver/sharing/imex_runner.py, docs/imex.md).
-    imex_daemons: Literal["off", "process"] = "off"
+    imex_daemons: Literal["off", "process", "pod"] = "off"
     imex_binary: str = "nvidia-imex"
     imex_ctl_binary: str = "nvidia-imex-ctl"
     imex_port: int = Field(default=50000, gt=0, lt=65536)
@@ -143,9 +143,10 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
     )
     p.add_argument(
         "--imex-daemons",
-        choices=["off", "process"],
+        choices=["off", "process", "pod"],
         default=_env("IMEX_DAEMONS", "off"),
-        help="run this node's nvidia-imex for the ImexDomain listing it: off, or process (the driver's child); "
+        help="run this node's nvidia-imex for the ImexDomain listing it: off, process (the driver's child) or pod "
+        "(a pod of its own on this node, outliving driver restarts); "
         "with a daemon, a claim's prepare waits until its IMEX domain is ready on every node",
     )
     p.add_argument("--imex-binary", default=_env("IMEX_BINARY", "nvidia-imex"))

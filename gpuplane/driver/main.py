@@ -36,6 +36,7 @@ from gpuplane.driver.publish import steering
 from gpuplane.driver.publish.claim_status import ClaimStatusReporter
 from gpuplane.driver.publish.publisher import Layout, SlicePublisher
 from gpuplane.driver.publish.slices import DeviceTaint, PoolContent
+from gpuplane.driver.sharing.imex_pods import ImexPodDaemons
 from gpuplane.driver.sharing.imex_runner import ImexDaemons, StatusApi
 from gpuplane.driver.sharing.mps import MpsControl
 from gpuplane.driver.sharing.mps_pods import DaemonPods, PodTemplate
@@ -94,18 +95,31 @@ def _imex_gate(cfg: config_mod.DriverConfig, backend: hw.GpuBackend, api: KubeAp
 
 
 def _imex_daemons(cfg: config_mod.DriverConfig, api: KubeApi, metrics: DriverMetrics) -> ImexDaemons | None:
-    """With --imex-daemons=process: this node's nvidia-imex, run and reported (started after recovery)."""
+    """With --imex-daemons=process|pod: this node's nvidia-imex, run and reported (started after recovery)."""
     if cfg.imex_daemons == "off":
         return None
-    return ImexDaemons(
-        cfg.node_name,
-        cfg.plugin_dir / "imex",
-        api.list_imex_domains,
-        StatusApi(api.api_client),
+    directory = cfg.plugin_dir / "imex"
+    args = (cfg.node_name, directory, api.list_imex_domains, StatusApi(api.api_client))
+    def on_exit(code: int) -> None:
+        metrics.imex_daemon_exits.labels(str(code)).inc()
+
+    if cfg.imex_daemons == "process":
+        return ImexDaemons(
+            *args, binary=cfg.imex_binary, ctl_binary=cfg.imex_ctl_binary, port=cfg.imex_port, on_exit=on_exit
+        )
+    own = api.get_pod(cfg.pod_namespace, cfg.pod_name)
+    if own is None:
+        raise MpsError(f"--imex-daemons=pod: the driver's own pod {cfg.pod_namespace}/{cfg.pod_name} was not found")
+    template = PodTemplate.from_driver_pod(own, directory)
+    log.info("the imex daemon runs in a pod of its own", image=template.image, namespace=template.namespace)
+    return ImexPodDaemons(
+        *args,
+        pods=api,
+        template=template,
         binary=cfg.imex_binary,
         ctl_binary=cfg.imex_ctl_binary,
         port=cfg.imex_port,
-        on_exit=lambda code: metrics.imex_daemon_exits.labels(str(code)).inc(),
+        on_exit=on_exit,
     )
 
 

@@ -313,6 +313,7 @@ OWN_PLANE_MODULES = (
     "test_metrics_auth.py",
     "test_probes.py",
     "test_rbac.py",
+    "test_rbac_imex_pods.py",
     "test_rbac_narrow.py",
     "test_rbac_narrow_nodes.py",
     "test_rbac_writes.py",

@@ -61,6 +61,9 @@ def test_local_driver_runs_the_simulator_with_its_host_paths() -> None:
     args = dict(a.removeprefix("--").split("=", 1) for a in c["args"])
     assert args["backend"] == "sim"
     assert args["mps-control-binary"] == "/opt/gpuplane/sim/bin/nvidia-cuda-mps-control"
+    assert args["imex-daemons"] == "pod"  # IMEX daemons in pods of their own, from the image's stand-ins
+    assert args["imex-binary"] == "/opt/gpuplane/sim/bin/nvidia-imex"
+    assert args["imex-ctl-binary"] == "/opt/gpuplane/sim/bin/nvidia-imex-ctl"
     node_dir = f"{LOCAL_ROOT}/$(NODE_NAME)"
     assert args["sim-config"] == f"{node_dir}/sim.yaml"
     assert args["registry-dir"] == f"{node_dir}/kubelet/plugins_registry"
@@ -84,5 +87,6 @@ def test_local_driver_runs_the_simulator_with_its_host_paths() -> None:
 def test_operations_doc_lists_the_delta() -> None:
     doc = (REPO / "docs" / "operations.md").read_text()
     section = doc[doc.index("overlays/local") :]
-    for word in ("imagePullPolicy: Never", "--backend=sim", "--mps-control-binary", LOCAL_ROOT, "containerized"):
+    words = ("imagePullPolicy: Never", "--backend=sim", "--mps-control-binary", "--imex-daemons=pod", LOCAL_ROOT)
+    for word in (*words, "containerized"):
         assert word in section, word

@@ -258,7 +258,8 @@ def test_driver_deletes_only_own_node_daemon_pods(
         msg = refused_by(DRIVER_PODS_POLICY, core.delete_namespaced_pod, theirs, ns, **dry)
         assert "may delete pods only on its own node" in msg and f"on node '{node_b}'" in msg
         msg = refused_by(DRIVER_PODS_POLICY, core.delete_namespaced_pod, plain, ns, **dry)
-        assert "delete only its MPS control-daemon pods" in msg and f"pod '{plain}' (component 'driver')" in msg
+        assert "delete only its MPS control-daemon and IMEX daemon pods" in msg
+        assert f"pod '{plain}' (component 'driver')" in msg
         stand_in = f"{identity.DRIVER_SA}-identity-{node_a}"
         msg = refused_by(DRIVER_PODS_POLICY, core.delete_namespaced_pod, stand_in, ns, **dry)
         assert f"pod '{stand_in}' (component '')" in msg

@@ -60,6 +60,8 @@ class TestContext:
             "requirements/runtime.lock",
             "gpuplane",
             "tests/fakes/nvidia-cuda-mps-control",
+            "tests/fakes/nvidia-imex",
+            "tests/fakes/nvidia-imex-ctl",
         }
         for name in ("Dockerfile.driver", "Dockerfile.controller"):
             assert set(context.context_sources((REPO / name).read_text())) <= allowed

@@ -16,6 +16,10 @@
   status entry to report; pure.
 - ``imex_runner``: runs that daemon as the driver's child (``--imex-daemons=process``), asks it
   ``nvidia-imex-ctl -q`` and patches this node's entry of the domain's status (I/O).
+- ``imex_pods``: that daemon in a pod of its own on the node (``--imex-daemons=pod``), outliving driver
+  restarts: the pod (pure, sharing ``mps_pods``' template and skeleton), its create, adoption and delete.
+- ``imex_watch``: the IMEX pod's entry point: runs ``nvidia-imex`` and sends it ``SIGUSR1`` when the driver
+  rewrites the node file.
 
 - ``timeslice_tiers``: which interval a time-sliced GPU gets and which tiers may share it; pure.
 

@@ -101,7 +101,8 @@ class PodTemplate:
 
     @classmethod
     def from_driver_pod(cls, pod: Mapping[str, Any], mps_root: Path) -> PodTemplate:
-        """The template from the driver's Pod; MpsError when no hostPath volume of it holds ``mps_root``."""
+        """The template from the driver's Pod; MpsError when no hostPath volume of it holds ``mps_root``
+        (the MPS root, or the IMEX daemon's directory: :mod:`.imex_pods` uses the same template)."""
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
         containers = spec.get("containers") or []
         if not containers:
@@ -120,8 +121,8 @@ class PodTemplate:
         holding = [m for m in mounts if m.host_of(mps_root) is not None]
         if not holding:
             raise MpsError(
-                f"no hostPath volume of the driver pod holds the MPS root {mps_root}: mount the plugin dir "
-                "from the host (the DaemonSet's plugin-dir volume), or run with --mps-daemons=process"
+                f"no hostPath volume of the driver pod holds {mps_root}: mount the plugin dir from the host "
+                "(the DaemonSet's plugin-dir volume), or run with --mps-daemons=process / --imex-daemons=process"
             )
         mount = max(holding, key=lambda m: len(m.mount_path.parts))  # the innermost mount wins
         wanted = [e for e in driver.get("env") or [] if e.get("name") in RUNTIME_ENV and "value" in e]
@@ -192,20 +193,42 @@ def daemon_pod(template: PodTemplate, paths: DaemonPaths, env: Mapping[str, str]
         "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
         "securityContext": {"privileged": template.privileged},
     }
+    volumes = [
+        {"name": "claim", "hostPath": {"path": str(host_dir), "type": "Directory"}},
+        {"name": "shm", "hostPath": {"path": str(host_dir / paths.shm.name), "type": "Directory"}},
+    ]
+    body = pod_skeleton(
+        template,
+        pod_name(uid),
+        {"app.kubernetes.io/name": APP_NAME, "app.kubernetes.io/component": COMPONENT, CLAIM_LABEL: label_value(uid)},
+        container,
+        volumes,
+    )
+    body["metadata"]["annotations"] = {CLAIM_LABEL: uid}
+    body["spec"]["hostPID"] = True  # the driver finds and signals the daemon by its host pid
+    body["spec"]["restartPolicy"] = "Never"  # a restarted daemon would come back without the claim's limits
+    return body
+
+
+def pod_skeleton(
+    template: PodTemplate,
+    name: str,
+    labels: Mapping[str, str],
+    container: Mapping[str, Any],
+    volumes: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """What every daemon pod of the driver is (pure; the shape ``driver-own-node-pods.yaml`` admits): pinned to
+    the driver's node and labelled with it, no service-account token, the host's network (MPS speaks over UNIX
+    sockets; IMEX binds the node's address), tolerating everything, the driver's priority and runtime class."""
     spec: dict[str, Any] = {
         "nodeName": template.node_name,
-        "hostPID": True,  # the driver finds and signals the daemon by its host pid
-        "hostNetwork": True,  # MPS speaks over UNIX sockets only; no pod network is needed
-        "restartPolicy": "Never",  # a restarted daemon would come back without the claim's limits
+        "hostNetwork": True,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 10,
         "tolerations": [{"operator": "Exists"}],
-        "containers": [container],
-        "volumes": [
-            {"name": "claim", "hostPath": {"path": str(host_dir), "type": "Directory"}},
-            {"name": "shm", "hostPath": {"path": str(host_dir / paths.shm.name), "type": "Directory"}},
-        ],
+        "containers": [dict(container)],
+        "volumes": volumes,
     }
     if template.priority_class:
         spec["priorityClassName"] = template.priority_class
@@ -215,15 +238,9 @@ def daemon_pod(template: PodTemplate, paths: DaemonPaths, env: Mapping[str, str]
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": pod_name(uid),
+            "name": name,
             "namespace": template.namespace,
-            "labels": {
-                "app.kubernetes.io/name": APP_NAME,
-                "app.kubernetes.io/component": COMPONENT,
-                NODE_LABEL: template.node_name,
-                CLAIM_LABEL: label_value(uid),
-            },
-            "annotations": {CLAIM_LABEL: uid},
+            "labels": {**labels, NODE_LABEL: template.node_name},
         },
         "spec": spec,
     }
@@ -268,7 +285,7 @@ class DaemonPods:
         except Exception as err:  # the API's refusal (admission policy, quota) is the user's next step
             raise MpsError(
                 f"claim {paths.claim_uid}: cannot create MPS daemon pod {self.template.namespace}/{name}: "
-                f"{_api_reason(err)}"
+                f"{api_reason(err)}"
             ) from err
         log.info("mps daemon pod created", claim_uid=paths.claim_uid, pod=name, node=self.template.node_name)
 
@@ -286,15 +303,12 @@ class DaemonPods:
         ns, name = self.template.namespace, pod_name(claim_uid)
         if self._api.get_pod(ns, name) is None:
             return
-        self._api.delete_pod(ns, name)
-        pause = Backoff(self._delete_timeout_s, first_s=0.1, cap_s=1.0)
-        while self._api.get_pod(ns, name) is not None:
-            if not pause.wait():
-                raise MpsError(
-                    f"claim {claim_uid}: daemon pod {ns}/{name} still exists {self._delete_timeout_s:g}s after "
-                    "its deletion; check the node's kubelet (`kubectl describe pod -n "
-                    f"{ns} {name}`)"
-                )
+        if not delete_and_wait(self._api, ns, name, self._delete_timeout_s):
+            raise MpsError(
+                f"claim {claim_uid}: daemon pod {ns}/{name} still exists {self._delete_timeout_s:g}s after "
+                "its deletion; check the node's kubelet (`kubectl describe pod -n "
+                f"{ns} {name}`)"
+            )
         log.info("mps daemon pod deleted", claim_uid=claim_uid, pod=name)
 
     def claims(self) -> dict[str, str]:
@@ -311,7 +325,18 @@ class DaemonPods:
         return found
 
 
-def _api_reason(err: Exception) -> str:
+def delete_and_wait(api: PodApi, namespace: str, name: str, timeout_s: float) -> bool:
+    """Delete the pod and wait until it is gone; False when it still exists after ``timeout_s``."""
+    api.delete_pod(namespace, name)
+    pause = Backoff(timeout_s, first_s=0.1, cap_s=1.0)
+    while api.get_pod(namespace, name) is not None:
+        if not pause.wait():
+            return False
+    return True
+
+
+def api_reason(err: Exception) -> str:
+    """The API server's message of a refused call (an admission policy's, a quota's), or the error."""
     body = getattr(err, "body", None)
     status = getattr(err, "status", None)
     if body:
