@@ -100,6 +100,7 @@ def _imex_daemons(cfg: config_mod.DriverConfig, api: KubeApi, metrics: DriverMet
         return None
     directory = cfg.plugin_dir / "imex"
     args = (cfg.node_name, directory, api.list_imex_domains, StatusApi(api.api_client))
+
     def on_exit(code: int) -> None:
         metrics.imex_daemon_exits.labels(str(code)).inc()
 
