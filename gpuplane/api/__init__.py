@@ -12,5 +12,7 @@ reads the body of a response the client already holds.
 - ``ledger``: the cost ledger's record (``Segment``), written by the driver and by the rebalancer.
 - ``imex``: the IMEX plan object (``ImexDomain``): its strict parser and ``claims_on``, what the controller tells
   each node's driver about which claims get which IMEX channel.
+- ``imex_group``: the ``gpuplane.dev/imex-group`` claim label (an IMEX domain without a gang): its validation and
+  the group's id in the plan.
 - ``noisy_taint``: the noisy-neighbour device taint, the driver's signal to the controller in its ResourceSlice.
 """

@@ -91,7 +91,9 @@ def _imex_gate(cfg: config_mod.DriverConfig, backend: hw.GpuBackend, api: KubeAp
         placeholder_ok=cfg.backend == "sim",
         require_status=cfg.imex_daemons != "off",  # with daemons, a domain is ready only once they say so
     )
-    return imex_claims.Gate(api.list_imex_domains, settings)
+    return imex_claims.Gate(
+        api.list_imex_domains, settings, lambda claim, why: api.claim_event(claim, "ImexGroupNoDomain", why)
+    )
 
 
 def _imex_daemons(cfg: config_mod.DriverConfig, api: KubeApi, metrics: DriverMetrics) -> ImexDaemons | None:

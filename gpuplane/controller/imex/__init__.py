@@ -8,6 +8,9 @@ Being built. What is here:
   (``gpuplane.api.imex``), and the diff (create, update, delete) against the objects that exist.
 - ``gangs``: pure: the gangs holding a placement read from one copy of the indexes (nodes, cliques,
   member claims, the channel the existing objects give them).
+- ``groups``: pure: IMEX groups (allocated claims of one namespace labelled ``gpuplane.dev/imex-group`` with one
+  name, for hand-placed pods without a gang) gathered into entries the plan treats as gangs; validation, caps
+  and the Events for the claims refused.
 - ``api``: the ``ImexDomain`` objects in ``gpuplane-system`` listed, created, their spec replaced,
   deleted (fenced writes, through the controller's client).
 - ``reconcile``: the leader's pass (``desired``, pure; the loop, I/O) and its start on kopf's registry; each

@@ -21,6 +21,11 @@ The rules:
   channels.
 - A domain is named after its oldest gang (the one that sorts first by ``since`` then uid), so it keeps
   its name while gangs join it and its daemons keep running.
+- **IMEX groups** (claims labelled ``gpuplane.dev/imex-group``, :mod:`gpuplane.controller.imex.groups`) are
+  planned as gangs are (``kind="IMEX group"``), with two precedences for gangs: a new gang gets a channel
+  before a new group, and a domain that would list more than ``max_entries`` entries (the object's bound,
+  ``gpuplane.api.imex.MAX_GANGS``) loses its youngest groups (refused with why), never a gang, so tenants'
+  labels cannot make a gang's domain unwritable.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuplane.api import names
+from gpuplane.api import imex, names
 
 CHANNEL_COUNT = names.IMEX_CHANNEL_COUNT
 """Channels 1..CHANNEL_COUNT-1 are handed out."""
@@ -44,6 +49,7 @@ class PlacedGang:
     nodes: tuple[str, ...]
     cliques: Mapping[str, str]  # node -> clique id ("" for a node without multi-node NVLink)
     channel: int | None = None
+    kind: str = "gang"  # "gang", or "IMEX group" (hand-placed claims with the group label): messages, precedence
 
 
 @dataclass(frozen=True)
@@ -74,7 +80,7 @@ def _clique(gang: PlacedGang) -> tuple[str | None, str]:
     cliques = {gang.cliques.get(node, "") for node in gang.nodes}
     if len(cliques) != 1 or "" in cliques:
         named = ", ".join(f"{n}: {gang.cliques.get(n) or 'no clique'}" for n in sorted(set(gang.nodes)))
-        return None, f"gang {gang.key} spans nodes of different NVLink cliques or none ({named}); no IMEX domain"
+        return None, f"{gang.kind} {gang.key} spans nodes of different NVLink cliques or none ({named}); no IMEX domain"
     return cliques.pop(), ""
 
 
@@ -98,8 +104,24 @@ def _components(gangs: Sequence[PlacedGang]) -> list[list[PlacedGang]]:
     return list(groups.values())
 
 
-def plan(gangs: Sequence[PlacedGang], channel_count: int = CHANNEL_COUNT) -> Plan:
-    """The IMEX plan for the gangs placed now (see the module docstring for the rules)."""
+def _fit(placed: list[PlacedGang], max_entries: int, refused: dict[str, str]) -> list[PlacedGang]:
+    """``placed`` less the youngest groups of every domain with more than ``max_entries`` entries (refused)."""
+    while True:
+        over = [c for c in _components(placed) if len(c) > max_entries and any(g.kind != "gang" for g in c)]
+        if not over:
+            return placed
+        for group in over:
+            extra = len(group) - max_entries
+            for g in [g for g in reversed(group) if g.kind != "gang"][:extra]:
+                refused[g.uid] = (
+                    f"{g.kind} {g.key}: the IMEX domain of nodes {', '.join(sorted(set(g.nodes)))} already lists "
+                    f"{max_entries} gangs and groups, its most"
+                )
+        placed = [g for g in placed if g.uid not in refused]
+
+
+def plan(gangs: Sequence[PlacedGang], channel_count: int = CHANNEL_COUNT, max_entries: int = imex.MAX_GANGS) -> Plan:
+    """The IMEX plan for the gangs (and IMEX groups) placed now (see the module docstring for the rules)."""
     refused: dict[str, str] = {}
     by_clique: dict[str, list[PlacedGang]] = {}
     for gang in sorted(gangs, key=lambda g: (g.since, g.uid)):
@@ -119,15 +141,19 @@ def plan(gangs: Sequence[PlacedGang], channel_count: int = CHANNEL_COUNT) -> Pla
                 channels[gang.uid] = gang.channel
                 taken.add(gang.channel)
         free = (c for c in range(1, channel_count) if c not in taken)
-        for gang in members:
+        for gang in sorted(members, key=lambda g: g.kind != "gang"):  # stable: new gangs first, oldest first
             if gang.uid in channels:
                 continue
             channel = next(free, None)
             if channel is None:
-                refused[gang.uid] = f"gang {gang.key}: all {channel_count - 1} IMEX channels of clique {clique} in use"
+                refused[gang.uid] = (
+                    f"{gang.kind} {gang.key}: all {channel_count - 1} IMEX channels of clique {clique} in use"
+                )
                 continue
             channels[gang.uid] = channel
-        placed = [g for g in members if g.uid in channels]
+        placed = _fit([g for g in members if g.uid in channels], max_entries, refused)
+        for uid in refused:
+            channels.pop(uid, None)
         for group in _components(placed):
             oldest = group[0]  # members are oldest first, and groups keep that order
             nodes = tuple(sorted({n for g in group for n in g.nodes}))

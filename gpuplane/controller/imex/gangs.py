@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuplane.api import imex
-from gpuplane.api import names as dn
 from gpuplane.controller import names
 from gpuplane.controller.gang import placement_record, status, world
+from gpuplane.controller.imex import groups
 from gpuplane.controller.imex.decide import PlacedGang
 from gpuplane.controller.imex.objects import GangMembers
 
@@ -61,13 +61,6 @@ def recorded_channels(objects: Iterable[Mapping[str, Any]]) -> dict[str, int]:
         for gang in domain.gangs:
             out.setdefault(gang.uid, gang.channel)
     return out
-
-
-def _pool_node(claim: Mapping[str, Any]) -> str:
-    """The node this driver's allocation of ``claim`` sits on ("" while unallocated or not on one node)."""
-    results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
-    pools = {str(r.get("pool") or "") for r in results if r.get("driver") == dn.DRIVER_NAME}
-    return pools.pop() if len(pools) == 1 else ""
 
 
 def _claim_names(w: world.World, key: str, body: Mapping[str, Any], member: int) -> tuple[str, ...]:
@@ -105,7 +98,7 @@ def placed(w: world.World, gpu_domains: Mapping[str, str], channels: Mapping[str
                 cuid = str(((claim or {}).get("metadata") or {}).get("uid") or "")
                 if claim is None or not cuid:
                     continue
-                node = _pool_node(claim) or m.node
+                node = groups.pool_node(claim) or m.node
                 nodes.append(node)
                 claims.append(imex.Claim(namespace=ns, name=cname, uid=cuid, node=node))
         if not claims:

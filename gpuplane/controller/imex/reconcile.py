@@ -38,10 +38,10 @@ import kopf
 import structlog
 from kubernetes.client.exceptions import ApiException
 
-from gpuplane.api import imex
+from gpuplane.api import imex, imex_group
 from gpuplane.controller import events, kopf_barrier, kube, runtime
 from gpuplane.controller.gang import world
-from gpuplane.controller.imex import decide, gangs, hold, objects, readiness
+from gpuplane.controller.imex import decide, gangs, groups, hold, objects, readiness
 from gpuplane.controller.imex.api import ImexApi
 
 log = structlog.get_logger(__name__)
@@ -50,6 +50,7 @@ TICK_S = 1.0
 RESYNC_S = 30.0
 RETRY_S = 5.0
 WATCH_S = 2.0
+MAX_CLAIM_EVENTS = 100
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class Outcome:
     refused: Mapping[str, str]
     listed: Mapping[str, frozenset[str]]
     gangs_refused: Mapping[str, str]
+    claim_events: tuple[groups.Refusal, ...] = ()  # IMEX groups' claims refused (Warnings on the claims)
 
     def written(
         self, at: float, failed: str = "", unready: Mapping[str, Mapping[str, str]] | None = None
@@ -71,10 +73,13 @@ class Outcome:
 
 
 def desired(w: world.World, gpu_domains: Mapping[str, str], existing: Sequence[Mapping[str, Any]]) -> Outcome:
-    """What to write so that the objects match the gangs placed in ``w``."""
-    placed = gangs.placed(w, gpu_domains, gangs.recorded_channels(existing))
-    plan = decide.plan(placed.gangs)
-    rendered = objects.render(plan, placed.members, addresses=w.addresses)
+    """What to write so that the objects match the gangs placed in ``w`` and its IMEX groups (:mod:`.groups`)."""
+    channels = gangs.recorded_channels(existing)
+    placed = gangs.placed(w, gpu_domains, channels)
+    grouped = groups.gather(w, gangs.node_cliques(gpu_domains), channels, w.claim_gangs())
+    members = {**placed.members, **grouped.members}
+    plan = decide.plan(placed.gangs + grouped.gangs)
+    rendered = objects.render(plan, members, addresses=w.addresses)
     listed: dict[str, frozenset[str]] = {}
     gangs_refused = dict(plan.refused)
     for domain in plan.domains:
@@ -82,9 +87,10 @@ def desired(w: world.World, gpu_domains: Mapping[str, str], existing: Sequence[M
             if domain.name in rendered.refused:
                 gangs_refused[uid] = rendered.refused[domain.name]
             else:
-                listed[uid] = frozenset(c.uid for c in placed.members[uid].claims)
+                listed[uid] = frozenset(c.uid for c in members[uid].claims)
     refused = {**plan.refused, **rendered.refused}
-    return Outcome(objects.diff(rendered.objects, existing), plan, refused, listed, gangs_refused)
+    told = (*grouped.refusals, *groups.plan_refusals(gangs_refused, members))
+    return Outcome(objects.diff(rendered.objects, existing), plan, refused, listed, gangs_refused, told)
 
 
 class Pass:
@@ -109,6 +115,17 @@ class Pass:
         self.states: dict[str, dict[str, readiness.NodeState]] = {}  # domain -> node states, as last read
         self.domains = 0  # how many objects the last read listed
         self.looked_at = 0.0
+        self.claims_told: frozenset[groups.Refusal] = frozenset()  # each told once while it holds
+
+    def tell_claims(self, refusals: Sequence[groups.Refusal]) -> None:
+        """A Warning on each claim refused that was not refused for the same reason last pass (at most
+        ``MAX_CLAIM_EVENTS`` a pass: the rest wait for the next)."""
+        new = [r for r in dict.fromkeys(refusals) if r not in self.claims_told][:MAX_CLAIM_EVENTS]
+        for r in new:
+            ref = events.ObjectRef("resource.k8s.io/v1", "ResourceClaim", r.name, r.namespace, r.uid)
+            self.recorder.event(ref, "Warning", r.reason, r.message)
+            log.warning("IMEX group refused", claim=f"{r.namespace}/{r.name}", reason=r.reason, why=r.message)
+        self.claims_told = frozenset(r for r in refusals if r in self.claims_told) | frozenset(new)
 
     def due(self, now: float) -> bool:
         return now >= self.retry_at and (self.version != self.rt.shared.version or now - self.at >= RESYNC_S)
@@ -128,6 +145,9 @@ class Pass:
 
     def _tell(self, told: Sequence[readiness.GangEvent]) -> None:
         for e in told:
+            if imex_group.is_group(e.gang.uid):  # no object to tell; its pods' prepare Events say it
+                log.info("IMEX readiness", group=f"{e.gang.namespace}/{e.gang.name}", reason=e.reason, why=e.message)
+                continue
             ref = events.ObjectRef("gpuplane.dev/v1alpha1", "GpuGang", e.gang.name, e.gang.namespace, e.gang.uid)
             self.recorder.event(ref, e.type, e.reason, e.message)
             log.info("IMEX readiness told", gang=f"{e.gang.namespace}/{e.gang.name}", reason=e.reason, why=e.message)
@@ -165,6 +185,8 @@ class Pass:
         async with self.rt.lock():
             w = self.world_of()
             outcome = desired(w, self.rt.shared.domains.of(w), existing)
+        if outcome.claim_events or self.claims_told:
+            await asyncio.to_thread(self.tell_claims, outcome.claim_events)
         d = outcome.diff
         if d.create or d.update or d.delete:
             failed = await asyncio.to_thread(self.api.apply, d)

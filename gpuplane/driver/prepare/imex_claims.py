@@ -22,20 +22,32 @@ of its domain reports its daemon ready for the domain's current spec (``status.n
 default); with the daemons in place it must apply from the start (``require_status=True``), or a prepare
 that comes before the first report goes through unwaited.
 
+**IMEX groups** (hand-placed pods without a gang, ``docs/imex.md``). A claim labelled
+``gpuplane.dev/imex-group`` with a valid name (:func:`gpuplane.api.imex_group.group_of`; an invalid one is
+treated as no label: the controller tells the claim why) has no gang whose gates order it after the plan, so
+this wait is its ordering: while no domain names it, its prepare fails retryably (:class:`ImexWait`, saying it
+waits for the group's IMEX domain) for at most ``Settings.group_wait_s`` from the first such prepare this driver
+saw (kept in memory: a restarted driver waits afresh). Past that bound the claim is prepared **without** a
+channel, logged, and told on the claim (``on_unwaited``; Event ``ImexGroupNoDomain``): its group's claims are
+on one node (no IMEX needed), the controller refused the group (its Event on the claim says why) or runs no
+plan. Once a domain names it, the readiness wait above applies, unbounded (no controller releases a group:
+the pod's Event names the nodes not ready). A claim on GPUs without multi-node NVLink is never waited.
+
 Then the channel's node is made from ``/proc/devices`` if missing (:mod:`.imex_channel`), and the claim's
 record carries the channel, which :mod:`.cdi_assembly` turns into the container's node and environment.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from gpuplane.api import imex
+from gpuplane.api import imex, imex_group
 from gpuplane.driver.inventory import GpuEntry
 from gpuplane.driver.prepare import imex_channel
 from gpuplane.driver.sharing.imex_runner import parse_all
@@ -64,6 +76,10 @@ class Settings:
     proc_devices: Path = Path("/proc/devices")
     placeholder_ok: bool = False  # the simulator without CAP_MKNOD: an empty file stands in for the node
     require_status: bool = False  # wait for ready even when no daemon has reported anything (see above)
+    group_wait_s: float = 120.0  # a labelled claim's wait for a domain naming it (see above)
+
+
+GROUP_WAITS_KEPT = 4096  # labelled claims waiting at once, remembered (the oldest forgotten past it)
 
 
 def not_ready(domain: imex.ImexDomain, require_status: bool = False) -> tuple[str, ...]:
@@ -94,14 +110,26 @@ def wait_message(domain: imex.ImexDomain, waiting: Sequence[str]) -> str:
 class Gate:
     """What prepare asks for each claim: its channel on this node, its domain ready and its node made."""
 
-    def __init__(self, list_domains: Callable[[], Sequence[Any]], settings: Settings) -> None:
+    def __init__(
+        self,
+        list_domains: Callable[[], Sequence[Any]],
+        settings: Settings,
+        on_unwaited: Callable[[Mapping[str, Any], str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.list_domains = list_domains
         self.settings = settings
+        self.on_unwaited = on_unwaited  # (claim, message): a labelled claim prepared without a channel past the bound
+        self.clock = clock
         self._refused: set[tuple[str, int]] = set()
+        self._group_since: dict[str, float] = {}  # labelled claim uid -> when its wait began
 
-    def channel(self, claim_uid: str, gpus: Iterable[GpuEntry]) -> imex_channel.Channel | None:
+    def channel(
+        self, claim_uid: str, gpus: Iterable[GpuEntry], claim: Mapping[str, Any] | None = None
+    ) -> imex_channel.Channel | None:
         """The channel of the claim on ``gpus`` (None: no domain names it here, or none can: no GPU of it has
-        multi-node NVLink, and then nothing is read); raises :class:`ImexError` to retry later."""
+        multi-node NVLink, and then nothing is read); raises :class:`ImexError` to retry later. ``claim``: the
+        ResourceClaim (its IMEX group label makes an unnamed claim wait, bounded)."""
         if not any(g.multi_node for g in gpus):
             return None
         try:
@@ -114,7 +142,9 @@ class Gate:
             raise ImexRefused(f"no IMEX channel given: {plan.refused[claim_uid]}")
         got = plan.claims.get(claim_uid)
         if got is None:
+            self._group_wait(claim_uid, claim or {})
             return None
+        self._group_since.pop(claim_uid, None)
         domain = next(d for d in domains if d.name == got.domain)
         waiting = not_ready(domain, self.settings.require_status)
         if waiting:
@@ -126,9 +156,38 @@ class Gate:
             raise ImexError(str(exc)) from exc
         return imex_channel.Channel(got.channel, got.domain)
 
+    def _group_wait(self, claim_uid: str, claim: Mapping[str, Any]) -> None:
+        """Raise :class:`ImexWait` while a labelled claim waits for a domain naming it; None past the bound."""
+        group, _ = imex_group.group_of(claim)
+        if not group:
+            return None
+        now = self.clock()
+        if claim_uid not in self._group_since and len(self._group_since) >= GROUP_WAITS_KEPT:
+            self._group_since.pop(min(self._group_since, key=self._group_since.__getitem__))
+        waited = now - self._group_since.setdefault(claim_uid, now)
+        bound = self.settings.group_wait_s
+        if waited < bound:
+            raise ImexWait(
+                f"claim is in IMEX group {group!r} and waits for the group's IMEX domain to name it on node "
+                f"{self.settings.node} (planned once the group's claims are allocated on two or more nodes of one "
+                f"NVLink clique); waited {waited:.0f}s of at most {bound:.0f}s; the prepare is retried"
+            )
+        del self._group_since[claim_uid]
+        message = (
+            f"no IMEX domain named this claim of IMEX group {group!r} within {bound:.0f}s; prepared without an IMEX "
+            "channel (the group's claims may all be on one node, or the controller refused the group: see its "
+            "Events on the claim)"
+        )
+        log.warning("IMEX group claim prepared without a channel", uid=claim_uid, group=group, why=message)
+        if self.on_unwaited is not None:
+            self.on_unwaited(claim, message)
+        return None
+
 
 class NoImex:
     """A node without the controller's plan (tests, a driver built without an API): no claim gets a channel."""
 
-    def channel(self, claim_uid: str, gpus: Iterable[GpuEntry]) -> imex_channel.Channel | None:
+    def channel(
+        self, claim_uid: str, gpus: Iterable[GpuEntry], claim: Mapping[str, Any] | None = None
+    ) -> imex_channel.Channel | None:
         return None

@@ -229,7 +229,7 @@ class DeviceState:
             raise
         for warning in plan.warnings:
             self.claims.claim_event(obj, "ConfigIgnored", warning)
-        imex = self.imex.channel(alloc.uid, (g for _, g, _ in plan.devices))  # before any change; may wait
+        imex = self.imex.channel(alloc.uid, (g for _, g, _ in plan.devices), obj)  # before any change; may wait
         rec = ClaimRecord(
             uid=alloc.uid,
             namespace=alloc.namespace,
