@@ -6,7 +6,8 @@ at 1,000 nodes and 10,000 claims that alone is hundreds of megabytes. Each funct
 plain dict in the API's shape, so code that reads ``claim["status"]["allocation"]`` or
 ``node["metadata"]["labels"]`` works unchanged, holding only:
 
-* a claim: name, namespace, uid, the decision and rebalancing annotations, the member-index label,
+* a claim: name, namespace, uid, the decision and rebalancing annotations, the member-index label, the
+  IMEX group label (and then the creation time: :mod:`gpuplane.controller.imex.groups`),
   owner references to GpuGangs and to Pods (name, uid, whether it is the controller: a template
   member's claim; steering ends a steered pod's reservation when a claim it owns is allocated), the
   deletion mark, its requests as written (gang shape checks read class, mode and count; steering
@@ -34,7 +35,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpuplane.api import imex
+from gpuplane.api import imex, imex_group
 from gpuplane.api import names as dn
 from gpuplane.controller import names
 
@@ -95,8 +96,9 @@ def claim(body: Mapping[str, Any], driver: str = dn.DRIVER_NAME) -> dict[str, An
     kept = {k: annotations[k] for k in _ANNOTATIONS if k in annotations}
     if kept:
         out_meta["annotations"] = kept
-    if names.LABEL_MEMBER_INDEX in labels:
-        out_meta["labels"] = {names.LABEL_MEMBER_INDEX: labels[names.LABEL_MEMBER_INDEX]}
+    kept_labels = {k: labels[k] for k in (names.LABEL_MEMBER_INDEX, imex_group.LABEL) if k in labels}
+    if kept_labels:
+        out_meta["labels"] = kept_labels
     owners = [
         {"apiVersion": r.get("apiVersion"), "kind": r.get("kind"), "name": r.get("name")}
         for r in meta.get("ownerReferences") or []
@@ -117,7 +119,7 @@ def claim(body: Mapping[str, Any], driver: str = dn.DRIVER_NAME) -> dict[str, An
     if meta.get("deletionTimestamp"):
         out_meta["deletionTimestamp"] = meta["deletionTimestamp"]
     allocation = (body.get("status") or {}).get("allocation")
-    if not allocation and meta.get("creationTimestamp"):  # how long it has waited (claim.explainer)
+    if (not allocation or imex_group.LABEL in labels) and meta.get("creationTimestamp"):  # claim.explainer; IMEX
         out_meta["creationTimestamp"] = meta["creationTimestamp"]
     # Requests as written: small (the API caps them), and steering reads any field of them.
     requests = REQUESTS(copy.deepcopy(list(((body.get("spec") or {}).get("devices") or {}).get("requests") or [])))

@@ -13,7 +13,7 @@ import pytest
 
 from gpuplane.api import imex, imex_group
 from gpuplane.api import names as dn
-from gpuplane.controller import events, names
+from gpuplane.controller import events, indexed, names
 from gpuplane.controller.gang import world
 from gpuplane.controller.imex import decide, groups, reconcile
 from gpuplane.driver.prepare import imex_claims
@@ -310,3 +310,13 @@ def test_a_labelled_claim_named_but_not_ready_waits_on_readiness(drv: Any) -> No
     obj["status"]["nodes"][1]["ready"] = False
     objects.append(obj)
     assert "is not ready on node(s) tray-1" in prepare(d, "a", "u-a")[0]
+
+
+def test_the_controllers_index_keeps_what_grouping_reads() -> None:
+    kept = indexed.claim(claim("a", "tray-0", created="2026-01-01T00:05:00Z"))
+    assert imex_group.group_of(kept) == ("train", "") and groups.pool_node(kept) == "tray-0"
+    assert world.created_at(kept) == world.created_at({"metadata": {"creationTimestamp": "2026-01-01T00:05:00Z"}}) > 0
+    plain = indexed.claim(claim("b", "tray-0", None))
+    assert "labels" not in plain["metadata"] and "creationTimestamp" not in plain["metadata"]  # as before
+    out = groups.gather(make_world([kept, indexed.claim(claim("c", "tray-1"))]), CLIQUES, {})
+    assert [g.nodes for g in out.gangs] == [("tray-0", "tray-1")]
