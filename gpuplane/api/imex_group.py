@@ -23,6 +23,8 @@ from typing import Any
 LABEL = "gpuplane.dev/imex-group"
 MAX_GROUP_NAME = 63
 UID_PREFIX = "group-"
+GANG_LABEL = "gpuplane.dev/gang"  # gpuplane.controller.names.LABEL_GANG (a test checks): a gang member's claim
+GANG_KIND = "GpuGang"
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -36,6 +38,20 @@ def validate(name: str) -> str:
         shown = name[:MAX_GROUP_NAME]
         return f"label {LABEL}: {shown!r} is not a DNS label (lowercase letters, digits, '-', alphanumeric ends)"
     return ""
+
+
+def in_gang(claim: Mapping[str, Any]) -> bool:
+    """Whether the claim carries a gang's mark (the controller's member claims: its label, or a GpuGang owner):
+    such a claim follows its gang, never a group. A template member's claim carries neither: the controller
+    knows it from the member pod, the driver does not (see ``docs/imex.md``)."""
+    meta = claim.get("metadata")
+    if not isinstance(meta, Mapping):
+        return False
+    labels = meta.get("labels")
+    if isinstance(labels, Mapping) and GANG_LABEL in labels:
+        return True
+    owners = meta.get("ownerReferences")
+    return isinstance(owners, list) and any(isinstance(r, Mapping) and r.get("kind") == GANG_KIND for r in owners)
 
 
 def group_of(claim: Mapping[str, Any]) -> tuple[str, str]:

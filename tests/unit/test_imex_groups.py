@@ -65,6 +65,10 @@ def test_the_group_name_is_a_dns_label_and_anything_else_is_refused_with_why() -
     assert imex_group.group_of({"metadata": "garbage"}) == ("", "")
 
 
+def test_the_gang_marks_are_the_controllers() -> None:
+    assert (imex_group.GANG_LABEL, imex_group.GANG_KIND) == (names.LABEL_GANG, names.GANG_KIND)
+
+
 def test_a_groups_uid_is_stable_per_namespace_and_name_and_never_a_gangs() -> None:
     uid = imex_group.group_uid("team", "train")
     assert uid == imex_group.group_uid("team", "train") and imex_group.is_group(uid)
@@ -302,6 +306,15 @@ def test_an_unlabelled_or_badly_labelled_claim_never_waits(drv: Any) -> None:
     assert prepare(d, "plain", "u-p", None)[0] == ""
     assert prepare(d, "bad", "u-b", "Not_A_Label", "gpu-1")[0] == ""
     assert told == []
+
+
+def test_a_labelled_gang_members_claim_follows_its_gang_and_never_waits(drv: Any) -> None:
+    d, _, _, told = drv
+    c = driverkit.make_claim("g-0", NODE, ["gpu-0"], namespace="team", uid="u-g0")
+    c["metadata"]["labels"] = {imex_group.LABEL: "train", names.LABEL_GANG: "g"}
+    d.claims.add(c)
+    assert d.state.prepare([driverkit.ref(c)])["u-g0"].error == ""
+    assert told == [] and d.state.snapshot().claims["u-g0"].imex_channel is None
 
 
 def test_a_labelled_claim_named_but_not_ready_waits_on_readiness(drv: Any) -> None:

@@ -29,7 +29,6 @@ from typing import Any
 
 from gpuplane.api import imex, imex_group
 from gpuplane.api import names as dn
-from gpuplane.controller import names
 from gpuplane.controller.gang import world
 from gpuplane.controller.imex.decide import PlacedGang
 from gpuplane.controller.imex.objects import GangMembers
@@ -67,14 +66,6 @@ def pool_node(claim: Mapping[str, Any]) -> str:
     return pools.pop() if len(pools) == 1 else ""
 
 
-def in_gang(claim: Mapping[str, Any]) -> bool:
-    """Whether the claim carries a gang's mark (the controller's member claims): label or owner."""
-    meta = claim.get("metadata") or {}
-    if names.LABEL_GANG in (meta.get("labels") or {}):
-        return True
-    return any(isinstance(r, Mapping) and r.get("kind") == names.GANG_KIND for r in meta.get("ownerReferences") or [])
-
-
 @dataclass
 class _Gathered:
     namespace: str
@@ -95,7 +86,7 @@ def _gather(w: world.World, gang_claims: Iterable[str]) -> tuple[dict[tuple[str,
         if why:
             refusals.append(Refusal(ns, cname, uid, "ImexGroupInvalid", f"{why}; the claim gets no IMEX group"))
             continue
-        if not group or not uid or meta.get("deletionTimestamp") or key in skip or in_gang(claim):
+        if not group or not uid or meta.get("deletionTimestamp") or key in skip or imex_group.in_gang(claim):
             continue
         node = pool_node(claim)
         if not node:

@@ -31,7 +31,8 @@ saw (kept in memory: a restarted driver waits afresh). Past that bound the claim
 channel, logged, and told on the claim (``on_unwaited``; Event ``ImexGroupNoDomain``): its group's claims are
 on one node (no IMEX needed), the controller refused the group (its Event on the claim says why) or runs no
 plan. Once a domain names it, the readiness wait above applies, unbounded (no controller releases a group:
-the pod's Event names the nodes not ready). A claim on GPUs without multi-node NVLink is never waited.
+the pod's Event names the nodes not ready). A claim on GPUs without multi-node NVLink is never waited, nor a
+claim marked as a gang member's (:func:`gpuplane.api.imex_group.in_gang`).
 
 Then the channel's node is made from ``/proc/devices`` if missing (:mod:`.imex_channel`), and the claim's
 record carries the channel, which :mod:`.cdi_assembly` turns into the container's node and environment.
@@ -159,7 +160,7 @@ class Gate:
     def _group_wait(self, claim_uid: str, claim: Mapping[str, Any]) -> None:
         """Raise :class:`ImexWait` while a labelled claim waits for a domain naming it; None past the bound."""
         group, _ = imex_group.group_of(claim)
-        if not group:
+        if not group or imex_group.in_gang(claim):  # a gang member's claim follows its gang: no group wait
             return None
         now = self.clock()
         if claim_uid not in self._group_since and len(self._group_since) >= GROUP_WAITS_KEPT:
