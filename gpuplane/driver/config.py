@@ -48,6 +48,8 @@ class DriverConfig(BaseModel):
     imex_binary: str = "nvidia-imex"
     imex_ctl_binary: str = "nvidia-imex-ctl"
     imex_port: int = Field(default=50000, gt=0, lt=65536)
+    # how long a claim labelled gpuplane.dev/imex-group waits for a domain to name it (docs/imex.md)
+    imex_group_wait_s: float = Field(default=120.0, gt=0, le=3600)
     pod_name: str = ""
     pod_namespace: str = ""
     dev_root: Path = Path("/dev")  # where /dev/nvidia* live as the container runtime sees them
@@ -152,6 +154,13 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
     p.add_argument("--imex-binary", default=_env("IMEX_BINARY", "nvidia-imex"))
     p.add_argument("--imex-ctl-binary", default=_env("IMEX_CTL_BINARY", "nvidia-imex-ctl"))
     p.add_argument("--imex-port", type=int, default=int(_env("IMEX_PORT", "50000") or 50000))
+    p.add_argument(
+        "--imex-group-wait",
+        type=float,
+        default=float(_env("IMEX_GROUP_WAIT", "120") or 120),
+        help="seconds a claim labelled gpuplane.dev/imex-group waits for an IMEX domain to name it, then is "
+        "prepared without a channel",
+    )
     p.add_argument("--dev-root", default=_env("DEV_ROOT", "/dev"))
     p.add_argument(
         "--metrics-address",
@@ -261,6 +270,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
         imex_binary=args.imex_binary,
         imex_ctl_binary=args.imex_ctl_binary,
         imex_port=args.imex_port,
+        imex_group_wait_s=args.imex_group_wait,
         pod_name=pod_name,
         pod_namespace=pod_namespace,
         dev_root=Path(args.dev_root),

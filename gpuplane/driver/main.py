@@ -90,6 +90,7 @@ def _imex_gate(cfg: config_mod.DriverConfig, backend: hw.GpuBackend, api: KubeAp
         proc_devices=proc_devices if isinstance(proc_devices, Path) else Path("/proc/devices"),
         placeholder_ok=cfg.backend == "sim",
         require_status=cfg.imex_daemons != "off",  # with daemons, a domain is ready only once they say so
+        group_wait_s=cfg.imex_group_wait_s,
     )
     return imex_claims.Gate(
         api.list_imex_domains, settings, lambda claim, why: api.claim_event(claim, "ImexGroupNoDomain", why)

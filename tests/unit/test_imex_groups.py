@@ -16,6 +16,7 @@ from gpuplane.api import names as dn
 from gpuplane.controller import events, indexed, names
 from gpuplane.controller.gang import world
 from gpuplane.controller.imex import decide, groups, reconcile
+from gpuplane.driver import config
 from gpuplane.driver.prepare import imex_claims
 from tests import driverkit
 
@@ -333,3 +334,10 @@ def test_the_controllers_index_keeps_what_grouping_reads() -> None:
     assert "labels" not in plain["metadata"] and "creationTimestamp" not in plain["metadata"]  # as before
     out = groups.gather(make_world([kept, indexed.claim(claim("c", "tray-1"))]), CLIQUES, {})
     assert [g.nodes for g in out.gangs] == [("tray-0", "tray-1")]
+
+
+def test_the_drivers_group_wait_is_a_flag_with_a_bound() -> None:
+    assert config.parse_args(["--node-name", "n"]).imex_group_wait_s == 120.0
+    assert config.parse_args(["--node-name", "n", "--imex-group-wait", "30"]).imex_group_wait_s == 30.0
+    with pytest.raises((SystemExit, ValueError)):
+        config.parse_args(["--node-name", "n", "--imex-group-wait", "0"])
