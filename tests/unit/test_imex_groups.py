@@ -113,7 +113,7 @@ def test_unallocated_deleting_gang_and_unlabelled_claims_are_not_a_groups() -> N
         ],
         {"team/g": gang_body},
     )
-    out = groups.gather(w, CLIQUES, {}, gang_claims=["team/templated"])
+    out = groups.gather(w, CLIQUES, {}, gang_claims=lambda: ["team/templated"])
     (g,) = out.gangs
     assert [c.name for c in out.members[g.uid].claims] == ["a"] and g.nodes == ("tray-0",)
 

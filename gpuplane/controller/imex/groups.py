@@ -23,7 +23,7 @@ the controller's indexes (:class:`gpuplane.controller.gang.world.World`):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,8 +74,10 @@ class _Gathered:
     since: float
 
 
-def _gather(w: world.World, gang_claims: Iterable[str]) -> tuple[dict[tuple[str, str], _Gathered], list[Refusal]]:
-    skip = set(gang_claims)
+def _gather(
+    w: world.World, gang_claims: Callable[[], Iterable[str]]
+) -> tuple[dict[tuple[str, str], _Gathered], list[Refusal]]:
+    skip: set[str] | None = None  # read only when a labelled claim is found (a cluster without groups pays nothing)
     found: dict[tuple[str, str], _Gathered] = {}
     refusals: list[Refusal] = []
     for key, claim in sorted(w.claims.items()):
@@ -86,7 +88,11 @@ def _gather(w: world.World, gang_claims: Iterable[str]) -> tuple[dict[tuple[str,
         if why:
             refusals.append(Refusal(ns, cname, uid, "ImexGroupInvalid", f"{why}; the claim gets no IMEX group"))
             continue
-        if not group or not uid or meta.get("deletionTimestamp") or key in skip or imex_group.in_gang(claim):
+        if not group or not uid or meta.get("deletionTimestamp") or imex_group.in_gang(claim):
+            continue
+        if skip is None:
+            skip = set(gang_claims())
+        if key in skip:
             continue
         node = pool_node(claim)
         if not node:
@@ -105,11 +111,12 @@ def gather(
     w: world.World,
     cliques: Mapping[str, str],
     channels: Mapping[str, int],
-    gang_claims: Iterable[str] = (),
+    gang_claims: Callable[[], Iterable[str]] = tuple,
     max_per_namespace: int = MAX_PER_NAMESPACE,
 ) -> Groups:
     """The IMEX groups of ``w`` (see the module docstring); ``cliques``: node -> clique; ``channels``: entry uid ->
-    the channel the existing objects give it; ``gang_claims``: "ns/name" of claims a gang's pods were given."""
+    the channel the existing objects give it; ``gang_claims``: "ns/name" of claims a gang's pods were given (called
+    once, only when a claim carries the label)."""
     found, refusals = _gather(w, gang_claims)
     out: list[PlacedGang] = []
     members: dict[str, GangMembers] = {}

@@ -76,7 +76,7 @@ def desired(w: world.World, gpu_domains: Mapping[str, str], existing: Sequence[M
     """What to write so that the objects match the gangs placed in ``w`` and its IMEX groups (:mod:`.groups`)."""
     channels = gangs.recorded_channels(existing)
     placed = gangs.placed(w, gpu_domains, channels)
-    grouped = groups.gather(w, gangs.node_cliques(gpu_domains), channels, w.claim_gangs())
+    grouped = groups.gather(w, gangs.node_cliques(gpu_domains), channels, w.claim_gangs)
     members = {**placed.members, **grouped.members}
     plan = decide.plan(placed.gangs + grouped.gangs)
     rendered = objects.render(plan, members, addresses=w.addresses)
