@@ -80,7 +80,10 @@ def _gather(
     skip: set[str] | None = None  # read only when a labelled claim is found (a cluster without groups pays nothing)
     found: dict[tuple[str, str], _Gathered] = {}
     refusals: list[Refusal] = []
-    for key, claim in sorted(w.claims.items()):
+    labelled = [
+        (k, c) for k, c in w.claims.items() if imex_group.LABEL in ((c.get("metadata") or {}).get("labels") or ())
+    ]
+    for key, claim in sorted(labelled):
         meta = claim.get("metadata") or {}
         ns, cname = key.split("/", 1)
         uid = str(meta.get("uid") or "")
