@@ -5,7 +5,8 @@ and started the node drivers and the controller (``e2e.plane.components``).
 ``run(state_dir, kubeconfig)``, after deleting what an earlier run on the same cluster left:
 
 0. the examples that each need the demo's whole GB200 rack (``TAKES_TURNS``:
-   the Job, JobSet, LeaderWorkerSet and Workload API gangs) one after another: apply, wait until
+   the Job, JobSet, LeaderWorkerSet and Workload API gangs, and the IMEX group, which needs a GPU on both
+   trays while ``gang-tp8`` holds them all) one after another: apply, wait until
    their pods run, print their lines, delete;
 1. ``kubectl apply -f manifests/examples/<scenario>/`` for every other scenario
    folder; folders with a GpuGang first, each waited for until the controller
@@ -61,6 +62,7 @@ TAKES_TURNS = (
     "gang-leaderworkerset",
     "gang-workload-api",
     "gang-workload-steered",
+    "imex-group",  # one GPU on each tray: it cannot run beside gang-tp8, which holds the whole rack
 )
 
 
