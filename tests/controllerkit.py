@@ -16,6 +16,7 @@ from typing import Any
 
 from gpuplane.controller import names
 from gpuplane.controller.gang import queue_runner, reconciler, status, world, writes
+from gpuplane.controller.imex import hold
 from gpuplane.controller.node import snapshot_builder
 from gpuplane.driver import inventory
 from gpuplane.driver.hw.sim import SimConfig, Simulator
@@ -185,7 +186,14 @@ def run_pass(w: world.World, now: float = T0 + 10) -> tuple[queue_runner.Plan, s
     return plan, view
 
 
-def decide(w: world.World, key: str, now: float = T0 + 10) -> reconciler.Outcome:
+def decide(
+    w: world.World,
+    key: str,
+    now: float = T0 + 10,
+    settings: reconciler.Settings | None = None,
+    imex: hold.Written | None = hold.NOT_SERVED,
+) -> reconciler.Outcome:
+    """One gang's reconcile decision after a pass at ``now`` (``imex``: the last IMEX pass's ``hold.Written``)."""
     plan, view = run_pass(w, now)
     return reconciler.decide(
         key,
@@ -194,7 +202,8 @@ def decide(w: world.World, key: str, now: float = T0 + 10) -> reconciler.Outcome
         planned=lambda: (plan, view),
         domains=lambda: world.gpu_domains(w),
         now=now,
-        settings=reconciler.Settings(eviction_grace_s=0),
+        settings=settings or reconciler.Settings(eviction_grace_s=0),
+        imex=imex,
     )
 
 

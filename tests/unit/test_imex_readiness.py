@@ -128,17 +128,8 @@ def slices_fixture(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, A
 
 
 def decide_with(w: world.World, key: str, now: float, written: hold.Written) -> reconciler.Outcome:
-    plan, view = kit.run_pass(w, now)
-    return reconciler.decide(
-        key,
-        w.gangs[key],
-        w,
-        planned=lambda: (plan, view),
-        domains=lambda: world.gpu_domains(w),
-        now=now,
-        settings=reconciler.Settings(eviction_grace_s=0, imex_ready_timeout_s=300.0),
-        imex=written,
-    )
+    settings = reconciler.Settings(eviction_grace_s=0, imex_ready_timeout_s=300.0)
+    return kit.decide(w, key, now, settings=settings, imex=written)
 
 
 def test_a_gang_whose_domain_stays_not_ready_is_released_with_the_reason(slices: list[dict[str, Any]]) -> None:
