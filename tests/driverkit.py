@@ -257,3 +257,18 @@ def start_worker(
         raise RuntimeError(f"driver exited at start ({proc.returncode}):\n{log.read_text(errors='replace')[-3000:]}")
     ready: dict[str, Any] = json.loads(line)
     return proc, ready
+
+
+def prepare_cdi(
+    d: DriverUnderTest, name: str, node: str, uid: str, device: str, *, labels: Mapping[str, str] | None = None
+) -> tuple[str, dict[str, Any]]:
+    """Prepare a claim (namespace ``team``) for ``device``: its error, or "" and its CDI spec as written."""
+    c = make_claim(name, node, [device], namespace="team", uid=uid)
+    if labels:
+        c["metadata"].setdefault("labels", {}).update(labels)
+    d.claims.add(c)
+    result = d.state.prepare([ref(c)])[uid]
+    if result.error:
+        return result.error, {}
+    (spec_file,) = [p for p in d.cdi_files() if uid in p.name]
+    return "", json.loads(spec_file.read_text())

@@ -5,7 +5,6 @@ wait for a labelled claim (through the real prepare on a simulated gb200 tray, w
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -256,15 +255,8 @@ def drv() -> Iterator[tuple[driverkit.DriverUnderTest, list[Any], Clock, list[tu
 def prepare(
     d: driverkit.DriverUnderTest, name: str, uid: str, group: str | None = "train", device: str = "gpu-0"
 ) -> tuple[str, dict[str, Any]]:
-    c = driverkit.make_claim(name, NODE, [device], namespace="team", uid=uid)
-    if group is not None:
-        c["metadata"].setdefault("labels", {})[imex_group.LABEL] = group
-    d.claims.add(c)
-    result = d.state.prepare([driverkit.ref(c)])[uid]
-    if result.error:
-        return result.error, {}
-    (spec_file,) = [p for p in d.cdi_files() if uid in p.name]
-    return "", json.loads(spec_file.read_text())
+    labels = {imex_group.LABEL: group} if group is not None else None
+    return driverkit.prepare_cdi(d, name, NODE, uid, device, labels=labels)
 
 
 def group_domain(uid: str, channel: int = 5) -> dict[str, Any]:

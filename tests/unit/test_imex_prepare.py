@@ -65,13 +65,7 @@ def drv() -> Iterator[tuple[driverkit.DriverUnderTest, list[Any]]]:
 
 
 def prepared(d: driverkit.DriverUnderTest, name: str, uid: str, device: str = "gpu-0") -> tuple[str, dict[str, Any]]:
-    c = driverkit.make_claim(name, NODE, [device], namespace="team", uid=uid)
-    d.claims.add(c)
-    result = d.state.prepare([driverkit.ref(c)])[uid]
-    if result.error:
-        return result.error, {}
-    (spec_file,) = [p for p in d.cdi_files() if uid in p.name]
-    return "", json.loads(spec_file.read_text())
+    return driverkit.prepare_cdi(d, name, NODE, uid, device)
 
 
 def imex_of(spec: dict[str, Any]) -> tuple[list[str], list[str]]:
