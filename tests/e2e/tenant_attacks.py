@@ -20,6 +20,7 @@ from e2e.cluster import flags
 from gpuplane.controller.steer import decide
 from gpuplane.placement import model
 from tests.e2e.conftest import eventually
+from tests.e2e.tenant_imex import GROUPS_PER_NAMESPACE, group_bad_names, group_flood, group_squat
 from tests.e2e.tenant_refusals import (
     controller_writes,
     grant_itself,
@@ -280,4 +281,25 @@ ATTACKS: list[Attack] = [
         read_others,
     ),
     Attack("scrape-metrics", "8", "get /metrics of the driver and the controller", "denied", scrape_metrics),
+    Attack(
+        "imex-group-squat",
+        "+",
+        "claims labelled gpuplane.dev/imex-group with the victim's gang's name, on two nodes",
+        "victim's IMEX domain entry unchanged; attacker told ImexGroupRefused, no entry",
+        group_squat,
+    ),
+    Attack(
+        "imex-group-flood",
+        "+",
+        "five more IMEX groups across two nodes (six in all)",
+        f"groups past {GROUPS_PER_NAMESPACE} per namespace told ImexGroupRefused; victim's entry unchanged",
+        group_flood,
+    ),
+    Attack(
+        "imex-group-bad-names",
+        "+",
+        "imex-group labels that are not DNS labels ('Not_A_Name', 'a.b.c'), one of 64 characters",
+        "ImexGroupInvalid on the claims (the API server refuses 64); no entry",
+        group_bad_names,
+    ),
 ]

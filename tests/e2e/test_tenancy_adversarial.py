@@ -10,7 +10,8 @@ acting with its own token (no administrator's right is used for a tenant's actio
   ``tests/e2e/tenant_attacks.py::ATTACKS``.
 
 After each attack, and once more at the end, the invariants: the victims' pods are the same pods (uid) on the
-same nodes, running, never restarted; their claims hold the same devices; the gang is still Running; no Event
+same nodes, running, never restarted; their claims hold the same devices; the gang is still Running and keeps its
+IMEX domain entry (domain, channel, claims and nodes: ``tests/e2e/tenant_imex.py``); no Event
 says anything of theirs was preempted, evicted or moved; every controller replica is up. The report lists the
 tenants, every attack with its evidence, the invariant checks and the violations (none).
 """
@@ -28,6 +29,7 @@ import pytest
 
 from tests.e2e.conftest import GpuCluster, eventually
 from tests.e2e.tenant_attacks import ATTACKS, HIGH
+from tests.e2e.tenant_imex import imex_entries
 from tests.e2e.tenantkit import (
     Arena,
     claim,
@@ -91,12 +93,18 @@ def _start_workloads(arena: Arena) -> None:
     wait_running(gc, attacker.ns, ["mine"], 120)
 
 
+def _state(gc: GpuCluster, ns: str) -> dict[str, Any]:
+    """A victim's pods, claims and IMEX domain entries, each keyed by kind and name."""
+    snap = snapshot(gc, ns)
+    pods = {f"pod {k}": v for k, v in snap.pods.items()}
+    return {**pods, **{f"claim {k}": v for k, v in snap.claims.items()}, **imex_entries(gc, ns)}
+
+
 def _violations(arena: Arena, before: dict[str, dict[str, Any]], replicas: set[str]) -> list[str]:
     """Every way the victims differ from before the attacks (their own new steered pods aside)."""
     found = []
     for victim in arena.victims:
-        now = snapshot(arena.gc, victim.ns)
-        current = {**{f"pod {k}": v for k, v in now.pods.items()}, **{f"claim {k}": v for k, v in now.claims.items()}}
+        current = _state(arena.gc, victim.ns)
         for key, was in before[victim.ns].items():
             if current.get(key) != was:
                 found.append(f"{victim.role}: {key} was {was}, now {current.get(key)}")
@@ -114,11 +122,8 @@ def test_no_tenant_can_harm_another(arena: Arena) -> None:
     _start_workloads(arena)
     before: dict[str, dict[str, Any]] = {}
     for victim in arena.victims:
-        snap = snapshot(arena.gc, victim.ns)
-        before[victim.ns] = {
-            **{f"pod {k}": v for k, v in snap.pods.items()},
-            **{f"claim {k}": v for k, v in snap.claims.items()},
-        }
+        before[victim.ns] = _state(arena.gc, victim.ns)
+    assert "imex train" in before[arena.gangs.ns], f"the victim's gang has no IMEX domain entry: {before}"
     replicas = set(controller_rss_kib(arena.gc))
     assert replicas, "no controller replica is running"
 
@@ -146,8 +151,8 @@ def test_no_tenant_can_harm_another(arena: Arena) -> None:
     final = _violations(arena, before, replicas)
     violations += [f"at the end: {v}" for v in final]
     report.append(
-        f"invariant checks: {len(ATTACKS) + 1} rounds x (victims' pods and claims unchanged, gang Running, "
-        f"no preempt/evict/move Event, controller replicas up); violations: {len(violations)}"
+        f"invariant checks: {len(ATTACKS) + 1} rounds x (victims' pods, claims and IMEX entries unchanged, "
+        f"gang Running, no preempt/evict/move Event, controller replicas up); violations: {len(violations)}"
     )
     print("\n[e2e] multi-tenant adversarial run\n  " + "\n  ".join(report))
     assert violations == [], "\n".join(violations)
