@@ -5,7 +5,8 @@ GPU (``/dev/nvidia<minor>``, 195:minor) of every allocated device, the MIG
 capability nodes of a MIG device, the control and UVM nodes, and nothing else
 NVIDIA; its ``NVIDIA_VISIBLE_DEVICES``/``CUDA_VISIBLE_DEVICES`` name the GPU or
 MIG UUIDs the driver recorded, ``GPUPLANE_CLAIM_UID`` the claim; an MPS claim's
-container also gets the daemon's pipe directory and ``/dev/shm``.
+container also gets the daemon's pipe directory and ``/dev/shm``; a claim given an IMEX channel, that channel's
+node (``/dev/nvidia-caps-imex-channels/channel<N>``) and ``GPUPLANE_IMEX_CHANNEL``, no other channel.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from typing import Any
 
 from e2e.plane.realnode import inspect
 from e2e.plane.realnode.plan import RealNode
-from gpuplane.driver.hw import sim_devnodes
+from gpuplane.driver.hw import caps, sim_devnodes
 from gpuplane.driver.plugin import call_log
 from gpuplane.driver.prepare.checkpoint import ClaimRecord
 from gpuplane.driver.sharing.mps_spec import CONTAINER_PIPE_DIR, CONTAINER_SHM_DIR
+
+IMEX_CHANNEL_DIR = "/dev/nvidia-caps-imex-channels"
 
 
 def runtime_uuids(record: ClaimRecord) -> list[str]:
@@ -29,8 +32,10 @@ def runtime_uuids(record: ClaimRecord) -> list[str]:
     return [d.mig.mig_uuid if d.mig is not None and d.mig.mig_uuid else d.gpu_uuid for d in record.devices]
 
 
-def expected_devices(record: ClaimRecord) -> dict[str, tuple[int, int]]:
-    """``/dev`` path -> (major, minor) of every NVIDIA node the claim's containers need."""
+def expected_devices(record: ClaimRecord, node: RealNode | None = None) -> dict[str, tuple[int, int]]:
+    """``/dev`` path -> (major, minor) of every NVIDIA node the claim's containers need: with an IMEX channel
+    (a gang's or an IMEX group's claim across trays), its node, whose major is the one in ``node``'s simulated
+    ``/proc/devices`` (as the driver reads the kernel's)."""
     nodes = {
         "/dev/nvidiactl": (sim_devnodes.NVIDIA_MAJOR, sim_devnodes.NVIDIACTL_MINOR),
         "/dev/nvidia-uvm": (sim_devnodes.UVM_MAJOR, 0),
@@ -42,6 +47,11 @@ def expected_devices(record: ClaimRecord) -> dict[str, tuple[int, int]]:
             for cap in (device.mig.gi_caps_minor, device.mig.ci_caps_minor):
                 assert cap is not None, f"MIG device {device.device} has no capability minor recorded"
                 nodes[f"/dev/nvidia-caps/nvidia-cap{cap}"] = (sim_devnodes.CAPS_MAJOR, cap)
+    if record.imex_channel is not None:
+        assert node is not None, f"claim {record.uid} has IMEX channel {record.imex_channel}: the node is needed"
+        major = caps.imex_channel_major((node.sim_state_dir / "proc" / "devices").read_text())
+        assert major is not None, f"{node.name}'s /proc/devices has no {caps.IMEX_CHANNELS}"
+        nodes[f"{IMEX_CHANNEL_DIR}/channel{record.imex_channel}"] = (major, record.imex_channel)
     return nodes
 
 
@@ -51,7 +61,9 @@ def assert_sees_claim(view: inspect.ContainerView, record: ClaimRecord, node: Re
     assert view.env.get("NVIDIA_VISIBLE_DEVICES", "").split(",") == uuids, view.env
     assert view.env.get("CUDA_VISIBLE_DEVICES", "").split(",") == uuids, view.env
     assert view.env.get("GPUPLANE_CLAIM_UID") == record.uid
-    assert dict(view.devices) == expected_devices(record)
+    assert dict(view.devices) == expected_devices(record, node)
+    channel = view.env.get("GPUPLANE_IMEX_CHANNEL")
+    assert channel == (None if record.imex_channel is None else str(record.imex_channel)), (channel, record)
     if record.sharing.strategy == "MPS":
         assert view.env.get("CUDA_MPS_PIPE_DIRECTORY") == CONTAINER_PIPE_DIR
         claim_dir = node.mps_root / record.uid

@@ -1,10 +1,11 @@
 """What each newer example must show on real nodes beyond the common checks of test_realnode_examples.
 
 The same facts their stand-in tests assert (test_gang_templates, test_workload_api, test_extended_resources,
-test_rightsize), read from the real nodes: the gang's members on the two real GB200 trays of one
+test_rightsize, test_imex_groups), read from the real nodes: the gang's members on the two real GB200 trays of one
 NVLink domain through their own template claims, an unchanged ``nvidia.com/gpu`` pod on the
 scheduler's claim for its extended resource, a GpuRequest's claim as the MPS share or MIG profile
-the controller chose, and a GpuRequest no GPU can meet refused with an Event.
+the controller chose, a GpuRequest no GPU can meet refused with an Event, and an IMEX group's one domain
+entry on both trays.
 """
 
 from __future__ import annotations
@@ -178,7 +179,32 @@ def gang_workload_steered(real: RealCluster, ns: str, pods: list[dict[str, Any]]
     return [*_podgroup_on_real_trays(real, ns, pods), f"GpuGang tp8: {status['phase']} in {status['domain']}"]
 
 
+def imex_group(real: RealCluster, ns: str, pods: list[dict[str, Any]]) -> list[str]:
+    """One ``ImexDomain`` entry for the group, naming both ranks' claims on the two real trays with one channel,
+    both trays ready (each rank's container sees that channel's node: ``realchecks.assert_sees_claim``)."""
+    trays = sorted(n.name for n in real.of_profile("gb200-nvl72"))
+    assert sorted(p["spec"]["nodeName"] for p in pods) == trays, "the group's ranks are not one per real tray"
+    claims = {}
+    for pod in pods:
+        (status,) = pod["status"].get("resourceClaimStatuses") or []
+        claims[real.gpu.claim(ns, status["resourceClaimName"])["metadata"]["uid"]] = pod["spec"]["nodeName"]
+
+    def entry() -> tuple[dict[str, Any], dict[str, Any]] | None:
+        for obj in real.kubectl_json("get", "imexdomains", "-n", "gpuplane-system").get("items", []):
+            ready = {e["node"]: e.get("ready") for e in (obj.get("status") or {}).get("nodes") or []}
+            for g in obj["spec"]["gangs"]:
+                if (g["namespace"], g["name"]) == (ns, "train") and ready == dict.fromkeys(trays, True):
+                    return obj, g
+        return None
+
+    obj, group = eventually(entry, 60, f"the ImexDomain entry of IMEX group {ns}/train, both trays ready")
+    assert {c["uid"]: c["node"] for c in group["claims"]} == claims, (group["claims"], claims)
+    assert obj["spec"]["nodes"] == trays
+    return [f"IMEX group {ns}/train: ImexDomain {obj['metadata']['name']} on {trays}, channel {group['channel']}"]
+
+
 CHECKS: dict[str, Check] = {
+    "imex-group": imex_group,
     "gang-indexed-job": gang_indexed_job,
     "gang-jobset": gang_jobset,
     "gang-workload-api": gang_workload_api,

@@ -42,6 +42,7 @@ RUNNING = {
     "gang-tp8": 2,
     "gang-workload-api": 2,
     "gang-workload-steered": 2,
+    "imex-group": 2,
     "mig-two-profiles": 1,
     "mps-tiers": 2,
     "nvidia-gpu-limits": 2,
@@ -62,8 +63,6 @@ NOT_YET_ON_REAL_NODES: dict[str, str] = {
     # started for it as for gang-jobset (NEEDS_ADDONS), and a group recreated by LWS checked on real trays.
     "gang-leaderworkerset": "test_gang_templates::test_leaderworkerset_tp8_gang_in_one_domain_rejoins_its_"
     "recreated_group_and_is_released_with_it",
-    # Landed with IMEX groups (issue 35, hand-placed pods without a gang); proven on the simulated GB200 trays.
-    "imex-group": "test_imex_groups::test_hand_placed_groups_get_their_own_channels_and_nothing_is_left",
 }
 NEEDS_ADDONS = {"gang-jobset"}
 """Examples whose objects only an add-on controller turns into pods (JobSet): the session's managers are started."""

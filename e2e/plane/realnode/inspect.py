@@ -74,7 +74,7 @@ def _devices(pid: int) -> dict[str, tuple[int, int]]:
     for directory, _dirs, files in os.walk(root):
         for name in files:
             path = Path(directory) / name
-            if not name.startswith("nvidia"):
+            if not path.relative_to(root).parts[0].startswith("nvidia"):  # nvidia*, nvidia-caps*/...
                 continue
             info = path.lstat()
             if stat.S_ISCHR(info.st_mode):
