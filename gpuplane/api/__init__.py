@@ -14,5 +14,6 @@ reads the body of a response the client already holds.
   each node's driver about which claims get which IMEX channel.
 - ``imex_group``: the ``gpuplane.dev/imex-group`` claim label (an IMEX domain without a gang): its validation and
   the group's id in the plan.
+- ``mig_offer``: the MIG offer (which GPUs publish MIG placements), the controller's ConfigMap the drivers read.
 - ``noisy_taint``: the noisy-neighbour device taint, the driver's signal to the controller in its ResourceSlice.
 """

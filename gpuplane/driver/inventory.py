@@ -51,6 +51,9 @@ class GpuEntry:
     mig_slots: tuple[MigSlot, ...]
     # True when nvlink_domain is a fabric clique (multi-node NVLink is up): IMEX can apply to its claims.
     multi_node: bool = False
+    # True when dynamic MIG placements could be offered but are not (the GPU is outside the MIG offer):
+    # a placement allocated from an older slice generation still resolves (``Inventory.mig_slot``).
+    mig_withdrawn: bool = False
 
 
 @dataclass(frozen=True)
@@ -65,10 +68,23 @@ class Inventory:
         return next((g for g in self.gpus if g.info.uuid == uuid), None)
 
     def mig_slot(self, device_name: str) -> tuple[GpuEntry, MigSlot] | None:
+        """The MIG placement named ``device_name``: a published one, else one of a GPU outside the MIG offer.
+
+        The scheduler may have allocated a placement from an older slice generation, before the offer
+        shrank: the driver prepares it all the same (refusing would strand a claim the scheduler holds),
+        and the instance it creates puts the GPU back in the offer (:func:`discover`).
+        """
         for gpu in self.gpus:
             for slot in gpu.mig_slots:
                 if slot.name == device_name:
                     return gpu, slot
+        for gpu in self.gpus:
+            if not gpu.mig_withdrawn:
+                continue
+            for profile in gpu.profiles:
+                for start in profile.placements:
+                    if mig_device_name(gpu.info.minor, profile.name, start) == device_name:
+                        return gpu, MigSlot(device_name, profile, start)
         return None
 
     def device_names(self) -> set[str]:
@@ -191,6 +207,7 @@ def discover(
     withheld: Collection[str] = (),
     *,
     mig_placements: bool = True,
+    mig_offer: Collection[str] | None = None,
 ) -> Inventory:
     """Build the inventory. ``driver_instances`` are (gpu uuid, gi id) pairs the checkpoint owns.
 
@@ -200,6 +217,11 @@ def discover(
     sets (an administrator's existing instances are still published as fixed devices). A GPU
     that still holds MIG instances is then not offered whole either, because without counters
     nothing would keep the scheduler from handing it out beside them.
+
+    ``mig_offer`` (GPU device names; None: every GPU) limits the dynamic MIG placements to the GPUs
+    the controller offers for MIG, plus every GPU already in MIG mode or holding MIG instances (its
+    placements and counters stay, so the scheduler keeps accounting what is carved). A GPU outside
+    the offer is a whole GPU without counters (docs/mig-offer.md).
     """
     owned = set(driver_instances)
     infos = sorted(backend.gpus(), key=lambda g: g.minor)
@@ -216,6 +238,9 @@ def discover(
             info.mig_capable and bool(profiles) and (not info.mig_toggle_needs_reset or mode.current) and not held_back
         )
         dynamic = dynamic and mig_placements
+        withdrawn = False
+        if dynamic and mig_offer is not None and name not in mig_offer and not mode.current and not instances:
+            dynamic, withdrawn = False, True
         # A GPU whose MIG toggle needs a reset is offered whole only while MIG is off.
         offer_whole = not (info.mig_toggle_needs_reset and mode.current) and not admin and not held_back
         offer_whole = offer_whole and (mig_placements or not instances)
@@ -253,6 +278,7 @@ def discover(
                 offer_dynamic_mig=dynamic,
                 mig_slots=tuple(slots),
                 multi_node=info.uuid in fabric,
+                mig_withdrawn=withdrawn,
             )
         )
     return Inventory(node_name=node_name, gpus=tuple(entries))

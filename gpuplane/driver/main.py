@@ -34,6 +34,7 @@ from gpuplane.driver.prepare.checkpoint import read_boot_id
 from gpuplane.driver.prepare.state import DeviceState, StateSettings
 from gpuplane.driver.publish import steering
 from gpuplane.driver.publish.claim_status import ClaimStatusReporter
+from gpuplane.driver.publish.offer_watch import OfferWatch
 from gpuplane.driver.publish.publisher import Layout, SlicePublisher
 from gpuplane.driver.publish.slices import DeviceTaint, PoolContent
 from gpuplane.driver.sharing.imex_pods import ImexPodDaemons
@@ -244,8 +245,22 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
             wake.set()
 
         state.on_inventory_change = on_change
+        recovered = threading.Event()  # the offer's watch re-reads the GPUs only once recovery is done
+
+        def offer_changed() -> None:
+            if recovered.is_set():
+                state.rediscover()  # a changed inventory wakes the publisher (on_change)
+
+        offers = OfferWatch(api_client, cfg.node_name, offer_changed)
+        state.mig_offer = offers.current
+        try:
+            offers.read_once()
+        except Exception as exc:  # no offer read: every GPU's MIG placements, until the watch reads one
+            log.warning("could not read the MIG offer; offering MIG on every GPU for now", error=str(exc)[:300])
         log.info("recovering state", node=cfg.node_name, backend=cfg.backend)
         state.recover()
+        recovered.set()
+        offers.start()
         watcher.start()
         publisher.publish(state.inventory())
         metrics.devices_published.set(publisher.devices_published)
@@ -343,6 +358,7 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
             log.info("driver stopping", signalled=stop.is_set())
             sampler.stop()
             watcher.stop()
+            offers.stop()
             # Calls already running finish (an MPS prepare waits for its daemon pod): kubelet sends no
             # new ones once registration is withdrawn, and the DaemonSet gives the pod 30 s in all.
             server.stop(grace=SHUTDOWN_GRACE_S)

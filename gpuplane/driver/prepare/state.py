@@ -128,6 +128,7 @@ class DeviceState:
         # Called after every prepare/unprepare batch (the steered layout re-ranks what is prepared).
         self.on_claims_change: Callable[[], None] | None = None
         self.imex: imex_claims.Gate | imex_claims.NoImex = imex_claims.NoImex()  # a claim's IMEX channel, if any
+        self.mig_offer: Callable[[], frozenset[str] | None] = lambda: None  # GPUs offered for MIG (None: all)
 
     # ------------------------------------------------------------------ locking
     @contextlib.contextmanager
@@ -157,7 +158,8 @@ class DeviceState:
         ] + [(o.parent_uuid, o.gi_id) for o in cp.owed_mig if o.gi_id is not None]
         owned += also_owned
         cfg = self.settings
-        inv = discover(cfg.node_name, self.backend, owned, withheld, mig_placements=cfg.mig_placements)
+        offer = self.mig_offer()
+        inv = discover(cfg.node_name, self.backend, owned, withheld, mig_placements=cfg.mig_placements, mig_offer=offer)
         changed = self._inventory is None or inv.published_view() != self._inventory.published_view()
         self._inventory = inv
         if changed and self.on_inventory_change is not None:

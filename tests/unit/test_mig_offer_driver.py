@@ -1,0 +1,107 @@
+"""The driver's side of the MIG offer: which GPUs publish MIG placements, that the pool stays valid and
+accounted, that a placement allocated before the offer shrank still resolves, and the offer's parser."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuplane.api import mig_offer
+from gpuplane.driver.hw.sim import SimConfig, Simulator
+from gpuplane.driver.inventory import discover
+from gpuplane.driver.publish.offer_watch import node_offer
+from gpuplane.driver.publish.slices import build_pool, render_slices, validate_pool
+
+NODE = "node-a"
+
+
+@pytest.fixture
+def sim(tmp_path: Path) -> Iterator[Simulator]:
+    backend = Simulator(SimConfig(profile="hgx-h100", state_dir=tmp_path / "sim", node_name=NODE, durable=False))
+    backend.init()
+    try:
+        yield backend
+    finally:
+        backend.shutdown()
+
+
+def _devices(inv: object) -> list[dict[str, object]]:
+    pool = render_slices(build_pool(inv), 1)  # type: ignore[arg-type]
+    validate_pool(pool)
+    return [d for s in pool for d in s["spec"].get("devices") or []]
+
+
+def test_only_offered_gpus_publish_mig_placements_and_counters(sim: Simulator) -> None:
+    everything = discover(NODE, sim)
+    offered = discover(NODE, sim, mig_offer={"gpu-2"})
+    devices = _devices(offered)
+    mig = [str(d["name"]) for d in devices if "-mig-" in str(d["name"])]
+    assert mig and all(name.startswith("gpu-2-mig-") for name in mig)
+    assert {str(d["name"]) for d in devices} - set(mig) == {f"gpu-{i}" for i in range(8)}
+    counted = [str(d["name"]) for d in devices if d.get("consumesCounters")]
+    assert sorted(counted) == sorted(["gpu-2", *mig])  # only gpu-2's devices consume counters
+    pool = render_slices(build_pool(offered), 1)
+    counter_sets = [cs["name"] for s in pool for cs in s["spec"].get("sharedCounters") or []]
+    assert counter_sets == ["gpu-2-counters"]
+    assert len(devices) * 6 < len(_devices(everything))  # ~190 devices down to 8 + one GPU's placements
+
+
+def test_empty_offer_is_whole_gpus_only_and_none_is_everything(sim: Simulator) -> None:
+    assert [d["name"] for d in _devices(discover(NODE, sim, mig_offer=()))] == [f"gpu-{i}" for i in range(8)]
+    assert discover(NODE, sim, mig_offer=None).published_view() == discover(NODE, sim).published_view()
+
+
+def test_gpu_holding_mig_instances_stays_offered(sim: Simulator) -> None:
+    uuid = sim.gpus()[5].uuid
+    sim.set_mig_mode(uuid, True)
+    profile = next(p for p in sim.mig_profiles(uuid) if p.name == "1g.10gb")
+    gi = sim.create_gpu_instance(uuid, profile.profile_id, 0)
+    inv = discover(NODE, sim, [(uuid, gi.gi_id)], mig_offer=set())
+    gpu5 = inv.gpu("gpu-5")
+    assert gpu5 is not None and gpu5.offer_dynamic_mig and gpu5.mig_slots and not gpu5.mig_withdrawn
+    assert all(not g.offer_dynamic_mig for g in inv.gpus if g.name != "gpu-5")
+
+
+def test_placement_allocated_before_the_offer_shrank_still_resolves(sim: Simulator) -> None:
+    before = discover(NODE, sim, mig_offer={"gpu-3"})
+    name = next(s.name for s in before.gpus[3].mig_slots if s.profile.name == "3g.40gb")
+    after = discover(NODE, sim, mig_offer=set())
+    assert name not in after.device_names()
+    found = after.mig_slot(name)
+    assert found is not None
+    gpu, slot = found
+    assert gpu.name == "gpu-3" and slot.profile.name == "3g.40gb" and slot.name == name
+    assert after.mig_slot("gpu-3-mig-3g-40gb-1") is None  # no such placement: still refused
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "[]",
+        '{"version": 2, "nodes": {}}',
+        '{"version": 1, "nodes": []}',
+        '{"version": 1, "nodes": {"n": "gpu-0"}}',
+        '{"version": 1, "nodes": {"n": ["gpu-0; rm -rf /"]}}',
+        '{"version": 1, "nodes": {"n": [["gpu-0"]]}}',
+        '{"version": 1, "nodes": {"n": [' + ",".join('"gpu-1"' for _ in range(65)) + "]}}",
+        "[" * 10_000,
+        '{"version": 1, "nodes": {"": ["gpu-0"]}}',
+    ],
+)
+def test_hostile_offer_text_is_refused(text: str) -> None:
+    with pytest.raises(mig_offer.OfferError):
+        mig_offer.parse(text)
+
+
+def test_offer_round_trip_and_node_view() -> None:
+    offer = mig_offer.Offer({"b": frozenset({"gpu-1", "gpu-0"}), "a": frozenset({"gpu-7"}), "c": frozenset()})
+    text = mig_offer.render(offer)
+    assert text == '{"nodes":{"a":["gpu-7"],"b":["gpu-0","gpu-1"]},"version":1}'
+    assert mig_offer.parse(text).for_node("b") == {"gpu-0", "gpu-1"}
+    assert node_offer({mig_offer.DATA_KEY: text}, "z") == frozenset()
+    assert node_offer(None, "a") is None  # no ConfigMap: every GPU
+    with pytest.raises(mig_offer.OfferError):
+        node_offer({}, "a")
