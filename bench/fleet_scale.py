@@ -113,8 +113,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--skip",
         default="",
         help="comma-separated: sched, api, controller, restart, publisher-before (the health passes again with "
-        "every change rewriting the pool, the publisher before the in-place fix)",
+        "every change rewriting the pool, the publisher before the in-place fix), offer (the MIG-offer step)",
     )
+    p.add_argument(
+        "--mig-offer",
+        choices=("controller", "all"),
+        default="controller",
+        help="(a): MIG placements under the controller's MIG offer (docs/mig-offer.md), or on every GPU (before)",
+    )
+    p.add_argument("--offer-requests", type=int, default=50, help="MIG requests of the MIG-offer step (skip: offer)")
     p.add_argument("--state-dir", type=Path, help="keep the cluster's state here (default: a temporary directory)")
     p.add_argument(
         "--trace-memory",
@@ -224,8 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         fleet.wait_ready(run.api, nodes, timeout=args.timeout, out=say)
         run.slices.mint_identities()
         who = run.slices.whoami(nodes[0].name)
-        run.slices.discover()
-        first = run.slices.publish(what="publish (a): gpuplane's slices")
+        first = fleet_steps.publish_first(run)
         fleet_built = time.monotonic() - started
         say(f"fleet built in {fleet_built:.0f}s")
         run.remember_memory("fleet published")

@@ -19,7 +19,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import fleet_api, fleet_before, fleet_controller, fleet_probe, fleet_profile, fleet_sched, sched_pprof
+from bench import (
+    fleet_api,
+    fleet_before,
+    fleet_controller,
+    fleet_offer,
+    fleet_probe,
+    fleet_profile,
+    fleet_sched,
+    sched_pprof,
+)
 from e2e.cluster import handle as cluster
 from e2e.cluster import procs
 from e2e.plane import components, fleet, fleetslices
@@ -66,6 +75,7 @@ class Run:
     before_commit: str = ""
     newer_version: str = ""  # the report's line on the (a+) rounds' kube-scheduler ('' without them)
     profiler: sched_pprof.SchedulerProfiler | None = None  # --pprof: the (a) rounds' scheduler CPU profiles
+    mig_offer: Any = None  # the MIG offer (a) is published under (node -> GPUs); None: every GPU's placements
 
     def section(self, title: str, body: str) -> None:
         """Print a report section and keep it for ``--write``."""
@@ -114,6 +124,20 @@ class Run:
             self.followers.read(what, self.peaks)
 
 
+def publish_first(run: Run) -> fleetslices.PublishPass:
+    """Discovery and the first publish (a): under the controller's MIG offer (``--mig-offer controller``: the
+    decision on the idle fleet with the (a) MIG round's claims waiting), or every GPU's placements (``all``)."""
+    if run.args.mig_offer == "controller":
+        run.slices.discover(mig_offer={})
+        offer = fleet_offer.initial_offer(run.slices, run.args.pods_a or 0)
+        run.mig_offer = offer.nodes
+        run.say(f"MIG offer (a): {offer.gpu_count()} GPUs on {len(offer.nodes)} nodes")
+        run.slices.discover(mig_offer=run.mig_offer, names_=sorted(offer.nodes))
+    else:
+        run.slices.discover()
+    return run.slices.publish(what="publish (a): gpuplane's slices")
+
+
 def scheduler_rounds_a(run: Run) -> None:
     """Measurement 1 on the slices as published: (c) pods without claims, then each claim kind on (a);
     then (a0), the same fleet in the layout before counter sets were packed (one counter slice per GPU)."""
@@ -123,6 +147,13 @@ def scheduler_rounds_a(run: Run) -> None:
         for kind in fleet_sched.KINDS[1:] if a.pods_a else ():
             run.round("a", kind, a.pods_a, f"a-{kind}-{r}")
     run.remember_memory("after rounds (a)")
+    if run.mig_offer is not None and "offer" not in run.skip:
+        figures = fleet_offer.offer_latency(
+            run.api, run.slices, requests=a.offer_requests, streams=5, timeout=a.timeout, out=run.say
+        )
+        run.section("1. MIG offer: a request for a profile the fleet does not publish", figures)
+        run.slices.discover(mig_offer=run.mig_offer)
+        run.slices.publish(what="(a) under its MIG offer again")
     if not a.pods_a0:
         return
     run.say("republishing one counter slice per GPU (a0, the layout before packing) ...")
@@ -214,8 +245,8 @@ def background_claims(run: Run) -> str:
 
 
 def back_to_partitionable(run: Run) -> None:
-    """Republish every node with its MIG placements (a) again."""
-    run.slices.discover()
+    """Republish every node with its MIG placements (a) again (under the MIG offer of (a), if any)."""
+    run.slices.discover(mig_offer=run.mig_offer)
     run.passes.append(
         fleet_api.republish(run.slices, run.api, run.probe, what="(b) -> (a): MIG placements back", taints=lambda _: {})
     )

@@ -26,7 +26,7 @@ import dataclasses
 import shutil
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -185,8 +185,16 @@ class FleetSlices:
         return client.ApiClient(cfg)
 
     # --- hardware --------------------------------------------------------------------------------------
-    def discover(self, *, mig_placements: bool = True) -> None:
-        """Per node: the simulator, then the driver's discovery (whole GPUs only when not ``mig_placements``)."""
+    def discover(
+        self,
+        *,
+        mig_placements: bool = True,
+        mig_offer: Mapping[str, Collection[str]] | None = None,
+        names_: Sequence[str] | None = None,
+    ) -> None:
+        """Per node (every node, or ``names_``): the simulator, then the driver's discovery (whole GPUs only when
+        not ``mig_placements``; with ``mig_offer``, MIG placements only on each node's offered GPUs, as the
+        driver publishes under the controller's MIG offer)."""
 
         def run(pool: NodePool) -> None:
             node = pool.node
@@ -200,13 +208,21 @@ class FleetSlices:
             )
             backend = Simulator(cfg)
             backend.init()
+            offer = None if mig_offer is None else mig_offer.get(node.name, ())
             try:
-                pool.inventory = inventory_mod.discover(node.name, backend, mig_placements=mig_placements)
+                pool.inventory = inventory_mod.discover(
+                    node.name, backend, mig_placements=mig_placements, mig_offer=offer
+                )
             finally:
                 backend.shutdown()
 
-        what = "discovery" + ("" if mig_placements else " (whole GPUs only)")
-        fleet.parallel(list(self.pools.values()), run, what=what, workers=self.workers, out=self._out)
+        what = (
+            "discovery"
+            + ("" if mig_placements else " (whole GPUs only)")
+            + ("" if mig_offer is None else " (MIG offer)")
+        )
+        chosen = [self.pools[n] for n in (names_ if names_ is not None else list(self.pools))]
+        fleet.parallel(chosen, run, what=what, workers=self.workers, out=self._out)
 
     def set_taints(self, node: str, taints: Mapping[str, Sequence[DeviceTaint]]) -> None:
         """The device taints ``node``'s health watcher would report now (GPU device name -> taints)."""

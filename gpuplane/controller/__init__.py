@@ -11,6 +11,8 @@ Packages, each with its own index:
 - ``steer``: gate-and-steer, gpuplane's node choice for gated pods (kube-scheduler still allocates).
 - ``rightsize``: a GpuRequest becomes a ResourceClaimTemplate of ordered alternatives.
 - ``rebalance``: a noisy neighbour moved off a GPU it shares with a higher tier.
+- ``migoffer``: the MIG offer: which GPUs publish MIG placements, sized per node pool from MIG demand and
+  written as the ConfigMap the drivers read (issue 36).
 - ``imex``: IMEX domains and channels for gangs across the nodes of an NVLink clique, written as
   ``ImexDomain`` objects by the leader (issue 35; the daemons are not built yet).
 

@@ -50,6 +50,9 @@ class ControllerConfig(BaseModel):
     rebalance_budget_window_s: float = Field(default=600.0, gt=0)
     move_ledger: str | None = None  # JSON-lines cost ledger of moves; None: metric and log only
     eviction_grace_s: int | None = Field(default=None, ge=0)  # None: each pod's own grace period
+    mig_offer: bool = True  # size the MIG offer (gpuplane.controller.migoffer); off: drivers publish every GPU's
+    mig_spare_gpus: int = Field(default=2, ge=0)  # idle GPUs per node pool offered for MIG
+    mig_offer_shrink_after_s: float = Field(default=600.0, ge=0)  # an unneeded offered GPU is withdrawn after
     # Gate-and-steer (gpuplane.controller.steer): how the node choice is written into a gated pod
     # ("prefer": a preferred affinity term; "require": required terms narrowed), and how long a pod may
     # stay gated before it is released to the scheduler undecided.
@@ -167,6 +170,14 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Contro
         default=float(env("REBALANCE_BUDGET_WINDOW", "600") or 600),
         help="seconds of the cluster-wide eviction budget's window",
     )
+    p.add_argument(
+        "--mig-offer",
+        action=argparse.BooleanOptionalAction,
+        default=env("MIG_OFFER", "1") != "0",
+        help="publish MIG placements only where wanted (docs/mig-offer.md); off: every GPU's, as before",
+    )
+    p.add_argument("--mig-spare-gpus", type=int, default=int(env("MIG_SPARE_GPUS", "2") or 2))
+    p.add_argument("--mig-offer-shrink-after", type=float, default=float(env("MIG_OFFER_SHRINK_AFTER", "600") or 600))
     p.add_argument("--move-ledger", default=env("MOVE_LEDGER"), help="JSON-lines ledger of moves (cost format)")
     grace = env("EVICTION_GRACE")
     p.add_argument("--eviction-grace", type=int, default=int(grace) if grace else None)
@@ -231,6 +242,9 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Contro
         rebalance_budget_window_s=a.rebalance_budget_window,
         move_ledger=a.move_ledger,
         eviction_grace_s=a.eviction_grace,
+        mig_offer=a.mig_offer,
+        mig_spare_gpus=a.mig_spare_gpus,
+        mig_offer_shrink_after_s=a.mig_offer_shrink_after,
         steer_mode=a.steer_mode,
         steer_timeout_s=a.steer_timeout,
         bind_timeout_s=a.bind_timeout,

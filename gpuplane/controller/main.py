@@ -51,6 +51,8 @@ from gpuplane.controller import (
     slim,
     supervisor,
 )
+from gpuplane.controller.migoffer import decide as migoffer_decide
+from gpuplane.controller.migoffer import reconcile as migoffer
 from gpuplane.httpauth.review import KubeReviewer
 
 log = structlog.get_logger(__name__)
@@ -104,6 +106,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     m.is_leader.set_function(lambda: float(leadership.is_leader()))
     memo = runtime.Runtime.create(cfg, kube.KubeWriter(api, guard=leadership.is_leader), m, leadership)
     registry = handlers.make_registry(cfg)
+    migoffer.register(
+        registry,
+        migoffer_decide.Settings(spare_per_pool=cfg.mig_spare_gpus, shrink_after_s=cfg.mig_offer_shrink_after_s),
+        enabled=cfg.mig_offer,
+    )
     probes.add_probes(registry, elector)
 
     @kopf.on.login(registry=registry)

@@ -1,0 +1,137 @@
+"""The leader's MIG-offer pass: the fleet read from the indexes, the offer decided, the ConfigMap written. Does I/O.
+
+Every ``INTERVAL_S`` while this replica leads (after kopf's start-up barrier): one copy of the indexes
+(slices, nodes, claims, pending pods) becomes a snapshot (:mod:`.snapshot`), :func:`.decide.decide` sizes
+the offer, and the ConfigMap ``gpuplane-mig-offer`` is written only when the offer's text changed (one write;
+each driver whose GPUs changed republishes its own slices). A claim that starts waiting for an offer gets
+one Event saying on which node and pool. A new term first reads the ConfigMap back (what the last leader
+wrote). A failed pass is logged; the next one runs ``INTERVAL_S`` later; a lost leadership ends a pass at
+its write (fenced).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+import structlog
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gpuplane.api import mig_offer
+from gpuplane.controller import events, indexed, kube, periodic, runtime
+from gpuplane.controller.migoffer import decide, snapshot
+from gpuplane.controller.node import slice_index
+
+log = structlog.get_logger(__name__)
+INTERVAL_S = 2.0
+CLAIM_API = "resource.k8s.io/v1"
+
+
+class OfferApi:
+    """The one ConfigMap: read back, created or replaced (fenced writes through the controller's client)."""
+
+    def __init__(self, writer: kube.KubeWriter) -> None:
+        self.writer = writer
+
+    def read(self) -> tuple[mig_offer.Offer, bool]:
+        """The offer the API holds, and whether the ConfigMap exists (a garbled one reads as empty)."""
+        try:
+            cm = self.writer.core.read_namespaced_config_map(mig_offer.CONFIGMAP, mig_offer.NAMESPACE)
+        except ApiException as exc:
+            if exc.status == 404:
+                return mig_offer.Offer(), False
+            raise
+        text = (cm.data or {}).get(mig_offer.DATA_KEY)
+        try:
+            return mig_offer.parse(text if isinstance(text, str) else ""), True
+        except mig_offer.OfferError as exc:
+            log.warning("the MIG offer in the API is not valid; writing a new one", error=str(exc))
+            return mig_offer.Offer(), True
+
+    def write(self, offer: mig_offer.Offer, exists: bool) -> None:
+        body = client.V1ConfigMap(
+            metadata=client.V1ObjectMeta(
+                name=mig_offer.CONFIGMAP,
+                namespace=mig_offer.NAMESPACE,
+                labels={"app.kubernetes.io/managed-by": "gpuplane-controller"},
+            ),
+            data={mig_offer.DATA_KEY: mig_offer.render(offer)},
+        )
+        self.writer.fence()
+        if not exists:
+            try:
+                self.writer.core.create_namespaced_config_map(mig_offer.NAMESPACE, body)
+                return
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+        self.writer.fence()
+        self.writer.core.replace_namespaced_config_map(mig_offer.CONFIGMAP, mig_offer.NAMESPACE, body)
+
+
+class Pass:
+    def __init__(self, rt: runtime.Runtime, kw: Mapping[str, Any], settings: decide.Settings) -> None:
+        self.rt, self.kw, self.settings = rt, kw, settings
+        self.api = OfferApi(rt.writer)
+        self.memory: decide.Memory | None = None
+        self.writes = 0
+
+    def view(self) -> tuple[tuple[decide.Node, ...], tuple[decide.Waiting, ...], dict[str, Any]]:
+        kw = self.kw
+        claims = indexed.single(kw["claim_idx"])
+        consumers = {k: list(v) for k, v in kw["claim_consumer_idx"].items()}
+        pods = indexed.single(kw["pending_pod_idx"])
+        now = datetime.datetime.now(datetime.UTC)
+        fleet = snapshot.nodes(slice_index.every(kw["slice_idx"]), indexed.single(kw["node_idx"]), claims.values())
+        return fleet, snapshot.waiting(claims, consumers, pods, now), claims
+
+    async def once(self) -> decide.Decision:
+        if self.memory is None:
+            offer, exists = await asyncio.to_thread(self.api.read)
+            self.memory = decide.Memory(offer=offer, written=exists)
+        async with self.rt.lock():
+            fleet, waiting, claims = self.view()
+        d = decide.decide(fleet, waiting, self.memory, self.settings, time.monotonic())
+        changed = mig_offer.render(d.offer) != mig_offer.render(self.memory.offer) or not self.memory.written
+        if changed:
+            await asyncio.to_thread(self.api.write, d.offer, self.memory.written)
+            self.writes += 1
+            log.info(
+                "MIG offer written",
+                gpus=d.offer.gpu_count(),
+                nodes=len(d.offer.nodes),
+                grown=[f"{n}/{g}" for n, g in d.grown][:20],
+                withdrawn=[f"{n}/{g}" for n, g in d.withdrawn][:20],
+                waiting=len(waiting),
+            )
+        self.memory = decide.Memory(d.memory.offer, True, d.memory.needed_at, d.memory.explained)
+        for key, message in d.explain:
+            claim = claims.get(key) or {}
+            ref = events.ObjectRef.of(claim, api_version=CLAIM_API, kind="ResourceClaim")
+            await asyncio.to_thread(self.rt.writer.event, ref, "Normal", "WaitingForMigOffer", message)
+        return d
+
+
+def register(reg: kopf.OperatorRegistry, settings: decide.Settings, enabled: bool = True) -> None:
+    """The loop's start on ``reg``: leader-only, like the controller's other loops."""
+
+    @kopf.on.startup(registry=reg)
+    async def start_mig_offer(memo: runtime.Runtime, **kw: Any) -> None:
+        if not enabled:
+            return
+        one = Pass(memo, kw, settings)
+        term = [memo.leading()]
+
+        def leading() -> bool:
+            now = memo.leading()
+            if now and not term[0]:
+                one.memory = None  # a new term reads back what the last leader wrote
+            term[0] = now
+            return now
+
+        memo.shared.tasks.append(asyncio.create_task(periodic.every(INTERVAL_S, leading, one.once, "MIG offer")))

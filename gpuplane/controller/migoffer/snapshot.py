@@ -1,0 +1,142 @@
+"""The MIG offer's view of the fleet, from the controller's indexes: nodes, their GPUs, waiting MIG claims. Pure.
+
+Everything here is read from what users and drivers write (claims, pods, slices): a name that is not a
+device name, a selector that names no known profile, a pod whose node affinity cannot be read, all
+count for nothing rather than raising (a claim whose profile is unknown waits with any profile's
+offer; a pod whose affinity is unreadable may go anywhere).
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from gpuplane.api import names as dn
+from gpuplane.controller import names
+from gpuplane.controller.migoffer.decide import Gpu, Node, Waiting
+from gpuplane.controller.node.slice_index import SliceDigest, newest
+from gpuplane.controller.steer import gate
+
+POOL_LABEL = "gpuplane.dev/node-pool"
+MAX_POOL = 63
+_PROFILE = re.compile(r"""migProfile\s*==\s*["']([A-Za-z0-9.+]{1,32})["']""")
+_GPU = re.compile(r"^(gpu-[0-9]{1,4})(-mig-.*)?$")
+
+
+def _requests(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """Each request's alternatives (``exactly`` or each ``firstAvailable`` entry), as the API spells them."""
+    out: list[Mapping[str, Any]] = []
+    for r in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        if not isinstance(r, Mapping):
+            continue
+        first = r.get("firstAvailable")
+        alternatives: list[Any] = first if isinstance(first, list) else [r.get("exactly") or r]
+        out.extend(a for a in alternatives if isinstance(a, Mapping))
+    return out
+
+
+def mig_profiles(claim: Mapping[str, Any], mig_class: str = names.DEFAULT_MIG_DEVICE_CLASS) -> frozenset[str] | None:
+    """The MIG profiles a claim asks for (empty: any); None when it asks for no MIG device."""
+    found: set[str] = set()
+    asks = False
+    for alt in _requests(claim):
+        if alt.get("deviceClassName") != mig_class:
+            continue
+        asks = True
+        for sel in alt.get("selectors") or []:
+            expr = (sel.get("cel") or {}).get("expression") if isinstance(sel, Mapping) else None
+            if isinstance(expr, str):
+                found.update(_PROFILE.findall(expr[:10_000]))
+    return frozenset(found) if asks else None
+
+
+def _age_s(meta: Mapping[str, Any], now: datetime.datetime) -> float:
+    stamp = meta.get("creationTimestamp")
+    try:
+        created = datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+    except ValueError:
+        return 0.0
+    return max(0.0, (now - created).total_seconds()) if created.tzinfo is not None else 0.0
+
+
+def waiting(
+    claims: Mapping[str, Mapping[str, Any]],
+    consumers: Mapping[str, Iterable[str]],
+    pending_pods: Mapping[str, Mapping[str, Any]],
+    now: datetime.datetime,
+) -> tuple[Waiting, ...]:
+    """Unallocated MIG claims with a pending pod (``consumers``: claim key -> pod names)."""
+    out: list[Waiting] = []
+    for key, claim in claims.items():
+        status, meta = claim.get("status") or {}, claim.get("metadata") or {}
+        if status.get("allocation") or meta.get("deletionTimestamp"):
+            continue
+        profiles = mig_profiles(claim)
+        if profiles is None:
+            continue
+        namespace = key.partition("/")[0]
+        pods = [pending_pods[f"{namespace}/{p}"] for p in consumers.get(key, ()) if f"{namespace}/{p}" in pending_pods]
+        if not pods:
+            continue
+        try:
+            allowed = gate.node_filter(pods[0])
+        except (ValueError, TypeError, AttributeError):
+            allowed = None
+        out.append(Waiting(key=key, profiles=profiles, allowed=allowed, age_s=_age_s(meta, now)))
+    return tuple(out)
+
+
+def _gpu_of(device: Any) -> str | None:
+    match = _GPU.match(device) if isinstance(device, str) else None
+    return match.group(1) if match else None
+
+
+def nodes(
+    digests: list[SliceDigest], node_index: Mapping[str, Mapping[str, Any]], claims: Iterable[Mapping[str, Any]]
+) -> tuple[Node, ...]:
+    """Every node with MIG-capable GPUs in its (newest) slices, with what is allocated on them."""
+    mig_alloc: set[tuple[str, str]] = set()
+    whole_alloc: set[tuple[str, str]] = set()
+    for claim in claims:
+        for r in (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []:
+            gpu = _gpu_of(r.get("device"))
+            if gpu is None or r.get("driver") != dn.DRIVER_NAME or not isinstance(r.get("pool"), str):
+                continue
+            (whole_alloc if r["device"] == gpu else mig_alloc).add((r["pool"], gpu))
+    capable: dict[str, dict[str, str]] = {}
+    published: set[tuple[str, str]] = set()
+    for d in newest(digests):
+        for g in d.gpus:
+            if g.attributes.get(f"{dn.DRIVER_NAME}/{dn.ATTR_MIG_CAPABLE}") is True:
+                capable.setdefault(d.node, {})[g.device] = g.product
+        for m in d.mig.values():
+            if m.parent_minor is not None:
+                published.add((d.node, f"gpu-{m.parent_minor}"))
+    out: list[Node] = []
+    for node_name, gpus in sorted(capable.items()):
+        entry = node_index.get(node_name) or {}
+        labels = (entry.get("metadata") or {}).get("labels") or {}
+        pool = labels.get(POOL_LABEL)
+        if not isinstance(pool, str) or not 0 < len(pool) <= MAX_POOL:
+            pool = next(iter(sorted(gpus.values())), "")[:MAX_POOL] or "unknown"
+        out.append(
+            Node(
+                name=node_name,
+                pool=pool,
+                schedulable=bool(entry.get("schedulable")),
+                labels=labels,
+                gpus=tuple(
+                    Gpu(
+                        name=g,
+                        product=product,
+                        mig_published=(node_name, g) in published,
+                        mig_allocated=(node_name, g) in mig_alloc,
+                        whole_allocated=(node_name, g) in whole_alloc,
+                    )
+                    for g, product in sorted(gpus.items())
+                ),
+            )
+        )
+    return tuple(out)

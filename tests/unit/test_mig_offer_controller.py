@@ -1,0 +1,200 @@
+"""The controller's MIG offer: sized from waiting claims and a spare set, grown at once, shrunk slowly, never
+withdrawn under an allocated MIG device; and the snapshot it decides on, read from claims, pods and slices."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuplane.api.mig_offer import Offer
+from gpuplane.controller.migoffer import snapshot
+from gpuplane.controller.migoffer.decide import Gpu, Memory, Node, Settings, Waiting, decide
+from gpuplane.controller.node import slice_index
+from gpuplane.driver.hw.sim import SimConfig, Simulator
+from gpuplane.driver.inventory import discover
+from gpuplane.driver.publish.slices import build_pool, render_slices
+
+H100 = "NVIDIA H100 80GB HBM3"
+S = Settings(spare_per_pool=2, shrink_after_s=600.0, withdraw_per_pass=1, grace_s=2.0)
+
+
+def fleet(
+    n: int = 4,
+    *,
+    mig: set[tuple[str, str]] = frozenset(),
+    whole: set[tuple[str, str]] = frozenset(),
+    cordoned: set[str] = frozenset(),
+) -> tuple[Node, ...]:
+    return tuple(
+        Node(
+            name=f"n{i}",
+            pool="h100",
+            schedulable=f"n{i}" not in cordoned,
+            labels={"zone": "a" if i < 2 else "b"},
+            gpus=tuple(
+                Gpu(
+                    f"gpu-{g}",
+                    H100,
+                    mig_allocated=(f"n{i}", f"gpu-{g}") in mig,
+                    whole_allocated=(f"n{i}", f"gpu-{g}") in whole,
+                )
+                for g in range(8)
+            ),
+        )
+        for i in range(n)
+    )
+
+
+def keys(offer: Offer) -> set[tuple[str, str]]:
+    return {(n, g) for n, gpus in offer.nodes.items() for g in gpus}
+
+
+def test_idle_fleet_offers_the_spare_set_only() -> None:
+    d = decide(fleet(), (), Memory(), S, now=0.0)
+    assert keys(d.offer) == {("n0", "gpu-0"), ("n0", "gpu-1")}
+    assert d.explain == ()
+
+
+def test_spares_skip_whole_allocated_and_cordoned() -> None:
+    d = decide(fleet(whole={("n0", "gpu-0")}, cordoned={"n1"}), (), Memory(), S, now=0.0)
+    assert keys(d.offer) == {("n0", "gpu-1"), ("n0", "gpu-2")}
+
+
+def test_a_waiting_claim_grows_the_offer_at_once_where_its_pod_may_go_and_is_told_once() -> None:
+    zone_b = lambda node, labels: labels.get("zone") == "b"  # noqa: E731
+    w = Waiting("team/c", frozenset({"3g.40gb"}), zone_b, age_s=5.0)
+    d = decide(fleet(), (w,), Memory(), S, now=0.0)
+    assert ("n2", "gpu-0") in keys(d.offer)
+    assert d.grown[0] == ("n2", "gpu-0")
+    assert len(d.explain) == 1 and d.explain[0][0] == "team/c"
+    assert d.explain[0][1].startswith("waiting for a MIG offer on n2 (pool h100)")
+    again = decide(fleet(), (w,), d.memory, S, now=2.0)
+    assert again.explain == () and keys(again.offer) == keys(d.offer)  # served by the GPU offered for it
+
+
+def test_a_claim_in_its_first_seconds_is_the_schedulers_not_yet_waiting() -> None:
+    d = decide(fleet(), (Waiting("team/c", frozenset({"3g.40gb"}), None, age_s=0.5),), Memory(), S, now=0.0)
+    assert len(keys(d.offer)) == 2 and d.explain == ()
+
+
+def test_small_profiles_pack_onto_one_offered_gpu() -> None:
+    waiting = tuple(Waiting(f"t/c{i}", frozenset({"1g.10gb"}), None, age_s=10.0) for i in range(7))
+    d = decide(fleet(), waiting, Memory(), S, now=0.0)
+    # seven 1g claims fit one GPU; two idle spares stay beside it
+    assert len(keys(d.offer)) == 3
+
+
+def test_unknown_profile_is_explained_and_offers_nothing() -> None:
+    d = decide(fleet(), (Waiting("t/c", frozenset({"9g.999gb"}), None, age_s=10.0),), Memory(), S, now=0.0)
+    assert len(keys(d.offer)) == 2
+    assert "no free GPU" in d.explain[0][1] and "9g.999gb" in d.explain[0][1]
+
+
+def test_shrinks_slowly_and_never_under_an_allocated_mig_device() -> None:
+    offered = Offer({"n3": frozenset(f"gpu-{g}" for g in range(6))})
+    mem = Memory(offer=offered, written=True, needed_at={("n3", f"gpu-{g}"): 0.0 for g in range(6)})
+    nodes = fleet(mig={("n3", "gpu-5")})
+    early = decide(nodes, (), mem, S, now=100.0)
+    assert keys(early.offer) == keys(offered) and early.withdrawn == ()
+    d, now = early, 700.0
+    for _ in range(10):
+        d = decide(nodes, (), d.memory, S, now=now)
+        assert len(d.withdrawn) <= 1
+        now += 2.0
+    # gpu-5 holds a MIG device: never withdrawn; two idle spares stay; the other three went one per pass
+    assert keys(d.offer) == {("n3", "gpu-5"), ("n3", "gpu-3"), ("n3", "gpu-4")}
+
+
+def test_gpu_with_allocated_mig_device_is_offered_even_if_never_chosen() -> None:
+    d = decide(fleet(mig={("n2", "gpu-6")}), (), Memory(), S, now=0.0)
+    assert ("n2", "gpu-6") in keys(d.offer)
+
+
+def test_driver_published_gpus_count_once_the_offer_exists() -> None:
+    nodes = (Node("n0", "h100", True, {}, (Gpu("gpu-0", H100, mig_published=True), Gpu("gpu-1", H100))),)
+    assert keys(decide(nodes, (), Memory(written=True), S, now=0.0).offer) == {("n0", "gpu-0"), ("n0", "gpu-1")}
+    # before any offer exists every GPU is published: that is not demand
+    assert keys(decide(nodes, (), Memory(), Settings(spare_per_pool=1), now=0.0).offer) == {("n0", "gpu-0")}
+
+
+# --- the snapshot, from what users and drivers wrote ---------------------------------------------------------
+NOW = datetime.datetime(2026, 12, 6, 8, 0, tzinfo=datetime.UTC)
+
+
+def claim(name: str, requests: list[Any], allocation: dict[str, Any] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "metadata": {"name": name, "namespace": "t", "uid": name, "creationTimestamp": "2026-12-06T07:59:50Z"},
+        "spec": {"devices": {"requests": requests}},
+        "status": {},
+    }
+    if allocation is not None:
+        out["status"]["allocation"] = allocation
+    return out
+
+
+def mig_request(expr: str) -> dict[str, Any]:
+    return {
+        "name": "r",
+        "exactly": {"deviceClassName": "mig.gpuplane.dev", "selectors": [{"cel": {"expression": expr}}]},
+    }
+
+
+def test_waiting_claims_read_from_claims_and_pending_pods() -> None:
+    claims = {
+        "t/a": claim("a", [mig_request('device.attributes["gpu.gpuplane.dev"].migProfile == "3g.40gb"')]),
+        "t/b": claim("b", [{"name": "r", "exactly": {"deviceClassName": "gpu.gpuplane.dev"}}]),
+        "t/c": claim("c", [mig_request("true")]),
+        "t/d": claim("d", [mig_request("x")], allocation={"devices": {"results": []}}),
+        "t/e": claim("e", [{"name": "r", "firstAvailable": [{"deviceClassName": "mig.gpuplane.dev"}, 7, None]}]),
+        "t/f": claim("f", "not a list"),  # type: ignore[arg-type]
+        "t/g": claim("g", [mig_request("true")]),  # no pending pod
+    }
+    pods = {
+        f"t/p{k}": {"spec": {"nodeSelector": {"zone": "b"}} if k == "a" else {"affinity": {"nodeAffinity": 3}}}
+        for k in "abcdef"
+    }
+    consumers = {f"t/{k}": [f"p{k}"] for k in "abcdefg"}
+    got = {w.key: w for w in snapshot.waiting(claims, consumers, pods, NOW)}
+    assert set(got) == {"t/a", "t/c", "t/e"}
+    assert got["t/a"].profiles == {"3g.40gb"} and got["t/c"].profiles == frozenset()
+    assert got["t/a"].age_s == pytest.approx(10.0)
+    allowed = got["t/a"].allowed
+    assert allowed is not None and allowed("n", {"zone": "b"}) and not allowed("n", {"zone": "a"})
+
+
+@pytest.fixture
+def slices(tmp_path: Path) -> Iterator[list[slice_index.SliceDigest]]:
+    sim = Simulator(SimConfig(profile="hgx-h100", state_dir=tmp_path / "sim", node_name="n0", durable=False))
+    sim.init()
+    try:
+        objs = render_slices(build_pool(discover("n0", sim, mig_offer={"gpu-2"})), 1)
+    finally:
+        sim.shutdown()
+    digests = [slice_index.digest(o["metadata"]["name"], o["spec"]) for o in objs]
+    yield [d for d in digests if d is not None]
+
+
+def test_nodes_from_slices_and_allocations(slices: list[slice_index.SliceDigest]) -> None:
+    alloc = {
+        "devices": {
+            "results": [
+                {"driver": "gpu.gpuplane.dev", "pool": "n0", "device": "gpu-2-mig-1g-10gb-0", "request": "r"},
+                {"driver": "gpu.gpuplane.dev", "pool": "n0", "device": "gpu-4", "request": "r"},
+                {"driver": "other.dev", "pool": "n0", "device": "gpu-5", "request": "r"},
+                {"driver": "gpu.gpuplane.dev", "pool": ["x"], "device": "gpu-6", "request": "r"},
+            ]
+        }
+    }
+    nodes_index = {"n0": {"schedulable": True, "metadata": {"labels": {"gpuplane.dev/node-pool": "inference"}}}}
+    (node,) = snapshot.nodes(slices, nodes_index, [claim("a", [], alloc)])
+    assert node.pool == "inference" and node.schedulable
+    gpus = {g.name: g for g in node.gpus}
+    assert len(gpus) == 8 and gpus["gpu-0"].product.startswith("NVIDIA H100")
+    assert gpus["gpu-2"].mig_published and gpus["gpu-2"].mig_allocated and not gpus["gpu-0"].mig_published
+    assert gpus["gpu-4"].whole_allocated and not gpus["gpu-5"].whole_allocated and not gpus["gpu-6"].whole_allocated
+    (unlabelled,) = snapshot.nodes(slices, {}, [])
+    assert unlabelled.pool.startswith("NVIDIA H100") and not unlabelled.schedulable
