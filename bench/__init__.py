@@ -39,8 +39,9 @@ Gangs and fleets:
   server, etcd and controller; ``fleet_steps`` one run's state and steps, its measurements
   ``fleet_sched`` (scheduler throughput; ``fleet_tables`` its tables), ``fleet_api`` (apiserver and etcd cost) and
   ``fleet_controller`` (the controller at scale), ``fleet_before`` the code before the fleet-scale
-  fixes run beside it, ``fleet_offer`` the fleet under the controller's MIG offer and the time from a MIG request
-  for an unpublished profile to its pod bound, ``fleet_probe`` read-only probes of the running cluster, ``fleet_profile``
+  fixes run beside it, ``fleet_offer`` the fleet under the controller's MIG offer and the time from a MIG
+  request for an unpublished profile to its pod bound, ``fleet_probe`` read-only probes of the running
+  cluster, ``fleet_profile``
   where a live process's CPU goes (py-spy), ``sched_pprof`` kube-scheduler's CPU profile through each (a)
   round (``--pprof``, Go's pprof), ``newer_scheduler`` the newer kube-scheduler (1.37)
   swapped in for the (a+) rounds, built once into the cache.

@@ -11,6 +11,9 @@ import pytest
 from gpuplane.api import mig_offer
 from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.inventory import discover
+from gpuplane.driver.prepare.checkpoint import ClaimRecord, DeviceRecord, MigRecord
+from gpuplane.driver.prepare.claims import AllocatedDevice, ClaimAllocation, ClaimError
+from gpuplane.driver.prepare.planning import plan_claim
 from gpuplane.driver.publish.offer_watch import node_offer
 from gpuplane.driver.publish.slices import build_pool, render_slices, validate_pool
 
@@ -105,3 +108,38 @@ def test_offer_round_trip_and_node_view() -> None:
     assert node_offer(None, "a") is None  # no ConfigMap: every GPU
     with pytest.raises(mig_offer.OfferError):
         node_offer({}, "a")
+
+
+def _held(uid: str, device: str, gpu_uuid: str, mig: bool) -> ClaimRecord:
+    record = (
+        MigRecord(parent_uuid=gpu_uuid, profile_id=19, profile_name="1g.10gb", start=0, size=1, gi_id=1, ci_id=0)
+        if mig
+        else None
+    )
+    dev = DeviceRecord(
+        request_names=["r"],
+        pool=NODE,
+        device=device,
+        kind="mig" if mig else "gpu",
+        gpu_uuid=gpu_uuid,
+        gpu_minor=3,
+        mig=record,
+    )
+    return ClaimRecord(uid=uid, namespace="t", name=uid, phase="PrepareCompleted", devices=[dev])
+
+
+def _alloc(device: str) -> ClaimAllocation:
+    return ClaimAllocation("new", "t", "new", (AllocatedDevice("r", NODE, device, None, False, {}),), ())
+
+
+def test_whole_gpu_beside_a_mig_device_of_it_is_refused_either_way(sim: Simulator) -> None:
+    """Only possible in the moment a GPU leaves the MIG offer: the driver refuses rather than overlap."""
+    inv = discover(NODE, sim, mig_offer={"gpu-3"})
+    uuid = inv.gpus[3].info.uuid
+    mig_name = next(s.name for s in inv.gpus[3].mig_slots if s.profile.name == "1g.10gb")
+    with pytest.raises(ClaimError, match="already held by claim t/old as a MIG device"):
+        plan_claim(inv, {"old": _held("old", mig_name, uuid, mig=True)}, _alloc("gpu-3"), NODE, "gpu.gpuplane.dev")
+    with pytest.raises(ClaimError, match="already held by claim t/old as a whole GPU"):
+        plan_claim(inv, {"old": _held("old", "gpu-3", uuid, mig=False)}, _alloc(mig_name), NODE, "gpu.gpuplane.dev")
+    # another GPU's MIG device is no conflict
+    plan_claim(inv, {"old": _held("old", mig_name, uuid, mig=True)}, _alloc("gpu-4"), NODE, "gpu.gpuplane.dev")

@@ -161,6 +161,7 @@ def _check_co_tenants(
 ) -> None:
     """Refuse to mix an exclusive holder with sharers on one physical GPU, or time-slice intervals."""
     strategy = sharing.strategy
+    _check_whole_and_mig(claims, alloc, devices)
     for dev, gpu, slot in devices:
         if slot is not None:
             continue
@@ -185,6 +186,27 @@ def _check_co_tenants(
                 )
                 if why is not None:
                     raise ClaimError(why)
+
+
+def _check_whole_and_mig(
+    claims: Mapping[str, ClaimRecord],
+    alloc: ClaimAllocation,
+    devices: Sequence[tuple[AllocatedDevice, GpuEntry, MigSlot | None]],
+) -> None:
+    """Refuse a whole GPU beside a MIG device of it, or the reverse. The GPU's counters keep the scheduler from
+    allocating both; only in the moment its MIG offer is withdrawn (docs/mig-offer.md) could it."""
+    for dev, gpu, slot in devices:
+        for other in claims.values():
+            if other.uid == alloc.uid:
+                continue
+            for d in other.devices:
+                parent = d.mig.parent_uuid if d.mig is not None else d.gpu_uuid
+                if parent == gpu.info.uuid and (d.kind == "mig") != (slot is not None):
+                    raise ClaimError(
+                        f"device {dev.device}: GPU {gpu.name} is already held by claim {other.namespace}/{other.name} "
+                        f"as {'a MIG device' if d.kind == 'mig' else 'a whole GPU'}; delete the pod so the claim is "
+                        "allocated again (the GPU's MIG offer changed while it was allocated)"
+                    )
 
 
 def limit_key(gpu_uuid: str, mig_start: int | None) -> str:
