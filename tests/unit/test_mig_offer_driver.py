@@ -132,14 +132,14 @@ def _alloc(device: str) -> ClaimAllocation:
     return ClaimAllocation("new", "t", "new", (AllocatedDevice("r", NODE, device, None, False, {}),), ())
 
 
-def test_whole_gpu_beside_a_mig_device_of_it_is_refused_either_way(sim: Simulator) -> None:
-    """Only possible in the moment a GPU leaves the MIG offer: the driver refuses rather than overlap."""
+def test_mig_device_of_a_gpu_held_whole_is_refused(sim: Simulator) -> None:
+    """Only possible in the moment a GPU leaves the MIG offer: the driver refuses rather than overlap (the
+    reverse, a whole GPU beside MIG instances, is refused at prepare: test_mig_rules)."""
     inv = discover(NODE, sim, mig_offer={"gpu-3"})
     uuid = inv.gpus[3].info.uuid
     mig_name = next(s.name for s in inv.gpus[3].mig_slots if s.profile.name == "1g.10gb")
-    with pytest.raises(ClaimError, match="already held by claim t/old as a MIG device"):
-        plan_claim(inv, {"old": _held("old", mig_name, uuid, mig=True)}, _alloc("gpu-3"), NODE, "gpu.gpuplane.dev")
-    with pytest.raises(ClaimError, match="already held by claim t/old as a whole GPU"):
+    with pytest.raises(ClaimError, match="already held whole by claim t/old"):
         plan_claim(inv, {"old": _held("old", "gpu-3", uuid, mig=False)}, _alloc(mig_name), NODE, "gpu.gpuplane.dev")
-    # another GPU's MIG device is no conflict
-    plan_claim(inv, {"old": _held("old", mig_name, uuid, mig=True)}, _alloc("gpu-4"), NODE, "gpu.gpuplane.dev")
+    other = next(s.name for s in inv.gpus[3].mig_slots if s.profile.name == "2g.20gb")
+    plan = plan_claim(inv, {"old": _held("old", mig_name, uuid, mig=True)}, _alloc(other), NODE, "gpu.gpuplane.dev")
+    assert [slot.name for _, _, slot in plan.devices if slot is not None] == [other]  # two MIG devices: fine

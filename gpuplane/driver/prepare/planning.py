@@ -193,20 +193,19 @@ def _check_whole_and_mig(
     alloc: ClaimAllocation,
     devices: Sequence[tuple[AllocatedDevice, GpuEntry, MigSlot | None]],
 ) -> None:
-    """Refuse a whole GPU beside a MIG device of it, or the reverse. The GPU's counters keep the scheduler from
-    allocating both; only in the moment its MIG offer is withdrawn (docs/mig-offer.md) could it."""
+    """Refuse a MIG device of a GPU a claim holds whole. The GPU's counters keep the scheduler from allocating
+    both; only in the moment its MIG offer is withdrawn (docs/mig-offer.md) could it. (A whole GPU beside MIG
+    instances is refused where it is prepared: ``mig_ops``.)"""
     for dev, gpu, slot in devices:
+        if slot is None:
+            continue
         for other in claims.values():
-            if other.uid == alloc.uid:
-                continue
-            for d in other.devices:
-                parent = d.mig.parent_uuid if d.mig is not None else d.gpu_uuid
-                if parent == gpu.info.uuid and (d.kind == "mig") != (slot is not None):
-                    raise ClaimError(
-                        f"device {dev.device}: GPU {gpu.name} is already held by claim {other.namespace}/{other.name} "
-                        f"as {'a MIG device' if d.kind == 'mig' else 'a whole GPU'}; delete the pod so the claim is "
-                        "allocated again (the GPU's MIG offer changed while it was allocated)"
-                    )
+            if other.uid != alloc.uid and any(d.kind == "gpu" and d.gpu_uuid == gpu.info.uuid for d in other.devices):
+                raise ClaimError(
+                    f"device {dev.device}: GPU {gpu.name} is already held whole by claim {other.namespace}/"
+                    f"{other.name}; delete the pod so the claim is allocated again (the GPU's MIG offer changed "
+                    "while it was allocated)"
+                )
 
 
 def limit_key(gpu_uuid: str, mig_start: int | None) -> str:
