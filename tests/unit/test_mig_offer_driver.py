@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes import client
 
 from gpuplane.api import mig_offer
 from gpuplane.driver.hw.sim import SimConfig, Simulator
@@ -14,7 +15,7 @@ from gpuplane.driver.inventory import discover
 from gpuplane.driver.prepare.checkpoint import ClaimRecord, DeviceRecord, MigRecord
 from gpuplane.driver.prepare.claims import AllocatedDevice, ClaimAllocation, ClaimError
 from gpuplane.driver.prepare.planning import plan_claim
-from gpuplane.driver.publish.offer_watch import node_offer
+from gpuplane.driver.publish.offer_watch import OfferWatch, node_offer
 from gpuplane.driver.publish.slices import build_pool, render_slices, validate_pool
 
 NODE = "node-a"
@@ -143,3 +144,16 @@ def test_mig_device_of_a_gpu_held_whole_is_refused(sim: Simulator) -> None:
     other = next(s.name for s in inv.gpus[3].mig_slots if s.profile.name == "2g.20gb")
     plan = plan_claim(inv, {"old": _held("old", mig_name, uuid, mig=True)}, _alloc(other), NODE, "gpu.gpuplane.dev")
     assert [slot.name for _, _, slot in plan.devices if slot is not None] == [other]  # two MIG devices: fine
+
+
+def test_offer_watch_keeps_the_last_good_offer_and_tells_only_changes() -> None:
+    changes: list[frozenset[str] | None] = []
+    watch = OfferWatch(client.ApiClient(), "a", lambda: changes.append(watch.current()))
+    good = mig_offer.render(mig_offer.Offer({"a": frozenset({"gpu-1"})}))
+    watch._apply({mig_offer.DATA_KEY: good}, present=True)
+    watch._apply({mig_offer.DATA_KEY: good}, present=True)  # unchanged: not told again
+    watch._apply({mig_offer.DATA_KEY: '{"version": 1, "nodes": {"a": ["../etc"]}}'}, present=True)  # malformed
+    watch._apply(None, present=True)  # a ConfigMap without the key: malformed too
+    assert watch.current() == {"gpu-1"}
+    watch._apply(None, present=False)  # deleted: every GPU again
+    assert changes == [frozenset({"gpu-1"}), None]
