@@ -193,11 +193,13 @@ def offer_latency(
     loop.stop()
     watch.stop()
     fleet_sched.delete_round(api, label, timeout)
-    s = dra_overhead.summary(latencies) if latencies else {"p50": 0.0, "max": 0.0}
+    s = dra_overhead.summary(latencies) if latencies else {"p50": 0.0, "p99": 0.0, "max": 0.0}
+    out(f"  MIG offer latencies (s, sorted): {' '.join(f'{x:.1f}' for x in sorted(latencies))}")
     return (
         f"{len(latencies)}/{requests} requests for MIG {PROFILE} (one per GPU: each needs a GPU newly offered), "
         f"{streams} at a time, the fleet offering no MIG at the start: creation to bound p50 {s['p50']:.2f} s, "
-        f"max {s['max']:.2f} s, over {span:.0f} s. Offer loop: {loop.passes} passes every {INTERVAL_S:.0f} s, "
+        f"p99 {s['p99']:.2f} s, max {s['max']:.2f} s, over {span:.0f} s. "
+        f"Offer loop: {loop.passes} passes every {INTERVAL_S:.0f} s, "
         f"{loop.offer_writes} offer changes, {loop.slice_writes} slice writes "
         f"({loop.slice_writes / max(span, 1e-9):.2f}/s at the API server)"
         + (f"; loop error: {loop.error}" if loop.error else "")
