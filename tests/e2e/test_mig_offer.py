@@ -1,0 +1,124 @@
+"""The MIG offer on a real control plane (issue 36, docs/mig-offer.md): the controller writes it, every
+simulated node's driver publishes MIG placements by it, and a MIG request beyond it grows it, is told why
+it waits, and runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuplane.api import mig_offer
+from tests.e2e.conftest import GpuCluster, eventually
+
+pytestmark = pytest.mark.e2e
+NS = "gpuplane-mig-offer-e2e"
+D = "gpu.gpuplane.dev"
+
+
+def offer(gpu: GpuCluster) -> mig_offer.Offer | None:
+    try:
+        cm = gpu.kubectl_json("get", "configmap", "-n", mig_offer.NAMESPACE, mig_offer.CONFIGMAP)
+    except Exception:  # not written yet
+        return None
+    return mig_offer.parse(cm["data"][mig_offer.DATA_KEY])
+
+
+def mig_gpus(gpu: GpuCluster) -> dict[str, set[str]]:
+    """Node -> the GPUs whose MIG placements its slices publish."""
+    out: dict[str, set[str]] = {}
+    for (pool, _), device in gpu.slice_devices().items():
+        attrs = device["attributes"]
+        if (attrs.get("type") or attrs.get(f"{D}/type") or {}).get("string") == "mig":
+            minor = (attrs.get("parentMinor") or attrs.get(f"{D}/parentMinor") or {}).get("int")
+            out.setdefault(pool, set()).add(f"gpu-{minor}")
+    return out
+
+
+def published_by_offer(gpu: GpuCluster) -> mig_offer.Offer | None:
+    got = offer(gpu)
+    if got is None:
+        return None
+    published = mig_gpus(gpu)
+    nodes = {n.name for n in gpu.nodes}
+    ok = all(published.get(n, set()) == set(got.for_node(n)) for n in nodes)
+    return got if ok else None
+
+
+def test_the_drivers_publish_mig_placements_by_the_controllers_offer(gpu_cluster: GpuCluster) -> None:
+    got = eventually(lambda: published_by_offer(gpu_cluster), 90, "every node publishing MIG by the offer")
+    capable = sum(8 if n.profile == "hgx-h100" else 4 for n in gpu_cluster.nodes)
+    assert 0 < got.gpu_count() < capable, got  # the spare set (2 per pool), not every GPU
+
+
+def _manifest(tmp: Path, pods: int) -> Path:
+    docs: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}]
+    expr = f'device.attributes["{D}"].migProfile == "7g.80gb"'
+    docs.append(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "mig-7g", "namespace": NS},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {
+                                "name": "mig",
+                                "exactly": {
+                                    "deviceClassName": "mig.gpuplane.dev",
+                                    "selectors": [{"cel": {"expression": expr}}],
+                                },
+                            }
+                        ]
+                    }
+                }
+            },
+        }
+    )
+    for i in range(pods):
+        docs.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f"big-{i}", "namespace": NS},
+                "spec": {
+                    "resourceClaims": [{"name": "mig", "resourceClaimTemplateName": "mig-7g"}],
+                    "containers": [
+                        {
+                            "name": "c",
+                            "image": "registry.k8s.io/pause:3.10",
+                            "resources": {"claims": [{"name": "mig"}]},
+                        }
+                    ],
+                },
+            }
+        )
+    path = tmp / "mig-offer.json"
+    path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
+    return path
+
+
+def test_a_mig_request_beyond_the_offer_grows_it_is_told_and_runs(gpu_cluster: GpuCluster, tmp_path: Path) -> None:
+    before = eventually(lambda: published_by_offer(gpu_cluster), 90, "every node publishing MIG by the offer")
+    h100_offered = sum(len(g) for n, g in before.nodes.items() if n.startswith("hgx"))
+    pods = h100_offered + 2  # 7g.80gb takes a GPU: at least two need GPUs newly offered
+    path = _manifest(tmp_path, pods)
+    gpu_cluster.cluster.kubectl("apply", "-f", str(path))
+    try:
+        running = gpu_cluster.running_pods(NS, pods, timeout=90)
+        assert len(running) == pods
+        grown = offer(gpu_cluster)
+        assert grown is not None and grown.gpu_count() >= before.gpu_count() + 2
+
+        def told() -> list[dict[str, Any]]:
+            items = gpu_cluster.kubectl_json("get", "events", "-n", NS)["items"]
+            return [e for e in items if e.get("reason") == "WaitingForMigOffer"]
+
+        events = eventually(told, 30, "a WaitingForMigOffer Event")
+        assert all("waiting for a MIG offer on" in e["message"] for e in events)
+        assert all(e["involvedObject"]["kind"] == "ResourceClaim" for e in events)
+    finally:
+        gpu_cluster.cluster.kubectl("delete", "-f", str(path), "--wait=true", timeout=120)
