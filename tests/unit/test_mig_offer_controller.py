@@ -198,3 +198,24 @@ def test_nodes_from_slices_and_allocations(slices: list[slice_index.SliceDigest]
     assert gpus["gpu-4"].whole_allocated and not gpus["gpu-5"].whole_allocated and not gpus["gpu-6"].whole_allocated
     (unlabelled,) = snapshot.nodes(slices, {}, [])
     assert unlabelled.pool.startswith("NVIDIA H100") and not unlabelled.schedulable
+
+
+def test_a_withdrawn_gpu_still_published_by_a_slow_driver_is_not_taken_back() -> None:
+    offered = Offer({"n3": frozenset({"gpu-0", "gpu-1", "gpu-2"})})
+    mem = Memory(offer=offered, written=True, needed_at={("n3", f"gpu-{g}"): 0.0 for g in range(3)})
+    d = decide(fleet(), (), mem, S, now=700.0)
+    (gone,) = d.withdrawn
+    slow = tuple(
+        Node(
+            n.name,
+            n.pool,
+            n.schedulable,
+            n.labels,
+            tuple(Gpu(g.name, g.product, mig_published=(n.name, g.name) in keys(offered)) for g in n.gpus),
+        )
+        for n in fleet()
+    )
+    again = decide(slow, (), d.memory, S, now=702.0)
+    assert gone not in keys(again.offer)
+    later = decide(slow, (), again.memory, S, now=800.0)  # still published long after: a driver's own (MIG mode)
+    assert gone in keys(later.offer)

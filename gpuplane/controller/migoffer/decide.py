@@ -62,6 +62,7 @@ class Settings:
     shrink_after_s: float = 600.0
     withdraw_per_pass: int = 1
     grace_s: float = 2.0  # a claim younger than this is the scheduler's first try, not yet waiting
+    settle_s: float = 60.0  # a GPU withdrawn this recently may still be published: that is not a driver's own
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class Memory:
     written: bool = False  # the ConfigMap exists (before it does, every driver publishes every GPU's MIG)
     needed_at: Mapping[Key, float] = field(default_factory=dict)
     explained: frozenset[str] = frozenset()
+    withdrawn_at: Mapping[Key, float] = field(default_factory=dict)  # until its driver has republished
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,12 @@ def _fits(node: Node, gpu: Gpu, *, w: Waiting) -> bool:
 def decide(nodes: tuple[Node, ...], waiting: tuple[Waiting, ...], memory: Memory, s: Settings, now: float) -> Decision:
     by_key = {(n.name, g.name): (n, g) for n in nodes for g in n.gpus}
     offered: set[Key] = {(n, g) for n, gpus in memory.offer.nodes.items() for g in gpus if (n, g) in by_key}
-    offered |= {k for k, (_, g) in by_key.items() if g.mig_allocated or (memory.written and g.mig_published)}
+    settling = {k: t for k, t in memory.withdrawn_at.items() if now - t < s.settle_s}
+    offered |= {
+        k
+        for k, (_, g) in by_key.items()
+        if g.mig_allocated or (memory.written and g.mig_published and k not in settling)
+    }
     needed_at = {k: memory.needed_at.get(k, now) for k in offered}
     for k in offered:
         if by_key[k][1].mig_allocated:
@@ -186,7 +193,11 @@ def decide(nodes: tuple[Node, ...], waiting: tuple[Waiting, ...], memory: Memory
     waiting_keys = {w.key for w in waiting}
     told = frozenset((memory.explained & waiting_keys) | {k for k, _ in explain})
     kept = {k: t for k, t in needed_at.items() if k in offered}
-    return Decision(offer, Memory(offer, memory.written, kept, told), tuple(explain), tuple(grown), tuple(withdrawn))
+    settling.update({k: now for k in withdrawn})
+    for k in offered:
+        settling.pop(k, None)
+    after = Memory(offer, memory.written, kept, told, settling)
+    return Decision(offer, after, tuple(explain), tuple(grown), tuple(withdrawn))
 
 
 def _room_for(w: Waiting, by_key: Mapping[Key, tuple[Node, Gpu]], room: Mapping[Key, int]) -> Key | None:

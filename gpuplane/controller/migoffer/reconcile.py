@@ -12,6 +12,7 @@ its write (fenced).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import time
 from collections.abc import Mapping
@@ -109,7 +110,7 @@ class Pass:
                 withdrawn=[f"{n}/{g}" for n, g in d.withdrawn][:20],
                 waiting=len(waiting),
             )
-        self.memory = decide.Memory(d.memory.offer, True, d.memory.needed_at, d.memory.explained)
+        self.memory = dataclasses.replace(d.memory, written=True)
         for key, message in d.explain:
             claim = claims.get(key) or {}
             ref = events.ObjectRef.of(claim, api_version=CLAIM_API, kind="ResourceClaim")
