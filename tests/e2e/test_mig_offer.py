@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from e2e.plane import identity
+from e2e.plane.access_review import access
 from gpuplane.api import mig_offer
 from tests.e2e.conftest import GpuCluster, eventually
 
@@ -51,6 +53,26 @@ def test_the_drivers_publish_mig_placements_by_the_controllers_offer(gpu_cluster
     got = eventually(lambda: published_by_offer(gpu_cluster), 90, "every node publishing MIG by the offer")
     capable = sum(8 if n.profile == "hgx-h100" else 4 for n in gpu_cluster.nodes)
     assert 0 < got.gpu_count() < capable, got  # the spare set (2 per pool), not every GPU
+
+
+def test_only_the_controller_writes_the_offer_and_each_driver_reads_only_it(gpu_cluster: GpuCluster) -> None:
+    driver = identity.username(identity.NAMESPACE, identity.DRIVER_SA)
+    controller = identity.username(identity.NAMESPACE, identity.CONTROLLER_SA)
+    cases = {
+        (controller, "update", mig_offer.CONFIGMAP): True,
+        (controller, "get", mig_offer.CONFIGMAP): True,
+        (controller, "update", "someone-elses"): False,
+        (controller, "delete", mig_offer.CONFIGMAP): False,
+        (driver, "get", mig_offer.CONFIGMAP): True,
+        (driver, "watch", mig_offer.CONFIGMAP): True,
+        (driver, "update", mig_offer.CONFIGMAP): False,
+        (driver, "patch", mig_offer.CONFIGMAP): False,
+        (driver, "create", ""): False,
+        (driver, "get", "someone-elses"): False,
+    }
+    api = gpu_cluster.cluster.api
+    got = {k: access(api, k[0], (k[1], "", "configmaps", ""), mig_offer.NAMESPACE, k[2]) for k in cases}
+    assert got == cases
 
 
 def _manifest(tmp: Path, pods: int) -> Path:
