@@ -63,6 +63,7 @@ class DriverConfig(BaseModel):
     taint_clear_after_s: float = 60.0
     benign_xids: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
     mig_placements: bool = True  # False: publish whole GPUs only, no MIG devices or counters
+    mig_offer: bool = True  # follow the controller's MIG offer (docs/mig-offer.md); False: every GPU's placements
     claim_device_status: bool = True  # write what each claim got into its status.devices (KEP-4817)
     telemetry_interval_s: float = 10.0
     noisy_bandwidth_threshold: float = 0.5  # a claim's share of the GPU's memory bandwidth
@@ -212,10 +213,11 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
     )
     p.add_argument(
         "--mig-placements",
-        choices=["dynamic", "off"],
+        choices=["dynamic", "all", "off"],
         default=_env("MIG_PLACEMENTS", "dynamic"),
-        help="dynamic: publish every MIG profile x placement as a device (created at prepare); "
-        "off: publish whole GPUs only (208 -> 8 devices on an 8-GPU H100 node)",
+        help="dynamic: publish every MIG profile x placement (created at prepare) of the GPUs in the controller's "
+        "MIG offer, in MIG mode or holding instances; all: of every GPU, whatever the offer (a node pool kept for "
+        "MIG); off: publish whole GPUs only (208 -> 8 devices on an 8-GPU H100 node)",
     )
     p.add_argument(
         "--claim-device-status",
@@ -290,7 +292,8 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
         steer_order=args.steer_order,
         withhold_stranding=args.withhold_stranding,
         steer_mix=args.steer_mix,
-        mig_placements=args.mig_placements == "dynamic",
+        mig_placements=args.mig_placements != "off",
+        mig_offer=args.mig_placements == "dynamic",
         claim_device_status=args.claim_device_status == "on",
         log_level=args.log_level,
         log_format=args.log_format,

@@ -251,16 +251,18 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
             if recovered.is_set():
                 state.rediscover()  # a changed inventory wakes the publisher (on_change)
 
-        offers = OfferWatch(api_client, cfg.node_name, offer_changed)
-        state.mig_offer = offers.current
-        try:
-            offers.read_once()
-        except Exception as exc:  # no offer read: every GPU's MIG placements, until the watch reads one
-            log.warning("could not read the MIG offer; offering MIG on every GPU for now", error=str(exc)[:300])
+        offers = OfferWatch(api_client, cfg.node_name, offer_changed) if cfg.mig_offer else None
+        if offers is not None:  # else --mig-placements=all: every GPU's placements, the offer not read
+            state.mig_offer = offers.current
+            try:
+                offers.read_once()
+            except Exception as exc:  # no offer read: every GPU's MIG placements, until the watch reads one
+                log.warning("could not read the MIG offer; offering MIG on every GPU for now", error=str(exc)[:300])
         log.info("recovering state", node=cfg.node_name, backend=cfg.backend)
         state.recover()
         recovered.set()
-        offers.start()
+        if offers is not None:
+            offers.start()
         watcher.start()
         publisher.publish(state.inventory())
         metrics.devices_published.set(publisher.devices_published)
@@ -358,7 +360,8 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
             log.info("driver stopping", signalled=stop.is_set())
             sampler.stop()
             watcher.stop()
-            offers.stop()
+            if offers is not None:
+                offers.stop()
             # Calls already running finish (an MPS prepare waits for its daemon pod): kubelet sends no
             # new ones once registration is withdrawn, and the DaemonSet gives the pod 30 s in all.
             server.stop(grace=SHUTDOWN_GRACE_S)

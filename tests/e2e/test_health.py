@@ -40,6 +40,9 @@ DRIVER_ENV = {
     "GPUPLANE_TELEMETRY_INTERVAL": "1",
     "GPUPLANE_NOISY_SUSTAIN": "3",
     "GPUPLANE_REPUBLISH_INTERVAL": "5",
+    # Every GPU's MIG placements, whatever the controller's MIG offer (docs/mig-offer.md): the tests taint a
+    # GPU and check its MIG devices, on GPUs the offer would not name.
+    "GPUPLANE_MIG_PLACEMENTS": "all",
 }
 
 

@@ -246,6 +246,14 @@ def test_controller_role_grants_no_secrets_and_no_wildcards() -> None:
         {"apiGroups": ["gpuplane.dev"], "resources": ["imexdomains"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": ["gpuplane.dev"], "resources": ["imexdomains/status"], "verbs": ["patch"]},
     ]
+    # The MIG offer (docs/mig-offer.md): one ConfigMap in gpuplane's namespace, written only by the controller
+    # (create cannot be narrowed by name; every other verb names it), read only by the drivers, by name.
+    offer = {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["gpuplane-mig-offer"]}
+    assert roles.pop("gpuplane-controller-mig-offer")["rules"] == [
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
+        {**offer, "verbs": ["get", "update", "patch"]},
+    ]
+    assert roles.pop("gpuplane-driver-mig-offer")["rules"] == [{**offer, "verbs": ["get", "list", "watch"]}]
     # The other namespaced Roles: only the controller's leader-election Lease, get/update by name.
     for role in roles.values():
         assert role["metadata"]["namespace"] == "gpuplane-system"

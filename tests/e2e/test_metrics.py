@@ -38,7 +38,9 @@ def node(control_plane: cluster.Cluster) -> Iterator[Node]:
     install.apply(control_plane)
     install.wait_established(control_plane, install.crd_names(install.render(control_plane)))
     name = f"metrics-{uuid.uuid4().hex[:5]}"
-    with driverproc.published_driver(control_plane, name, "gpm-") as driver:
+    # Every GPU's MIG placements, whatever the controller's MIG offer (docs/mig-offer.md): this driver's node is
+    # no Node the controller offers MIG on, and the test allocates a MIG placement itself.
+    with driverproc.published_driver(control_plane, name, "gpm-", extra_args=("--mig-placements=all",)) as driver:
         yield Node(name, driver)
 
 

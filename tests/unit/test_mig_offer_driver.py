@@ -10,6 +10,7 @@ import pytest
 from kubernetes import client
 
 from gpuplane.api import mig_offer
+from gpuplane.driver import config
 from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.inventory import discover
 from gpuplane.driver.prepare.checkpoint import ClaimRecord, DeviceRecord, MigRecord
@@ -157,3 +158,12 @@ def test_offer_watch_keeps_the_last_good_offer_and_tells_only_changes() -> None:
     assert watch.current() == {"gpu-1"}
     watch._apply(None, present=False)  # deleted: every GPU again
     assert changes == [frozenset({"gpu-1"}), None]
+
+
+def test_mig_placements_flag_chooses_offer_all_or_none() -> None:
+    """dynamic (the default) follows the controller's offer; all publishes every GPU's placements and reads no
+    offer (a node pool kept for MIG); off publishes whole GPUs only."""
+    base = ["--node-name=n", "--backend=sim", "--sim-profile=hgx-h100"]
+    modes = {m: config.parse_args([*base, f"--mig-placements={m}"]) for m in ("dynamic", "all", "off")}
+    assert (config.parse_args(base).mig_placements, config.parse_args(base).mig_offer) == (True, True)
+    assert [(c.mig_placements, c.mig_offer) for c in modes.values()] == [(True, True), (True, False), (False, False)]
