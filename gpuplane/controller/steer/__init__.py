@@ -16,5 +16,6 @@ Modules, each usable alone (issue 13's template gangs reuse ``gate``):
   (``prefer``: a preferred node-affinity term; ``require``: required terms narrowed);
 - ``shape``: a pod's claim as a placement request, or why it is left to the scheduler;
 - ``decide``: one pass over the gated pods, purely (actions out);
+- ``offer_wait``: whether a MIG pod nothing published fits waits, gated, for the MIG offer to grow;
 - ``reconciler``: reads, runs a pass, writes one patch per pod; the little state it keeps.
 """

@@ -13,7 +13,10 @@ queue. A pod is never held for capacity, so the gate only ever costs one
 decision, and a controller that stops deciding leaves almost nothing gated.
 
 A claim template not yet in the cache is a reason to **wait** (the next event
-or timer retries), until the timeout.
+or timer retries), until the timeout. So is a MIG request that nothing published
+fits while the MIG offer can still grow for it (``offer_wait``): the offer counts
+its claim as demand, and a later pass steers it onto the placement the driver
+then publishes, never onto one it does not (the scheduler could not allocate it).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gpuplane.controller.node import snapshot_builder
-from gpuplane.controller.steer import gate, shape
+from gpuplane.controller.steer import gate, offer_wait, shape
 from gpuplane.placement import fragmentation, model, place, snapshot
 from gpuplane.placement.policies import base
 
@@ -55,7 +58,7 @@ class Action:
 
     kind: Kind
     key: str
-    outcome: str  # steered | no-room | unsteerable | pinned | timeout | waiting
+    outcome: str  # steered | no-room | unsteerable | pinned | timeout | waiting | mig-offer
     reason: str = ""
     placement: model.MemberPlacement | None = None
 
@@ -108,6 +111,10 @@ def decide(
             continue
         got = shape_for(g)
         if isinstance(got, str):
+            offer = _offer_wait(g, inputs) if got.endswith(shape.NO_MATCH) else None
+            if offer is not None:
+                out.append(Action("wait", g.key, "mig-offer", offer))
+                continue
             kind: Kind = "wait" if got.endswith("not known (yet)") else "release"
             out.append(Action(kind, g.key, "waiting" if kind == "wait" else "unsteerable", got))
             continue
@@ -125,6 +132,10 @@ def decide(
         base.observe_queue(policy, waiting)
         d = place.place(got.request, snap, policy)
         if not d.placed:
+            offer = _offer_wait(g, inputs) if got.request.mig_profile else None
+            if offer is not None:
+                out.append(Action("wait", g.key, "mig-offer", f"{d.reason}; {offer}"))
+                continue
             out.append(Action("release", g.key, "no-room", d.reason))
             waiting[s] = waiting.get(s, 0) + 1
             continue
@@ -135,6 +146,16 @@ def decide(
         for k in list(restricted):
             restricted[k] = _apply(restricted[k], d)
     return out
+
+
+def _offer_wait(g: Gated, inputs: Inputs) -> str | None:
+    """Why ``g`` (a MIG pod nothing published fits) waits for the MIG offer; None: it does not."""
+    spec = shape.claim_spec_of(g.pod, inputs.claims, inputs.templates)
+    try:
+        allowed = gate.node_filter(g.pod)
+    except ValueError:
+        return None
+    return None if isinstance(spec, str) else offer_wait.reason(spec[0], inputs.view, allowed, inputs.node_labels)
 
 
 def _apply(snap: snapshot.Snapshot, d: model.Decision) -> snapshot.Snapshot:

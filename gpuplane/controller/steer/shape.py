@@ -24,6 +24,8 @@ from gpuplane.controller.claim.checks import class_selectors
 from gpuplane.controller.node import snapshot_builder
 from gpuplane.placement import model
 
+NO_MATCH = "no published gpuplane device matches its selectors"
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -118,7 +120,7 @@ def shape_of(
         ((profile, parents),) = mig_profiles.items()
         return Shape(model.Request(id=_pod_id(pod), mig_profile=profile), frozenset(parents), ident)
     if not whole and not mig_profiles:
-        return f"{label}: no published gpuplane device matches its selectors"
+        return f"{label}: {NO_MATCH}"
     return f"{label}: its selectors admit both whole GPUs and MIG devices"
 
 
