@@ -1,16 +1,17 @@
 """The MIG offer on a real control plane (issue 36, docs/mig-offer.md): the controller writes it, every
-simulated node's driver publishes MIG placements by it, and a MIG request beyond it grows it, is told why
-it waits, and runs."""
+simulated node's driver publishes MIG placements by it, MIG requests beyond it grow it and run, and a
+request that only a GPU outside the offer can serve is told why it waits, then runs."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from e2e.plane import identity
+from e2e.plane import components, identity, nodes, simnodes
 from e2e.plane.access_review import access
 from gpuplane.api import mig_offer
 from tests.e2e.conftest import GpuCluster, eventually
@@ -18,6 +19,7 @@ from tests.e2e.conftest import GpuCluster, eventually
 pytestmark = pytest.mark.e2e
 NS = "gpuplane-mig-offer-e2e"
 D = "gpu.gpuplane.dev"
+WAIT_LABEL = "e2e-mig-offer-wait"
 
 
 def offer(gpu: GpuCluster) -> mig_offer.Offer | None:
@@ -75,7 +77,7 @@ def test_only_the_controller_writes_the_offer_and_each_driver_reads_only_it(gpu_
     assert got == cases
 
 
-def _manifest(tmp: Path, pods: int) -> Path:
+def _manifest(tmp: Path, pods: int, node_selector: dict[str, str] | None = None) -> Path:
     docs: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}]
     expr = f'device.attributes["{D}"].migProfile == "7g.80gb"'
     docs.append(
@@ -107,6 +109,7 @@ def _manifest(tmp: Path, pods: int) -> Path:
                 "kind": "Pod",
                 "metadata": {"name": f"big-{i}", "namespace": NS},
                 "spec": {
+                    "nodeSelector": node_selector or {},
                     "resourceClaims": [{"name": "mig", "resourceClaimTemplateName": "mig-7g"}],
                     "containers": [
                         {
@@ -123,7 +126,7 @@ def _manifest(tmp: Path, pods: int) -> Path:
     return path
 
 
-def test_a_mig_request_beyond_the_offer_grows_it_is_told_and_runs(gpu_cluster: GpuCluster, tmp_path: Path) -> None:
+def test_mig_requests_beyond_the_offer_grow_it_and_run(gpu_cluster: GpuCluster, tmp_path: Path) -> None:
     before = eventually(lambda: published_by_offer(gpu_cluster), 90, "every node publishing MIG by the offer")
     h100_offered = sum(len(g) for n, g in before.nodes.items() if n.startswith("hgx"))
     pods = h100_offered + 2  # 7g.80gb takes a GPU: at least two need GPUs newly offered
@@ -134,13 +137,50 @@ def test_a_mig_request_beyond_the_offer_grows_it_is_told_and_runs(gpu_cluster: G
         assert len(running) == pods
         grown = offer(gpu_cluster)
         assert grown is not None and grown.gpu_count() >= before.gpu_count() + 2
+    finally:
+        gpu_cluster.cluster.kubectl("delete", "-f", str(path), "--wait=true", timeout=120)
+
+
+@pytest.fixture
+def unoffered_node(gpu_cluster: GpuCluster) -> Iterator[str]:
+    """One more HGX node, started after the offer's spare set exists: none of its GPUs is in the offer (the
+    spare set is full, and a new spare goes to a node that already offers MIG first)."""
+    eventually(lambda: published_by_offer(gpu_cluster), 90, "every node publishing MIG by the offer")
+    state = gpu_cluster.cluster.state_dir
+    assert state is not None
+    creds = components.driver_credentials(gpu_cluster.cluster, components.identities_dir(state.resolve()))
+    sim = simnodes.SimNodes(
+        state, gpu_cluster.cluster.kubeconfig, driver_credentials=creds, die_with_parent=True, out=lambda _: None
+    )
+    try:
+        (node,) = sim.start([nodes.NodeGroup("hgx-h100", 1)])
+        gpu_cluster.cluster.kubectl("label", "node", node.name, f"{WAIT_LABEL}=on", "--overwrite")
+        yield node.name
+    finally:
+        sim.stop()
+
+
+def test_a_mig_request_only_an_unoffered_gpu_can_serve_waits_is_told_and_runs(
+    gpu_cluster: GpuCluster, unoffered_node: str, tmp_path: Path
+) -> None:
+    """Deterministic: the pod may only use a node none of whose GPUs is offered, so it cannot be allocated
+    before the offer grows for its claim (after the grace), which tells the claim why it waits."""
+    current = offer(gpu_cluster)
+    assert current is not None and not current.for_node(unoffered_node), current
+    path = _manifest(tmp_path, 1, {WAIT_LABEL: "on"})
+    gpu_cluster.cluster.kubectl("apply", "-f", str(path))
+    try:
 
         def told() -> list[dict[str, Any]]:
             items = gpu_cluster.kubectl_json("get", "events", "-n", NS)["items"]
             return [e for e in items if e.get("reason") == "WaitingForMigOffer"]
 
         events = eventually(told, 30, "a WaitingForMigOffer Event")
-        assert all("waiting for a MIG offer on" in e["message"] for e in events)
         assert all(e["involvedObject"]["kind"] == "ResourceClaim" for e in events)
+        assert all(e["message"].startswith(f"waiting for a MIG offer on {unoffered_node} ") for e in events), events
+        (pod,) = gpu_cluster.running_pods(NS, 1, timeout=60)
+        assert pod["spec"]["nodeName"] == unoffered_node
+        grown = offer(gpu_cluster)
+        assert grown is not None and len(grown.for_node(unoffered_node)) >= 1
     finally:
         gpu_cluster.cluster.kubectl("delete", "-f", str(path), "--wait=true", timeout=120)
