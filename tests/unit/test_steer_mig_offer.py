@@ -15,10 +15,12 @@ import pytest
 import yaml
 
 from gpuplane.api.mig_offer import Offer
+from gpuplane.controller import kube
+from gpuplane.controller.gang import writes as gang_writes
 from gpuplane.controller.migoffer import decide as offer_decide
 from gpuplane.controller.migoffer import snapshot
 from gpuplane.controller.node import slice_index, snapshot_builder
-from gpuplane.controller.steer import decide, offer_wait
+from gpuplane.controller.steer import decide, offer_wait, reconciler
 from gpuplane.driver import inventory
 from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.publish import slices
@@ -200,3 +202,50 @@ def test_growable_skips_busy_gpus_other_models_and_nodes_the_pod_may_not_use(sim
     assert offer_wait.growable(view, frozenset({"3g.71gb"}), only_b, LABELS) == ()  # a GB200 profile
     assert len(offer_wait.growable(view, frozenset(), None, LABELS)) == 14  # any profile, any node
     assert offer_wait.reason(spec({"deviceClassName": "gpu.gpuplane.dev"}), view, None, LABELS) is None
+
+
+class FailingFor:
+    """Writes every patch but those of pods named with ``prefix`` (a tenant's pod too large to write)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.steps: list[gang_writes.Step] = []
+
+    def run(self, namespace: str, step: gang_writes.Step) -> None:
+        if step.name.startswith(self.prefix):
+            raise kube.StepFailed("413 request entity too large")
+        self.steps.append(step)
+
+
+def test_the_wait_is_written_once_on_the_pod_and_an_unwritable_pod_goes_behind(
+    sims: Mapping[str, Simulator], classes: Any
+) -> None:
+    objs = published(sims, Offer())
+    pods = [pod("full"), pod("ok")]
+    claims = {f"ns/{n}-g": claim(n) for n in ("full", "ok")}
+    state, w = reconciler.SteerState(), FailingFor("full")
+    kw: dict[str, Any] = {"claims": claims, "templates": {}, "classes": classes, "node_labels": LABELS}
+    view = snapshot_builder.build_view(objs, claims.values())
+    acts = reconciler.run_pass(
+        w, gpuplane.GpuPlane(), None, state, decide.Settings(), pending=pods, view=view, now=1.0, **kw
+    )
+    state.drain()
+    assert {a.outcome for a in acts} == {"mig-offer"}
+    (step,) = w.steps
+    assert step.name == "ok" and [op["path"] for op in step.body] == ["/metadata/annotations"]
+    assert step.body[0]["value"][reconciler.ANNOTATION_RESULT].startswith("mig-offer: waiting for the MIG offer")
+    assert state.backoff["uid-full"][0] == 1 and "uid-ok" in state.told and not state.decided
+    again = reconciler.run_pass(
+        w, gpuplane.GpuPlane(), None, state, decide.Settings(), pending=pods, view=view, now=3.0, **kw
+    )
+    state.drain()
+    assert [a.key for a in again] == ["ns/ok", "ns/full"] and len(w.steps) == 1  # told once; full failed again
+    assert state.backoff["uid-full"][0] == 2
+    # One clean 3g placement appears: the pod that can be written gets it, though the other is older.
+    objs = published(sims, Offer({"n2": frozenset({"gpu-0"})}))
+    view = snapshot_builder.build_view(objs, claims.values())
+    gated = reconciler.gated_pods(pods, state, decide.Settings(), 10.0)
+    assert [(g.key, g.failures) for g in gated] == [("ns/full", 2), ("ns/ok", 0)]
+    inputs = decide.Inputs(view, claims, {}, classes, node_labels=LABELS)
+    by = {a.key: a for a in decide.decide(gated, inputs, gpuplane.GpuPlane(), now=10.0, settings=decide.Settings())}
+    assert by["ns/ok"].kind == "steer" and by["ns/full"].outcome == "mig-offer"

@@ -17,5 +17,6 @@ Modules, each usable alone (issue 13's template gangs reuse ``gate``):
 - ``shape``: a pod's claim as a placement request, or why it is left to the scheduler;
 - ``decide``: one pass over the gated pods, purely (actions out);
 - ``offer_wait``: whether a MIG pod nothing published fits waits, gated, for the MIG offer to grow;
+- ``writes``: the patch for each action and which actions a pass writes;
 - ``reconciler``: reads, runs a pass, writes one patch per pod; the little state it keeps.
 """

@@ -11,6 +11,8 @@ reservation for the pods after it; refused (no room, or every free placement
 would strand compute), it is **released** too and waits in the scheduler's own
 queue. A pod is never held for capacity, so the gate only ever costs one
 decision, and a controller that stops deciding leaves almost nothing gated.
+Pods whose patches failed before (``Gated.failures``) are placed after the
+others: a tenant's pod that cannot be written takes no one's room twice.
 
 A claim template not yet in the cache is a reason to **wait** (the next event
 or timer retries), until the timeout. So is a MIG request that nothing published
@@ -50,6 +52,7 @@ class Gated:
     key: str  # "ns/name"
     pod: Mapping[str, Any]
     first_seen: float
+    failures: int = 0  # its patches that failed so far: it is placed after the pods whose did not
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,7 @@ def decide(
             return spec
         return shape.shape_of(g.pod, spec[0], spec[1], inputs.classes, view)
 
-    for g in sorted(gated, key=lambda x: (x.first_seen, x.key)):
+    for g in sorted(gated, key=lambda x: (x.failures, x.first_seen, x.key)):
         if now - g.first_seen > settings.timeout_s:
             out.append(Action("release", g.key, "timeout", f"not decided within {settings.timeout_s:.0f}s"))
             continue

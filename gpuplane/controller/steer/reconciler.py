@@ -28,17 +28,21 @@ import structlog
 from gpuplane.controller import kube
 from gpuplane.controller.gang import writes as gang_writes
 from gpuplane.controller.node import snapshot_builder
-from gpuplane.controller.steer import decide, gate, shape
+from gpuplane.controller.steer import decide, gate, shape, writes
 from gpuplane.placement import fragmentation, model
 from gpuplane.placement.policies import base
 
 log = structlog.get_logger(__name__)
 
-ANNOTATION_STEERED = "gpuplane.dev/steered"  # "node;domain;placement" of a steered, not yet bound pod
-ANNOTATION_RESULT = "gpuplane.dev/steer-result"  # why the gate was lifted without a node (released pods)
+ANNOTATION_STEERED, ANNOTATION_RESULT, MAX_WRITES = (
+    writes.ANNOTATION_STEERED,
+    writes.ANNOTATION_RESULT,
+    writes.MAX_WRITES,
+)
+patch_for, writes_of = writes.patch_for, writes.writes_of  # steering's own names for them
+
 DECIDED_TTL_S = 30.0
 SHAPE_CACHE_SIZE = 256
-MAX_WRITES = 64  # per pass, timeout releases aside: the rest are decided again by the next pass
 WRITERS = 8  # patches in flight at once
 OPTED_IN_SELECTOR = "gpuplane.dev/steering=enabled"  # the namespace label the steer gate's policy matches
 OPTED_IN_TTL_S = 10.0
@@ -85,6 +89,7 @@ class SteerState:
     # Steered pods this replica patched: their placement counts until the claim shows allocated (the
     # annotation in the index and the allocation in the claim cache each arrive a little later).
     reserved: dict[str, tuple[float, str, model.MemberPlacement]] = field(default_factory=dict)
+    told: set[str] = field(default_factory=set)  # pods whose wait for the MIG offer is written on them
     # Pods whose patch failed: uid -> (failures so far, not before). A failing pod is decided again only
     # after its pause and goes behind every other pod of a pass, so pods that cannot be written (a tenant's
     # own gate on an oversized pod) never take the writes of the pods that can.
@@ -124,6 +129,7 @@ class SteerState:
         self.reserved.clear()
         self.backoff.clear()
         self.shape_cache.clear()
+        self.told.clear()
 
 
 def _uid(pod: Mapping[str, Any]) -> str:
@@ -210,11 +216,12 @@ def gated_pods(
             if failed is not None and now < failed[1]:
                 continue
             first = state.first_seen.setdefault(uid, now)
-            out.append(decide.Gated(_key(pod), pod, first))
+            out.append(decide.Gated(_key(pod), pod, first, failed[0] if failed is not None else 0))
         for gone in [u for u in state.first_seen if u not in live]:
             state.first_seen.pop(gone, None)
             state.decided.pop(gone, None)
             state.shapes.pop(gone, None)
+            state.told.discard(gone)
         for gone in [u for u in state.backoff if u not in live]:
             state.backoff.pop(gone, None)
     return out
@@ -230,22 +237,6 @@ def waiting_shapes(pending: Iterable[Mapping[str, Any]], state: SteerState) -> d
         if s is not None and not (pod.get("spec") or {}).get("nodeName"):
             out[s] = out.get(s, 0) + 1
     return out
-
-
-def patch_for(pod: Mapping[str, Any], action: decide.Action, settings: decide.Settings) -> list[dict[str, Any]]:
-    """The JSON patch for one action: steer (affinity + gate + annotation) or release (gate + annotation)."""
-    meta = pod.get("metadata") or {}
-    had = meta.get("annotations")  # None: the pod has no annotation map at all (the index says so)
-    if action.kind == "steer" and action.placement is not None:
-        ops = gate.steer_patch(pod, action.placement.node, settings.mode, settings.gate)
-        mine: dict[str, str | None] = {
-            ANNOTATION_STEERED: decide.encode_placement(action.placement),
-            ANNOTATION_RESULT: None,
-        }
-    else:
-        ops = gate.release_patch(pod, settings.gate)
-        mine = {ANNOTATION_RESULT: f"{action.outcome}: {action.reason}"[:250]}
-    return [*ops, *gate.annotation_ops(had, mine)]
 
 
 def run_pass(
@@ -274,12 +265,17 @@ def run_pass(
         gated, inputs, policy, now=now, settings=settings, shapes=lambda g: cached_shape(g, inputs, state)
     )
     by_key = {g.key: g for g in gated}
-    todo = writes_of(actions, {g.key: state.backoff.get(_uid(g.pod), (0, 0.0))[0] for g in gated})
+    with state.lock:  # a wait for the MIG offer is written once (its reason), then only decided again
+        fresh = [a for a in actions if a.kind != "wait" or _uid(by_key[a.key].pod) not in state.told]
+    todo = writes_of(fresh, {g.key: g.failures for g in gated})
     for action in todo:
         g = by_key[action.key]
         uid = _uid(g.pod)
         with state.lock:
-            state.decided[uid] = now
+            if action.kind == "wait":
+                state.told.add(uid)
+            else:
+                state.decided[uid] = now
             if action.kind == "steer" and action.placement is not None:
                 state.reserved[uid] = (now, action.key, action.placement)
             if action.kind == "release" and action.outcome == "no-room":
@@ -292,21 +288,6 @@ def run_pass(
     if meter is not None:
         meter.steer_pass_seconds.observe(time.monotonic() - started)
     return actions
-
-
-def writes_of(actions: Sequence[decide.Action], failures: Mapping[str, int]) -> list[decide.Action]:
-    """The actions a pass writes: every timeout release, then the others, pods that failed before last.
-
-    Timeout releases are never capped (the 30 s promise holds however many pods are gated); the rest
-    are at most ``MAX_WRITES``, in the pass's order (oldest first) but behind it the pods whose patches
-    failed, fewest failures first, so a pod that can never be written cannot take a slot from one
-    that can.
-    """
-    acting = [a for a in actions if a.kind != "wait"]
-    timeouts = [a for a in acting if a.outcome == "timeout"]
-    rest = [a for a in acting if a.outcome != "timeout"]
-    rest.sort(key=lambda a: failures.get(a.key, 0))  # stable: the pass's order among equals
-    return [*timeouts, *rest[:MAX_WRITES]]
 
 
 @dataclass(frozen=True)
@@ -341,9 +322,10 @@ def _write(writer: PodWriter, meter: Meter | None, state: SteerState, patch: _Pa
         state.backoff.pop(uid, None)
     if meter is not None:
         meter.steer_decisions.labels(outcome=action.outcome).inc()
-        meter.steer_seconds.observe(max(0.0, time.time() - g.first_seen))
+        if action.kind != "wait":
+            meter.steer_seconds.observe(max(0.0, time.time() - g.first_seen))
     log.info(
-        "steered" if action.kind == "steer" else "released from the steering gate",
+        {"steer": "steered", "wait": "kept gated"}.get(action.kind, "released from the steering gate"),
         pod=action.key,
         outcome=action.outcome,
         reason=action.reason,
@@ -358,6 +340,7 @@ def _failed(state: SteerState, uid: str, when: float) -> int:
     """Undo a pass's marks for a pod whose patch failed and pause it (doubling); under the lock."""
     state.decided.pop(uid, None)
     state.reserved.pop(uid, None)
+    state.told.discard(uid)
     failures = state.backoff.get(uid, (0, 0.0))[0] + 1
     state.backoff[uid] = (failures, when + min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** (failures - 1)))
     return failures
