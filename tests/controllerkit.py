@@ -14,6 +14,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from gpuplane.controller import names
 from gpuplane.controller.gang import queue_runner, reconciler, status, world, writes
 from gpuplane.controller.imex import hold
@@ -288,3 +290,13 @@ def holding(
 def pods_bound(gang: str, n: int, bound: int) -> Iterator[dict[str, Any]]:
     for i in range(n):
         yield member_pod(gang, i, gated=False, node="hgx-0" if i < bound else "")
+
+
+def shipped_classes(files: Sequence[str] = ("gpu.yaml", "mig.yaml")) -> dict[str, dict[str, Any]]:
+    """The DeviceClasses of ``manifests/deviceclasses`` named by ``files``, by name, as users apply them."""
+    root = Path(__file__).resolve().parents[1] / "manifests" / "deviceclasses"
+    out = {}
+    for f in files:
+        body = yaml.safe_load((root / f).read_text())
+        out[body["metadata"]["name"]] = body
+    return out

@@ -12,11 +12,9 @@ a request field or a Pod owner from ``gpuplane.controller.indexed`` makes it fai
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from gpuplane.api import names as dn
 from gpuplane.controller import indexed, steering
@@ -26,6 +24,7 @@ from gpuplane.controller.steer import decide as steer_decide
 from gpuplane.controller.steer import reconciler as steer_reconciler
 from gpuplane.placement import model
 from gpuplane.placement.policies import gpuplane
+from tests import controllerkit
 from tests.indexkit import fleet, slice_idx
 
 
@@ -34,7 +33,6 @@ def raw_slices(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]
     return fleet(tmp_path_factory.mktemp("sim"))
 
 
-REPO = Path(__file__).resolve().parents[2]
 GATE = steer_decide.Settings().gate
 
 
@@ -134,14 +132,6 @@ TEMPLATES = {
 }
 
 
-def _classes() -> dict[str, dict[str, Any]]:
-    out = {}
-    for f in ("gpu.yaml", "mig.yaml"):
-        body = yaml.safe_load((REPO / "manifests" / "deviceclasses" / f).read_text())
-        out[body["metadata"]["name"]] = body
-    return out
-
-
 def _steer(
     slices_: list[Any],
     claims: Mapping[str, Mapping[str, Any]],
@@ -162,7 +152,7 @@ def _steer(
         view=view,
         claims=claims,
         templates=TEMPLATES,
-        classes=_classes(),
+        classes=controllerkit.shipped_classes(),
         now=1.0,
         node_labels=labels,
     )

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from gpuplane.controller.gang import writes as gang_writes
 from gpuplane.controller.node import snapshot_builder
@@ -19,8 +18,8 @@ from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.publish import slices
 from gpuplane.placement import model
 from gpuplane.placement.policies import gpuplane
+from tests import controllerkit
 
-REPO = Path(__file__).resolve().parents[2]
 GATE = decide.Settings().gate
 
 
@@ -41,11 +40,7 @@ def pool() -> Iterator[list[dict[str, Any]]]:
 
 @pytest.fixture(scope="module")
 def classes() -> dict[str, dict[str, Any]]:
-    out = {}
-    for f in ("gpu.yaml", "mig.yaml"):
-        body = yaml.safe_load((REPO / "manifests" / "deviceclasses" / f).read_text())
-        out[body["metadata"]["name"]] = body
-    return out
+    return controllerkit.shipped_classes()
 
 
 def template(ns: str, name: str, exactly: dict[str, Any]) -> dict[str, Any]:

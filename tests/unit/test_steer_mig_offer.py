@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from gpuplane.api.mig_offer import Offer
 from gpuplane.controller import kube
@@ -25,8 +24,8 @@ from gpuplane.driver import inventory
 from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.publish import slices
 from gpuplane.placement.policies import gpuplane
+from tests import controllerkit
 
-REPO = Path(__file__).resolve().parents[2]
 GATE = decide.Settings().gate
 NOW = datetime.datetime(2026, 12, 6, 8, 0, tzinfo=datetime.UTC)
 LABELS = {"n1": {"pool": "a"}, "n2": {"pool": "b"}}
@@ -51,11 +50,7 @@ def sims() -> Iterator[dict[str, Simulator]]:
 
 @pytest.fixture(scope="module")
 def classes() -> dict[str, dict[str, Any]]:
-    out = {}
-    for f in ("gpu.yaml", "mig.yaml"):
-        body = yaml.safe_load((REPO / "manifests" / "deviceclasses" / f).read_text())
-        out[body["metadata"]["name"]] = body
-    return out
+    return controllerkit.shipped_classes()
 
 
 def published(sims: Mapping[str, Simulator], offer: Offer) -> list[dict[str, Any]]:
