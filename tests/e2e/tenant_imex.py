@@ -18,8 +18,8 @@ from __future__ import annotations
 from gpuplane.api import imex_group
 from tests.e2e.conftest import GpuCluster, eventually
 from tests.e2e.tenantkit import Arena, Tenant, claim, pod
+from tests.e2e.test_imex import domains
 
-SYSTEM = "gpuplane-system"
 GROUPS_PER_NAMESPACE = 4  # gpuplane.controller.imex.groups.MAX_PER_NAMESPACE
 FLOOD_GROUPS = 5  # with the squatted group: two past the cap
 
@@ -28,7 +28,7 @@ def imex_entries(gc: GpuCluster, ns: str) -> dict[str, tuple[str, int, tuple[tup
     """Each ``ImexDomain`` entry (gang or group) of namespace ``ns``: "imex <name>" -> (domain, channel, its
     (claim uid, node) pairs)."""
     out = {}
-    for obj in gc.kubectl_json("get", "imexdomains", "-n", SYSTEM).get("items", []):
+    for obj in domains(gc):
         for entry in (obj.get("spec") or {}).get("gangs") or []:
             if entry.get("namespace") == ns:
                 claims = tuple(sorted((str(c.get("uid")), str(c.get("node"))) for c in entry.get("claims") or []))
