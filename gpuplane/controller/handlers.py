@@ -24,6 +24,7 @@ from gpuplane.api import names as dn
 from gpuplane.controller import config, heap, indexed, kopf_barrier, names, rejects, runtime, slim, startup, steering
 from gpuplane.controller import fleet_gauges as gauges
 from gpuplane.controller.claim import checks, explainer, handling, review
+from gpuplane.controller.gang import handlers as gang_handlers
 from gpuplane.controller.gang import leaderworkersets, owners
 from gpuplane.controller.imex import reconcile as imex
 from gpuplane.controller.node import slice_index, untrusted
@@ -191,26 +192,8 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
 
     imex.register(reg, world_of)  # the leader's IMEX plan objects, from the placed gangs (issue 35)
 
-    # --- gangs -----------------------------------------------------------------------------------
-    async def gang(namespace: str | None, name: str, memo: runtime.Runtime, kw: Mapping[str, Any]) -> None:
-        if not memo.leading():  # a standby only keeps its indexes warm
-            return
-        async with memo.lock():
-            now = time.time()
-            await runtime.reconcile_gang(memo, f"{namespace}/{name}", world_of(memo, kw), now)
-
-    @kopf.timer(names.GROUP, names.VERSION, names.GANG_PLURAL, interval=cfg.resync_s, registry=reg)
-    async def gang_timer(namespace: str | None, name: str, memo: Any, **kw: Any) -> None:
-        await gang(namespace, name, memo, kw)
-
-    @kopf.on.event(names.GROUP, names.VERSION, names.GANG_PLURAL, registry=reg)
-    async def gang_event(body: kopf.Body, namespace: str | None, name: str, type: str, memo: Any, **kw: Any) -> None:
-        if type in ("ADDED", "MODIFIED"):
-            await gang(namespace, name, memo, kw)
-        elif type == "DELETED" and memo.leading() and not rejects.rejected(body):
-            async with memo.lock():
-                plain = _plain(body, "spec", "status")
-                await runtime.gang_deleted(memo, f"{namespace}/{name}", plain, world_of(memo, kw))
+    # --- gangs: reconcile, resync, and release on deletion (kopf's finalizer holds it until then) ----------
+    gang_handlers.register(reg, world_of, cfg.resync_s)
 
     # --- gate-and-steer (single pods with a claim, gated at admission) ----------------------------------
     def steer_gated(body: kopf.Body, **_: Any) -> bool:

@@ -24,6 +24,12 @@ In order (a daemon is started fresh only when no gang holds the trays, so the sl
    SIGKILL to the process group) are killed while the gang's domain is set up; the standby takes over, the
    driver comes back; the gang runs; after deleting it nothing is left (no ``ImexDomain``, no daemon process,
    no CDI spec, no channel in one). Printed: time to converge.
+6. **a gang deleted while no replica leads** (``test_a_gang_deleted_while_no_replica_leads_...``): the leader is
+   SIGKILLed and the running gang deleted at once, before the standby holds the Lease. The gang stays
+   ``Terminating`` (kopf's finalizer, the controller's ``on.delete`` handler) until the standby leads, which then
+   tells the members (``GangDeleted``), deletes them and their claims, and lets the gang go; nothing is left.
+   (It leaked before: the standby let the gang go unreleased, its pods ran on in their deleted claims, and their
+   CDI specs kept the channel of a domain that was gone.) Printed: time from the deletion to the release.
 """
 
 from __future__ import annotations
@@ -258,3 +264,41 @@ def test_slow_crash_lost_peer_bound_and_kills(gpu_cluster: GpuCluster, ns: str, 
         nothing_left(gc, trays)
     finally:
         gc.controllers.start()  # both replicas again for the modules after this one
+
+
+def test_a_gang_deleted_while_no_replica_leads_is_released_by_the_next_leader(
+    gpu_cluster: GpuCluster, ns: str, trays: list[simnodes.SimNode]
+) -> None:
+    gc = gpu_cluster
+    assert gc.controllers is not None and gc.cluster.state_dir is not None
+    apply_text(gc, gang_objects(ns, "orphan", 2, 3))
+    eventually(lambda: running(gc, ns, "orphan", 2), 180, "gang orphan Running across both trays")
+    eventually(lambda: all_ready(gc), 60, "its IMEX domain ready on both trays")
+    records = procs.read_records(gc.cluster.state_dir / "pids")
+    holder = components.lease_holder(gc.cluster.api)
+    leader = f"{components.CONTROLLER_PREFIX}{holder.rsplit('-', 1)[1]}"
+    try:
+        os.killpg(records[leader].pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        gc.cluster.kubectl("delete", "gpugang", "-n", ns, "orphan", "--wait=false")
+        print(f"[e2e] orphan: SIGKILLed {leader} (leader) and deleted the running gang at once")
+        meta = gc.kubectl_json("get", "gpugang", "-n", ns, "orphan")["metadata"]
+        assert meta.get("deletionTimestamp") and meta.get("finalizers"), meta  # held until a leader releases it
+        assert [p["metadata"]["name"] for p in gc.pods(ns)] == ["orphan-pod-0", "orphan-pod-1"]
+
+        def gang_gone() -> bool:
+            return not gc.kubectl_json("get", "gpugangs", "-n", ns).get("items")
+
+        eventually(gang_gone, 90, "the deleted gang released by the next leader, and gone")
+        released_s = time.monotonic() - t0
+        new_holder = components.lease_holder(gc.cluster.api)
+        assert new_holder and new_holder != holder, (holder, new_holder)
+        eventually(lambda: not gc.pods(ns), 60, "its member pods deleted")
+        assert gc.kubectl_json("get", "resourceclaims", "-n", ns).get("items") == []
+        for i in range(2):
+            (text,) = told(gc, ns, f"orphan-pod-{i}", "GangDeleted")
+            assert f"GpuGang {ns}/orphan was deleted while " in text, text
+        nothing_left(gc, trays)
+        print(f"[e2e] orphan: released by {new_holder} {released_s:.1f}s after the deletion; nothing left")
+    finally:
+        gc.controllers.start()

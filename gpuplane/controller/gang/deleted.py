@@ -29,6 +29,7 @@ from gpuplane.controller.gang.desired import GangRef
 from gpuplane.controller.gang.writes import Step
 
 REASON = "GangDeleted"
+ABANDONED = "GangReleaseAbandoned"  # on the gang: its release kept failing and it was let go
 
 OwnerEvent = tuple[events.ObjectRef, events.EventType, str, str]
 

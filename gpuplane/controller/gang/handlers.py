@@ -1,0 +1,79 @@
+"""kopf registrations of GpuGangs: reconcile on every change and resync, and release on deletion.
+
+Thin: each handler translates kopf's arguments and calls :mod:`gpuplane.controller.runtime`.
+
+Deletion is kopf's ``on.delete`` handler (kopf's finalizer, which GpuGangs carry anyway for the
+resync timer, holds the gang until the handler succeeds). Releasing from the watch's ``DELETED``
+event instead, as before, was an edge nobody repeats: a gang deleted while no replica led (the
+leader killed, the standby not yet holding the Lease) left its member pods running on claims and on
+an IMEX channel whose domain was torn down. Now the deletion waits, ``Terminating``, until a leader
+with complete indexes has released what is left of the gang; a standby answers "not yet"
+(:class:`kopf.TemporaryError`) and kopf asks again, so whichever replica leads next does it. The
+release is idempotent (what is gone already is not written again), and a write that keeps failing
+gives up after :data:`GIVE_UP_S` with a Warning Event on the gang, so no gang is held forever by a
+pod the controller may not delete. With no controller running at all, a deleted gang stays
+``Terminating`` until one runs (docs/operations.md says how to let it go by hand).
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import kopf
+
+from gpuplane.controller import kopf_barrier, names, rejects, runtime
+from gpuplane.controller.gang import world
+
+RETRY_S = 2.0  # a standby's (or a replica's still indexing) "ask again in"
+GIVE_UP_S = 300.0  # a release whose writes keep failing lets the gang go after this long
+
+WorldOf = Callable[[runtime.Runtime, Mapping[str, Any]], world.World]
+
+
+def register(reg: kopf.OperatorRegistry, world_of: WorldOf, resync_s: float) -> None:
+    """The GpuGang handlers on ``reg`` (``world_of(memo, kw)``: the handlers' copy of the indexes)."""
+
+    async def gang(namespace: str | None, name: str, memo: runtime.Runtime, kw: Mapping[str, Any]) -> None:
+        if not memo.leading():  # a standby only keeps its indexes warm
+            return
+        async with memo.lock():
+            await runtime.reconcile_gang(memo, f"{namespace}/{name}", world_of(memo, kw), time.time())
+
+    @kopf.timer(names.GROUP, names.VERSION, names.GANG_PLURAL, interval=resync_s, registry=reg)
+    async def gang_timer(namespace: str | None, name: str, memo: Any, **kw: Any) -> None:
+        await gang(namespace, name, memo, kw)
+
+    @kopf.on.event(names.GROUP, names.VERSION, names.GANG_PLURAL, registry=reg)
+    async def gang_event(body: kopf.Body, namespace: str | None, name: str, type: str, memo: Any, **kw: Any) -> None:
+        if type == "DELETED":  # released already (gang_release, below); every replica drops its caches
+            runtime.gang_gone(memo, f"{namespace}/{name}")
+        elif type in ("ADDED", "MODIFIED") and not body.get("metadata", {}).get("deletionTimestamp"):
+            await gang(namespace, name, memo, kw)
+
+    @kopf.on.delete(names.GROUP, names.VERSION, names.GANG_PLURAL, optional=False, registry=reg)
+    async def gang_release(body: kopf.Body, namespace: str | None, name: str, memo: Any, **kw: Any) -> None:
+        elapsed: datetime.timedelta = kw["runtime"]  # kopf's: since the first attempt at this deletion
+        plain = {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec", "status") if k in body}
+        await release(memo, f"{namespace}/{name}", plain, lambda: world_of(memo, kw), elapsed.total_seconds())
+
+
+async def release(
+    rt: runtime.Runtime, key: str, body: Mapping[str, Any], world_now: Callable[[], world.World], elapsed_s: float
+) -> None:
+    """Release deleted gang ``key`` or raise :class:`kopf.TemporaryError` (kopf keeps its finalizer and asks
+    again); returning lets kopf remove the finalizer. ``elapsed_s``: since the first attempt."""
+    if rejects.rejected(body):  # unreadable: never placed, nothing to release
+        return
+    if not rt.leading() or not kopf_barrier.indexed():
+        raise kopf.TemporaryError("the leader releases a deleted gang, on complete indexes", delay=RETRY_S)
+    async with rt.lock():
+        released = await runtime.release_deleted_gang(rt, key, body, world_now())
+    if released.not_leading:
+        raise kopf.TemporaryError("lost the lease while releasing; the next leader resumes", delay=RETRY_S)
+    if released.failed and elapsed_s < GIVE_UP_S:
+        raise kopf.TemporaryError(f"release writes failed: {'; '.join(released.failed[:3])}", delay=RETRY_S)
+    if released.failed:
+        await runtime.gang_release_abandoned(rt, key, body, released.failed)
