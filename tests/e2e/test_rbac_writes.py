@@ -3,7 +3,9 @@
 The controller (issue 18, defect 8): RBAC cannot say "only this label" or "only gated gang members", so
 the controller keeps ``pods patch/delete``, ``pods/status patch``, ``nodes patch`` and ``resourceclaims
 patch/delete`` cluster-wide and the ValidatingAdmissionPolicy ``gpuplane-controller-writes`` refuses, under
-the controller's own token, every write the controller does not make (a stolen token's writes).
+the controller's own token, every write the controller does not make (a stolen token's writes). RBAC's
+``gpugangs patch`` (kopf's finalizer and progress annotations) is narrowed the same way: a tenant's gang's
+spec, labels and owners are not the controller's to change.
 
 The driver (issue 12, MPS daemons in pods of their own): RBAC grants pods get/list/watch/create/delete in
 gpuplane-system, and ``gpuplane-driver-own-node-pods`` lets the driver's node-bound token create only
@@ -106,7 +108,28 @@ def test_controller_writes_are_narrowed_to_its_own(
             {"metadata": {"labels": {"x": "y"}}},
         )
 
+        # A tenant's GpuGang: the controller's token may not raise its priority, relabel it or pin it with a
+        # finalizer of its own; kopf's finalizer and gpuplane.dev/ annotations (handler progress) it may.
+        gang = {
+            "apiVersion": "gpuplane.dev/v1alpha1",
+            "kind": "GpuGang",
+            "metadata": {"name": "tenants", "labels": {"team": "a"}},
+            "spec": {"members": 1, "gpusPerMember": 1},
+        }
+        admin_custom.create_namespaced_custom_object("gpuplane.dev", "v1alpha1", ns, "gpugangs", gang)
+
+        def patch_gang(body: dict[str, Any]) -> Any:
+            return custom.patch_namespaced_custom_object("gpuplane.dev", "v1alpha1", ns, "gpugangs", "tenants", body)
+
+        gang_refusal = denied(patch_gang, {"spec": {"priority": 1000}})
+        assert "may only change a GpuGang's or GpuRequest's kopf finalizer" in gang_refusal, gang_refusal
+        denied(patch_gang, {"metadata": {"labels": {"team": "b"}}})
+        denied(patch_gang, {"metadata": {"annotations": {"example.com/x": "y"}}})
+        denied(patch_gang, {"metadata": {"finalizers": ["example.com/hold"]}})
+
         # What the controller does: allowed.
+        patch_gang({"metadata": {"annotations": {"gpuplane.dev/gang_release": "{}"}}})
+        patch_gang({"metadata": {"finalizers": ["kopf.zalando.org/KopfFinalizerMarker"]}})
         core.patch_node(node_a, {"metadata": {"labels": {"gpuplane.dev/nvlink-domain": f"{node_a}.nvl0"}}})
         custom.patch_namespaced_custom_object(
             "resource.k8s.io",
