@@ -64,7 +64,9 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
     @kopf.on.startup(registry=reg)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.peering.standalone = True  # no kopf peering: leadership is a Lease (gpuplane.controller.leader)
-        settings.posting.level = logging.ERROR  # our own Events say what happened
+        # kopf posts no Events: ours say what happened. At ERROR it posted "failed temporarily" on every deleted
+        # gang, from the standby that answers "not yet" (gang.handlers) while the leader releases it.
+        settings.posting.level = logging.CRITICAL
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=names.GROUP)
         settings.watching.server_timeout = 300
