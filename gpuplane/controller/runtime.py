@@ -26,7 +26,7 @@ import structlog
 from gpuplane.controller import config, events, indexed, kube, leader, names, startup
 from gpuplane.controller import metrics as metrics_mod
 from gpuplane.controller.claim import checks
-from gpuplane.controller.gang import deleted, desired, queue_runner, reconciler, status, world
+from gpuplane.controller.gang import queue_runner, reconciler, status, world
 from gpuplane.controller.imex import hold
 from gpuplane.controller.node import labels, snapshot_builder
 from gpuplane.controller.rightsize import template as rs_template
@@ -327,58 +327,6 @@ async def _reconcile_gang(rt: Runtime, key: str, w: world.World, now: float) -> 
         if vwritten:
             rt.shared.overlay[victim] = (now, {"phase": "Preempted", "placement": None})
             rt.touched()
-
-
-def gang_gone(rt: Runtime, key: str) -> None:
-    """A GpuGang left the API (released first, :func:`release_deleted_gang`): drop what this replica caches of it."""
-    rt.coalescer.forget(key)
-    rt.shared.overlay.pop(key, None)
-
-
-@dataclass(frozen=True)
-class Released:
-    """What one attempt at releasing a deleted gang left undone."""
-
-    failed: tuple[str, ...] = ()  # writes that failed, as text
-    not_leading: bool = False  # not the leader (any more): nothing was decided
-
-
-async def release_deleted_gang(rt: Runtime, key: str, body: Mapping[str, Any], w: world.World) -> Released:
-    """A GpuGang is being deleted: release what is left of it and tell its pods (:mod:`.gang.deleted`).
-
-    Idempotent: members already deleted and claims already gone are not written again, so a
-    replica that leads next repeats it safely."""
-    if not rt.leading():
-        return Released(not_leading=True)
-    rt.coalescer.forget(key)
-    rt.shared.overlay.pop(key, None)
-    ns, name = key.split("/", 1)
-    ref = desired.GangRef(ns, name, (body.get("metadata") or {}).get("uid", ""))
-    phase = str((body.get("status") or {}).get("phase", ""))
-    owned = [c for c, e in w.gang_claims(key).items() if e.owned]
-    grace = rt.settings.eviction_grace_s
-    d = deleted.deletion(ref, phase, w.pods.get(key, ()), owned, w.jobs.get(key, ()), grace_seconds=grace)
-    if not d.steps and not d.told:
-        return Released()
-    failed = await asyncio.to_thread(deleted.end, rt.writer, rt.writer, ns, d)
-    rt.touched()
-    log.info("gang deleted: released", gang=key, phase=phase, pods_told=d.pods_told, steps=len(d.steps))
-    if failed:
-        log.warning("some writes for a deleted gang failed; retrying", gang=key, failed=failed[:10])
-    return Released(failed=tuple(failed), not_leading=not rt.leading())
-
-
-async def gang_release_abandoned(rt: Runtime, key: str, body: Mapping[str, Any], failed: Iterable[str]) -> None:
-    """A deleted gang's release kept failing: say so on the gang and let it go."""
-    what = "; ".join(list(failed)[:5])
-    ref = events.ObjectRef.of(body, names.GANG_API_VERSION, names.GANG_KIND)
-    text = (
-        f"GpuGang {key} was deleted but some of its release kept failing ({what}); the gang is let go. "
-        "Delete what is left of its member pods and claims by hand (kubectl get pods,resourceclaims "
-        f"-l {names.LABEL_GANG}={key.split('/', 1)[1]})"
-    )
-    await asyncio.to_thread(rt.writer.event, ref, "Warning", deleted.ABANDONED, text)
-    log.error("gang deleted: release abandoned", gang=key, failed=what)
 
 
 async def sync_node_label(

@@ -184,7 +184,7 @@ def test_an_unreadable_gang_is_let_go_at_once() -> None:
 def test_the_deleted_event_only_drops_this_replicas_caches() -> None:
     rt, rec, _ = setup()
     rt.shared.overlay[KEY] = (0.0, {"phase": "Placed"})
-    runtime.gang_gone(rt, KEY)
+    handlers.gang_gone(rt, KEY)
     assert KEY not in rt.shared.overlay and rec.calls == []
 
 

@@ -17,15 +17,20 @@ pod the controller may not delete. With no controller running at all, a deleted 
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
+import structlog
 
-from gpuplane.controller import kopf_barrier, names, rejects, runtime
-from gpuplane.controller.gang import world
+from gpuplane.controller import events, kopf_barrier, names, rejects, runtime
+from gpuplane.controller.gang import deleted, desired, world
+
+log = structlog.get_logger(__name__)
 
 RETRY_S = 2.0  # a standby's (or a replica's still indexing) "ask again in"
 GIVE_UP_S = 300.0  # a release whose writes keep failing lets the gang go after this long
@@ -49,7 +54,7 @@ def register(reg: kopf.OperatorRegistry, world_of: WorldOf, resync_s: float) -> 
     @kopf.on.event(names.GROUP, names.VERSION, names.GANG_PLURAL, registry=reg)
     async def gang_event(body: kopf.Body, namespace: str | None, name: str, type: str, memo: Any, **kw: Any) -> None:
         if type == "DELETED":  # released already (gang_release, below); every replica drops its caches
-            runtime.gang_gone(memo, f"{namespace}/{name}")
+            gang_gone(memo, f"{namespace}/{name}")
         elif type in ("ADDED", "MODIFIED") and not body.get("metadata", {}).get("deletionTimestamp"):
             await gang(namespace, name, memo, kw)
 
@@ -70,10 +75,62 @@ async def release(
     if not rt.leading() or not kopf_barrier.indexed():
         raise kopf.TemporaryError("the leader releases a deleted gang, on complete indexes", delay=RETRY_S)
     async with rt.lock():
-        released = await runtime.release_deleted_gang(rt, key, body, world_now())
+        released = await release_deleted_gang(rt, key, body, world_now())
     if released.not_leading:
         raise kopf.TemporaryError("lost the lease while releasing; the next leader resumes", delay=RETRY_S)
     if released.failed and elapsed_s < GIVE_UP_S:
         raise kopf.TemporaryError(f"release writes failed: {'; '.join(released.failed[:3])}", delay=RETRY_S)
     if released.failed:
-        await runtime.gang_release_abandoned(rt, key, body, released.failed)
+        await gang_release_abandoned(rt, key, body, released.failed)
+
+
+def gang_gone(rt: runtime.Runtime, key: str) -> None:
+    """A GpuGang left the API (released first, :func:`release_deleted_gang`): drop what this replica caches of it."""
+    rt.coalescer.forget(key)
+    rt.shared.overlay.pop(key, None)
+
+
+@dataclass(frozen=True)
+class Released:
+    """What one attempt at releasing a deleted gang left undone."""
+
+    failed: tuple[str, ...] = ()  # writes that failed, as text
+    not_leading: bool = False  # not the leader (any more): nothing was decided
+
+
+async def release_deleted_gang(rt: runtime.Runtime, key: str, body: Mapping[str, Any], w: world.World) -> Released:
+    """A GpuGang is being deleted: release what is left of it and tell its pods (:mod:`.gang.deleted`).
+
+    Idempotent: members already deleted and claims already gone are not written again, so a
+    replica that leads next repeats it safely."""
+    if not rt.leading():
+        return Released(not_leading=True)
+    rt.coalescer.forget(key)
+    rt.shared.overlay.pop(key, None)
+    ns, name = key.split("/", 1)
+    ref = desired.GangRef(ns, name, (body.get("metadata") or {}).get("uid", ""))
+    phase = str((body.get("status") or {}).get("phase", ""))
+    owned = [c for c, e in w.gang_claims(key).items() if e.owned]
+    grace = rt.settings.eviction_grace_s
+    d = deleted.deletion(ref, phase, w.pods.get(key, ()), owned, w.jobs.get(key, ()), grace_seconds=grace)
+    if not d.steps and not d.told:
+        return Released()
+    failed = await asyncio.to_thread(deleted.end, rt.writer, rt.writer, ns, d)
+    rt.touched()
+    log.info("gang deleted: released", gang=key, phase=phase, pods_told=d.pods_told, steps=len(d.steps))
+    if failed:
+        log.warning("some writes for a deleted gang failed; retrying", gang=key, failed=failed[:10])
+    return Released(failed=tuple(failed), not_leading=not rt.leading())
+
+
+async def gang_release_abandoned(rt: runtime.Runtime, key: str, body: Mapping[str, Any], failed: Iterable[str]) -> None:
+    """A deleted gang's release kept failing: say so on the gang and let it go."""
+    what = "; ".join(list(failed)[:5])
+    ref = events.ObjectRef.of(body, names.GANG_API_VERSION, names.GANG_KIND)
+    text = (
+        f"GpuGang {key} was deleted but some of its release kept failing ({what}); the gang is let go. "
+        "Delete what is left of its member pods and claims by hand (kubectl get pods,resourceclaims "
+        f"-l {names.LABEL_GANG}={key.split('/', 1)[1]})"
+    )
+    await asyncio.to_thread(rt.writer.event, ref, "Warning", deleted.ABANDONED, text)
+    log.error("gang deleted: release abandoned", gang=key, failed=what)
