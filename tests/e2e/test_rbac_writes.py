@@ -85,6 +85,15 @@ def test_controller_writes_are_narrowed_to_its_own(
             assert err.value.status == 403 and CONTROLLER_POLICY in str(err.value.body), err.value.body
             return str(err.value.body)
 
+        def in_force() -> bool:  # a policy just applied is compiled by the API server in the background
+            try:
+                core.patch_namespaced_pod("victim", ns, {"metadata": {"labels": {"app": "x"}}}, dry_run="All")
+            except ApiException as exc:
+                return exc.status == 403 and CONTROLLER_POLICY in str(exc.body)
+            return False
+
+        eventually(in_force, 30, f"{CONTROLLER_POLICY} in force (a dry run refused)")
+
         # What a stolen controller token could do with RBAC alone, and may not any more.
         denied(core.patch_namespaced_pod, "victim", ns, {"metadata": {"labels": {"app": "evil"}}})
         denied(core.patch_namespaced_pod, "victim", ns, {"spec": {"containers": [{"name": "c", "image": "evil/x"}]}})
