@@ -136,11 +136,17 @@ class Restarter:
                 raise procs.ComponentError(record.name, f"{url} not ready {timeout:.0f}s after restart", record.log)
             time.sleep(0.25)
 
-    def crash(self, component: str, name: str, *, downtime_s: float = 1.0) -> Kill:
-        """SIGKILL ``name``, leave it down ``downtime_s`` (a restart back-off), start it again, wait until ready."""
+    def crash(
+        self, component: str, name: str, *, downtime_s: float = 1.0, while_down: Callable[[], object] | None = None
+    ) -> Kill:
+        """SIGKILL ``name``, leave it down ``downtime_s`` (a restart back-off), start it again, wait until ready.
+
+        ``while_down`` runs right after the kill (what the test does while the component is gone)."""
         t0 = time.monotonic()
         old = self.kill(name)
-        time.sleep(downtime_s)
+        if while_down is not None:
+            while_down()
+        time.sleep(max(0.0, downtime_s - (time.monotonic() - t0)))
         new = self.start_again(old)
         down = time.monotonic() - t0
         self.wait_ready(new)

@@ -3,10 +3,10 @@
 :func:`templates` are the ResourceClaimTemplates the pods use (kube-controller-manager makes
 each pod's claim from its template and deletes it with the pod, as for any DRA workload):
 
-* ``whole``: one GPU of ``gpu.gpuplane.dev``;
+* ``whole``: one H100 of ``gpu.gpuplane.dev`` (the GB200 trays are left to :mod:`e2e.plane.chaos_imex`'s gangs);
 * ``mig``: one ``1g.10gb`` MIG device of ``mig.gpuplane.dev`` (the driver creates the instance
   at prepare and destroys it at unprepare);
-* ``mps``: a 20 % share of a GPU in the ``mps-bronze`` tier (a per-claim MPS control daemon);
+* ``mps``: a 20 % share of an H100 in the ``mps-bronze`` tier (a per-claim MPS control daemon);
 * ``unfit``: nine GPUs on one node, which no node has: the claim stays pending and the
   controller must say why.
 
@@ -32,6 +32,7 @@ MIG_PROFILE = "1g.10gb"
 KINDS = ("whole", "mig", "mps")
 UNFIT = "unfit"
 _ATTR = 'device.attributes["gpu.gpuplane.dev"]'
+H100 = f'{_ATTR}.productName.startsWith("NVIDIA H100")'  # the GB200 trays are the IMEX gangs' (chaos_imex)
 
 
 def _request(class_name: str, *, count: int = 1, selector: str | None = None, share: int | None = None) -> Any:
@@ -46,9 +47,9 @@ def _request(class_name: str, *, count: int = 1, selector: str | None = None, sh
 def templates(namespace: str) -> list[dict[str, Any]]:
     """One ResourceClaimTemplate per kind of pod (``chaos-<kind>``)."""
     specs = {
-        "whole": _request("gpu.gpuplane.dev"),
+        "whole": _request("gpu.gpuplane.dev", selector=H100),
         "mig": _request("mig.gpuplane.dev", selector=f'{_ATTR}.migProfile == "{MIG_PROFILE}"'),
-        "mps": _request("mps-bronze.gpu.gpuplane.dev", share=20),
+        "mps": _request("mps-bronze.gpu.gpuplane.dev", selector=H100, share=20),
         UNFIT: _request("gpu.gpuplane.dev", count=9),
     }
     return [
