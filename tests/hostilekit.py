@@ -9,7 +9,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from e2e.plane.imex_gangs import pod_body
 from tests.e2e.conftest import GpuCluster, eventually
+
+__all__ = ["apply_text", "claim_body", "events_of", "ns_fixture", "pod_body"]
 
 
 @pytest.fixture(scope="module", name="ns")
@@ -41,21 +44,6 @@ def claim_body(ns: str, name: str, parameters: Any, *, device_class: str = "gpu.
                 "requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}],
                 "config": [{"opaque": {"driver": "gpu.gpuplane.dev", "parameters": parameters}}],
             }
-        },
-    }
-
-
-def pod_body(ns: str, name: str, claim: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "terminationGracePeriodSeconds": 0,
-            "resourceClaims": [{"name": "g", "resourceClaimName": claim}],
-            "containers": [
-                {"name": "c", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": [{"name": "g"}]}}
-            ],
         },
     }
 

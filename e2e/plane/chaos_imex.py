@@ -40,45 +40,16 @@ from typing import Any, cast
 
 from kubernetes import client
 
+from e2e.plane import imex_gangs
 from e2e.plane.chaos_invariants import Verdict, pod_claim_names
+from e2e.plane.imex_gangs import CHANNELS, GANG_LABEL
 from e2e.plane.simnode_plan import SimNode
 from gpuplane.api import imex
 from gpuplane.driver.prepare import cdi
 
 MEMBERS, GPUS = 2, 3
-GB200 = 'device.attributes["gpu.gpuplane.dev"].productName == "NVIDIA GB200"'
-CHANNELS = "/dev/nvidia-caps-imex-channels/channel"
 GANG_GROUP, GANG_VERSION, GANG_PLURAL = "gpuplane.dev", "v1alpha1", "gpugangs"
 PREFIX = "chaos-gang"
-GANG_LABEL = "gpuplane.dev/gang"  # the member label and gate users write
-
-
-def gang_objects(namespace: str, name: str) -> list[dict[str, Any]]:
-    """A hand-written gang: the GpuGang and its member pods (gated; claim ``<name>-<i>`` made by the controller)."""
-    gang = {
-        "apiVersion": f"{GANG_GROUP}/{GANG_VERSION}",
-        "kind": "GpuGang",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"members": MEMBERS, "gpusPerMember": GPUS, "selectors": [GB200]},
-    }
-    pods = [
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": f"{name}-pod-{i}", "namespace": namespace, "labels": {GANG_LABEL: name}},
-            "spec": {
-                "automountServiceAccountToken": False,
-                "terminationGracePeriodSeconds": 0,
-                "schedulingGates": [{"name": GANG_LABEL}],
-                "resourceClaims": [{"name": "g", "resourceClaimName": f"{name}-{i}"}],
-                "containers": [
-                    {"name": "c", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": [{"name": "g"}]}}
-                ],
-            },
-        }
-        for i in range(MEMBERS)
-    ]
-    return [gang, *pods]
 
 
 @dataclasses.dataclass
@@ -130,7 +101,7 @@ class GangChurn(threading.Thread):
     def create_next(self) -> str:
         name = f"{PREFIX}-{self._n:02d}"
         self._n += 1  # a create whose answer was lost may have succeeded: never reuse a name
-        gang, *pods = gang_objects(self.namespace, name)
+        gang, *pods = imex_gangs.gang_items(self.namespace, name, MEMBERS, GPUS)
         self.custom.create_namespaced_custom_object(GANG_GROUP, GANG_VERSION, self.namespace, GANG_PLURAL, gang)
         for pod in pods:
             self.core.create_namespaced_pod(self.namespace, cast(Any, pod))
@@ -218,14 +189,8 @@ def read_tray(node: SimNode, proc: Path = Path("/proc")) -> TrayView:
     channels = {}
     for uid, path in cdi.list_claim_specs(node.cdi_root).items():
         with contextlib.suppress(OSError, ValueError):
-            edits = json.loads(path.read_text()).get("containerEdits") or {}
-            channels[uid] = tuple(n["path"] for n in edits.get("deviceNodes") or [] if n["path"].startswith(CHANNELS))
-    config = str(node.plugin_dir / "imex" / "config.cfg").encode()
-    daemons = 0
-    for entry in proc.iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                daemons += config in (entry / "cmdline").read_bytes()
+            channels[uid] = tuple(imex_gangs.cdi_channels(json.loads(path.read_text()))[0])
+    daemons = len(imex_gangs.daemon_pids(node.plugin_dir, proc))
     return TrayView(node.name, channels, daemons, (node.plugin_dir / "imex").exists())
 
 

@@ -25,32 +25,15 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from e2e.plane import identity
+from e2e.plane import identity, imex_gangs
+from e2e.plane.imex_gangs import CHANNELS, gang_objects
 from gpuplane.driver.sharing import imex_runner
 from tests.e2e.conftest import GpuCluster, eventually
-from tests.hostilekit import apply_text, ns_fixture, pod_body  # noqa: F401  (fixture ns)
+from tests.hostilekit import apply_text, ns_fixture  # noqa: F401  (fixture ns)
 
 pytestmark = pytest.mark.e2e
 
-GB200 = 'device.attributes["gpu.gpuplane.dev"].productName == "NVIDIA GB200"'
 SYSTEM = "gpuplane-system"
-CHANNELS = "/dev/nvidia-caps-imex-channels/channel"
-
-
-def gang_objects(ns: str, name: str, members: int, gpus: int) -> str:
-    gang = {
-        "apiVersion": "gpuplane.dev/v1alpha1",
-        "kind": "GpuGang",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"members": members, "gpusPerMember": gpus, "selectors": [GB200]},
-    }
-    items: list[dict[str, Any]] = [gang]
-    for i in range(members):
-        pod = pod_body(ns, f"{name}-pod-{i}", f"{name}-{i}")
-        pod["metadata"]["labels"] = {"gpuplane.dev/gang": name}
-        pod["spec"]["schedulingGates"] = [{"name": "gpuplane.dev/gang"}]
-        items.append(pod)
-    return json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
 
 
 def domains(gc: GpuCluster) -> list[dict[str, Any]]:
@@ -64,10 +47,7 @@ def running(gc: GpuCluster, ns: str, name: str, members: int) -> bool:
 def cdi_imex(gc: GpuCluster, node: str, claim_uid: str) -> tuple[list[str], list[str]]:
     """The IMEX device nodes and environment of a prepared claim's CDI spec on its node."""
     (spec_file,) = [p for p in gc.node(node).cdi_root.glob("*.json") if claim_uid in p.name]
-    edits = json.loads(spec_file.read_text()).get("containerEdits") or {}
-    paths = [n["path"] for n in edits.get("deviceNodes") or [] if n["path"].startswith(CHANNELS)]
-    env = [e for e in edits.get("env") or [] if e.startswith("GPUPLANE_IMEX_")]
-    return paths, env
+    return imex_gangs.cdi_channels(json.loads(spec_file.read_text()))
 
 
 def own_entry_only(gc: GpuCluster, domain: str, trays: list[str], tmp_path: Path) -> None:

@@ -34,21 +34,20 @@ In order (a daemon is started fresh only when no gang holds the trays, so the sl
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from e2e.cluster import procs
-from e2e.plane import components, simnodes
+from e2e.plane import components, imex_gangs, simnodes
+from e2e.plane.imex_gangs import gang_objects
 from tests.e2e.conftest import GpuCluster, eventually
-from tests.e2e.test_imex import domains, gang_objects, running
+from tests.e2e.test_imex import domains, running
 from tests.hostilekit import apply_text, ns_fixture  # noqa: F401  (fixture ns)
 
 pytestmark = pytest.mark.e2e
@@ -101,14 +100,7 @@ def all_ready(gc: GpuCluster) -> bool:
 
 def daemon_pids(node: simnodes.SimNode) -> list[int]:
     """Live processes running the node's IMEX daemon (its config under the node's plugin dir)."""
-    config = str(node.plugin_dir / "imex" / "config.cfg").encode()
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if config in (entry / "cmdline").read_bytes():
-                    out.append(int(entry.name))
-    return out
+    return imex_gangs.daemon_pids(node.plugin_dir)
 
 
 def exits_metric(node: simnodes.SimNode) -> float:

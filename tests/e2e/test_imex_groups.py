@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 
+from e2e.plane.imex_gangs import CHANNELS, GB200
 from gpuplane.api import imex_group
 from tests.e2e.conftest import GpuCluster, eventually
-from tests.e2e.test_imex import CHANNELS, GB200, cdi_imex, domains
+from tests.e2e.test_imex import cdi_imex, domains
 from tests.hostilekit import apply_text, events_of, ns_fixture  # noqa: F401  (fixture ns)
 
 pytestmark = pytest.mark.e2e

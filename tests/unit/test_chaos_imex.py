@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from e2e.plane import chaos_imex
+from e2e.plane import chaos_imex, imex_gangs
 from e2e.plane.chaos_invariants import Verdict
 from e2e.plane.simnode_plan import SimNode
 from gpuplane.api import names
@@ -35,7 +35,7 @@ def reading() -> dict[str, Any]:
     ]
     pods = [
         {
-            "metadata": {"namespace": NS, "name": f"g-pod-{i}", "labels": {chaos_imex.GANG_LABEL: "g"}},
+            "metadata": {"namespace": NS, "name": f"g-pod-{i}", "labels": {imex_gangs.GANG_LABEL: "g"}},
             "spec": {"nodeName": TRAYS[i], "resourceClaims": [{"name": "x", "resourceClaimName": f"g-{i}"}]},
             "status": {"phase": "Running"},
         }
