@@ -27,6 +27,7 @@ PLAIN_NS = "e2e-steer-off"
 GATE = "gpuplane.dev/steer"
 STEERED = "gpuplane.dev/steered"
 NODE_LABEL = "e2e-steer"
+DOMAIN_LABEL = "gpuplane.dev/nvlink-domain"
 
 
 def _namespace(name: str, steering: bool) -> dict[str, Any]:
@@ -96,6 +97,17 @@ def steer_ns(gpu_cluster: GpuCluster) -> Any:
     try:
         (node,) = sim.start([nodes.NodeGroup("hgx-h100", 1)])
         gc.cluster.kubectl("label", "node", node.name, f"{NODE_LABEL}=on", "--overwrite")
+
+        # Steering decides from the leader's view: a pod steered before it indexed the label (or the node's
+        # GPUs) found no node it may use and was released "no-room" (CI, session 39). The controller writes the
+        # node's NVLink-domain label from that view; dropped after our label, it is written again only from a
+        # node event that came after ours, so once it is back the leader has seen both.
+        def domain_label() -> str | None:
+            return gc.kubectl_json("get", "node", node.name)["metadata"].get("labels", {}).get(DOMAIN_LABEL)
+
+        eventually(domain_label, 60, f"{node.name} labelled with its NVLink domain by the controller")
+        gc.cluster.kubectl("label", "node", node.name, f"{DOMAIN_LABEL}-")
+        eventually(domain_label, 60, f"{node.name}'s NVLink-domain label written again after the {NODE_LABEL} label")
         for ns, on in ((NS, True), (PLAIN_NS, False)):
             gc.cluster.apply(_namespace(ns, on))
             gc.cluster.apply(_template(ns))
