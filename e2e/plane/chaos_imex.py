@@ -80,7 +80,7 @@ class GangChurn(threading.Thread):
         self.counts = GangCounts()
         self._out = out
         self._lock = threading.Lock()  # one writer at a time: the loop, or the test's delete_live
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self._n = 0
 
     def live(self) -> list[tuple[str, float]]:
@@ -140,7 +140,7 @@ class GangChurn(threading.Thread):
 
         A gang the controller released during the faults (``Preempted``: its IMEX domain was not ready within
         the bound while a tray's driver was down; its hand-written pods are gone for good) is deleted."""
-        self._stop.set()
+        self._halt.set()
         self.join(60)
         for _ in range(30):
             try:
@@ -162,7 +162,7 @@ class GangChurn(threading.Thread):
         return ""
 
     def run(self) -> None:
-        while not self._stop.wait(self.interval):
+        while not self._halt.wait(self.interval):
             try:
                 with self._lock:
                     alive = self.live()
