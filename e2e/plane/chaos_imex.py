@@ -139,14 +139,15 @@ class GangChurn(threading.Thread):
         """Stop the loop, leaving one live gang that was not released (its members must run once quiet).
 
         A gang the controller released during the faults (``Preempted``: its IMEX domain was not ready within
-        the bound while a tray's driver was down; its hand-written pods are gone for good) is deleted."""
+        the bound while a tray's driver was down; its hand-written pods are gone for good), or one short of a
+        member pod (its create failed while kube-apiserver was down), is deleted."""
         self._halt.set()
         self.join(60)
         for _ in range(30):
             try:
                 with self._lock:
                     for name, _ in self.live():
-                        if self._phase(name) in ("Preempted", "Failed"):
+                        if self._phase(name) in ("Preempted", "Failed") or not self._whole(name):
                             self.delete(name)
                     if not self.live():
                         self.create_next()
@@ -154,6 +155,11 @@ class GangChurn(threading.Thread):
             except Exception:  # the apiserver just restarted: try again
                 time.sleep(2)
         return self.counts
+
+    def _whole(self, name: str) -> bool:
+        """All its member pods exist (a create the restarting apiserver dropped leaves one short for good)."""
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"{GANG_LABEL}={name}").items
+        return len([p for p in pods if p.metadata is not None and not p.metadata.deletion_timestamp]) == MEMBERS
 
     def _phase(self, name: str) -> str:
         with contextlib.suppress(Exception):
