@@ -65,7 +65,10 @@ Three packages: ``plane`` built on ``cluster`` (nothing in ``cluster`` imports `
   addons) and ``stop_all``.
 - ``chaos``: fault injection (SIGKILL a component, start it again, wait until it answers);
   ``chaos_load`` the churning workload of whole-GPU, MIG and MPS pods; ``chaos_invariants`` what
-  must hold once the cluster is quiet, the API against each node's own state.
+  must hold once the cluster is quiet, the API against each node's own state; ``chaos_imex`` the IMEX
+  gangs churned across the GB200 trays and the IMEX invariants.
+- ``imex_gangs``: hand-written IMEX GpuGangs on GB200 trays (objects), a tray's IMEX daemons and the
+  channel device nodes of a CDI spec, shared by the IMEX and chaos tests.
 
 ``e2e.images``: gpuplane's container images, built here from the project's own Dockerfiles
 (buildah, an offline Python base from Debian's packages, OCI archives cached by hash); its
