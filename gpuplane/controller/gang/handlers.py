@@ -105,8 +105,7 @@ async def release_deleted_gang(rt: runtime.Runtime, key: str, body: Mapping[str,
     replica that leads next repeats it safely."""
     if not rt.leading():
         return Released(not_leading=True)
-    rt.coalescer.forget(key)
-    rt.shared.overlay.pop(key, None)
+    gang_gone(rt, key)  # its status writes and overlay go now; the DELETED event repeats it on every replica
     ns, name = key.split("/", 1)
     ref = desired.GangRef(ns, name, (body.get("metadata") or {}).get("uid", ""))
     phase = str((body.get("status") or {}).get("phase", ""))
