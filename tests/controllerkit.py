@@ -10,6 +10,7 @@ against a real API server).
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -300,3 +301,14 @@ def shipped_classes(files: Sequence[str] = ("gpu.yaml", "mig.yaml")) -> dict[str
         body = yaml.safe_load((root / f).read_text())
         out[body["metadata"]["name"]] = body
     return out
+
+
+@dataclasses.dataclass
+class Flag:
+    """A Leadership whose answer the test sets (and may flip, mid-test, to a new term)."""
+
+    leading: bool = False
+    term: int = 0
+
+    def is_leader(self) -> bool:
+        return self.leading

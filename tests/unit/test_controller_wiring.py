@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -11,6 +10,7 @@ import pytest
 from gpuplane.controller import config, events, handlers, kube, metrics, names, runtime
 from gpuplane.controller.claim import handling
 from gpuplane.controller.gang import world, writes
+from tests.controllerkit import Flag
 
 
 def test_config_reads_flags_then_environment() -> None:
@@ -68,17 +68,6 @@ def test_a_replica_that_is_not_the_leader_writes_nothing() -> None:
     with pytest.raises(kube.StepFailed):  # a wait step is not a write: it fails as before
         writer.run("ns", writes.Step("wait", "g", why="blocked"))
     writer.event(events.ObjectRef("v1", "Pod", "p", "ns", "u"), "Normal", "R", "m")  # silently dropped
-
-
-@dataclass
-class Flag:
-    """A Leadership whose answer the test sets."""
-
-    leading: bool = False
-    term: int = 0
-
-    def is_leader(self) -> bool:
-        return self.leading
 
 
 def test_standby_decides_nothing_and_a_new_term_drops_the_caches() -> None:

@@ -20,21 +20,10 @@ import pytest
 from gpuplane.api import boundedjson
 from gpuplane.controller import config, events, kopf_barrier, kube, metrics, runtime
 from gpuplane.controller.gang import deleted, handlers, world, writes
-from tests.controllerkit import holding
+from tests.controllerkit import Flag, holding
 from tests.templatekit import NS
 
 KEY = f"{NS}/g"
-
-
-@dataclass
-class Flag:
-    """A Leadership whose answer the test sets (and may flip from a write)."""
-
-    leading: bool = True
-    term: int = 1
-
-    def is_leader(self) -> bool:
-        return self.leading
 
 
 @dataclass
@@ -55,7 +44,7 @@ class Recorder:
 
 
 def setup(leading: bool = True, fail: dict[str, Exception] | None = None) -> tuple[runtime.Runtime, Recorder, Flag]:
-    flag = Flag(leading)
+    flag = Flag(leading, term=1)
     rec = Recorder(flag, fail or {})
     cfg = config.parse_args(["--identity", "a"], {"GPUPLANE_EVICTION_GRACE": "5"})
     rt = runtime.Runtime.create(cfg, rec, metrics.ControllerMetrics(), flag)  # type: ignore[arg-type]
