@@ -141,8 +141,7 @@ class GangChurn(threading.Thread):
         A gang the controller released during the faults (``Preempted``: its IMEX domain was not ready within
         the bound while a tray's driver was down; its hand-written pods are gone for good), or one short of a
         member pod (its create failed while kube-apiserver was down), is deleted."""
-        self._halt.set()
-        self.join(60)
+        self.abort()
         for _ in range(30):
             try:
                 with self._lock:
@@ -155,6 +154,11 @@ class GangChurn(threading.Thread):
             except Exception:  # the apiserver just restarted: try again
                 time.sleep(2)
         return self.counts
+
+    def abort(self) -> None:
+        """Stop the loop now and leave the gangs as they are (test teardown)."""
+        self._halt.set()
+        self.join(60)
 
     def _whole(self, name: str) -> bool:
         """All its member pods exist (a create the restarting apiserver dropped leaves one short for good)."""

@@ -229,7 +229,7 @@ def test_chaos_kills_each_component_and_nothing_leaks_or_doubles(
         gang_counts = gangs.finish()
     finally:
         churn.abort()
-        gangs.finish()
+        gangs.abort()
     chaos_s = time.monotonic() - started
     verdict, passes, checks, transient, imex_checks = _converge(gpu)
     kills: dict[str, list[float]] = {}
