@@ -13,10 +13,12 @@ and the shared layers both of them use, which import neither program:
 - :mod:`gpuplane.mig`: the MIG geometry (pure: no Kubernetes, no I/O);
 - :mod:`gpuplane.httpauth`: the authenticated ``/metrics`` server both of them serve (TokenReview,
   SubjectAccessReview, TLS, a bounded thread server);
-- :mod:`gpuplane.logs`: structlog configured once, at start, by each binary's ``main``.
+- :mod:`gpuplane.logs`: structlog configured once, at start, by each binary's ``main``;
+- :mod:`gpuplane.informer`: list-and-watch informers, their indexes and work queues (the controller's reads).
 
 The direction is enforced by ``tests/unit/test_imports.py``: the programs never import each other,
-the shared layers import no program, and ``placement`` and ``mig`` import no Kubernetes client.
+the shared layers import no program, ``placement`` and ``mig`` import no Kubernetes client, and
+nothing imports a private module of a dependency (kopf's internals included).
 
 The repository's top-level ``driver/`` and ``controller/`` are symbolic links to these two
 packages. Import them as ``gpuplane.driver`` and ``gpuplane.controller`` only (ruff's banned-api

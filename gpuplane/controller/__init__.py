@@ -1,4 +1,4 @@
-"""gpuplane controller: a kopf operator for claims, gangs and NVLink-aware placement.
+"""gpuplane controller: an operator (informers, work queues and kopf) for claims, gangs and NVLink-aware placement.
 
 It uses the shared layers (:mod:`gpuplane.placement` decides, :mod:`gpuplane.api` names what the driver
 publishes) and never imports :mod:`gpuplane.driver` (``tests/unit/test_imports.py``).
@@ -22,20 +22,16 @@ The operator around them (these modules do I/O unless marked pure):
 - ``config``: flags with ``GPUPLANE_*`` environment fallbacks, read once in ``main``.
 - ``supervisor``: runs kopf in a thread under a supervisor that owns signals and the way out.
 - ``leader``: leader election on a ``coordination.k8s.io/v1`` Lease, client-go's semantics.
-- ``handlers``: the kopf registrations: indexes of what the controller reads, thin handlers.
-- ``indexed``: what those indexes keep of a ResourceClaim and a Node; pure.
-- ``kopf_decoding``: kopf reads the API through the bounded JSON decoder, so no object crashes it.
-- ``kopf_indexing``: kopf's start-up barrier (every object indexed) without a wake-up per object.
-- ``kopf_listing``: a paged list whose continue token expired starts again instead of ending the operator.
-- ``kopf_barrier``: ... and without a parked worker per pod, claim, slice and node (their handlers defer).
-- ``kopf_memories``: ... nor a kept per-object memory for them between their events.
-- ``startup``: what those handlers deferred, done once when the barrier opens.
-- ``periodic``: a leader's background loop (one pass per interval, after the barrier): explaining, rebalancing.
+- ``caches``: what the controller reads: its informer streams (:mod:`gpuplane.informer`) and their indexers; pure.
+- ``handlers``: the wiring: informer events to work queues (claims, node labels, gangs, steering), and kopf's
+  handlers for GpuGang deletion and GpuRequests, and the background loops' start.
+- ``indexed``: what those indexes keep of a ResourceClaim, a Node and a pending Pod; pure.
+- ``periodic``: a leader's background loop (one pass per interval, once synced): explaining, rebalancing.
 - ``fleet_gauges``: the gauges the operator's alerts read (pending claims, the largest free block), set by a
   loop on every replica.
 - ``heap``: the C allocator for a long-lived process: few arenas, free pages given back after peaks.
 - ``memdump``: ``kill -USR2``: a memory report (live objects by type; allocation sites when traced).
-- ``slim``: what kopf keeps of each decoded object (a ResourceSlice as its digest, no managedFields).
+- ``slim``: the informers' decode-time transform (a ResourceSlice as its digest, no managedFields).
 - ``rejects``: objects that decoder quarantined (nested too deeply), refused with an Event.
 - ``runtime``: the operator's memo (shared clients and state) and the orchestration each handler
   delegates to.

@@ -34,7 +34,7 @@ from typing import Any
 
 import structlog
 
-from gpuplane.controller import kopf_barrier, metrics, rejects, runtime
+from gpuplane.controller import metrics, rejects, runtime
 from gpuplane.controller.claim import checks
 from gpuplane.controller.gang import status, world
 from gpuplane.controller.node import snapshot_builder
@@ -155,8 +155,8 @@ async def run(
     consumers: Iterable[str],
     interval_s: float,
 ) -> None:
-    """Forever, on every replica, once kopf's start-up barrier opened: one pass, then wait ``interval_s``."""
-    await kopf_barrier.wait_indexed()
+    """Forever, on every replica, once the informers synced: one pass, then wait ``interval_s``."""
+    await rt.caches.wait_synced()
     exporter = Exporter(rt.metrics)
     while True:
         try:

@@ -1,64 +1,198 @@
-"""kopf registrations: indexes of what the controller reads, and thin handlers that delegate.
+"""The controller's wiring: informers and work queues for what it reads, kopf for its own objects.
 
-Every handler translates kopf's arguments into plain data and calls one
-function of :mod:`gpuplane.controller.runtime`; none fetches, parses, decides and
-writes by itself. The registry is built by :func:`make_registry` (no
-module-level registry, so tests and main() each get their own).
+Two halves, each thin (they translate and delegate to :mod:`gpuplane.controller.runtime` and the
+feature packages):
+
+* :func:`make_reads` builds the informers of :mod:`gpuplane.controller.caches` (the fleet-sized
+  streams: pods, claims, slices, nodes, and the rest the World reads) with their event handlers,
+  which only enqueue: a claim to check, a node to label, a gang to reconcile, the steering loop
+  woken. Each queue's worker runs once every informer synced, so no decision sees half-built indexes
+  and what the start-up listing queued is done once, on complete indexes.
+* :func:`make_registry` registers with kopf what kopf is good at: the GpuGang deletion handler
+  (kopf's finalizer), the GpuRequest handlers (event and timer), the controller's background loops
+  (started after the informers synced) and the probes. kopf watches only those two custom
+  resources: no index, no fleet-sized watch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import kopf
+import structlog
 
-from gpuplane.api import names as dn
-from gpuplane.controller import config, heap, indexed, kopf_barrier, names, rejects, runtime, slim, startup, steering
+from gpuplane.controller import caches, config, heap, indexed, names, rejects, runtime, steering
 from gpuplane.controller import fleet_gauges as gauges
 from gpuplane.controller.claim import checks, explainer, handling, review
 from gpuplane.controller.gang import handlers as gang_handlers
-from gpuplane.controller.gang import leaderworkersets, owners
 from gpuplane.controller.imex import reconcile as imex
-from gpuplane.controller.node import slice_index, untrusted
+from gpuplane.controller.node import slice_index
 from gpuplane.controller.rebalance import act, decide, loop
 from gpuplane.controller.rightsize import apply as rightsize
 from gpuplane.controller.rightsize import template as rs_template
 from gpuplane.controller.steer import decide as steer_decide
 from gpuplane.controller.steer import gate as steer_gate
+from gpuplane.informer.cache import Caches, Event, Informer
+from gpuplane.informer.client import Client
+from gpuplane.informer.workqueue import WorkQueue
 
-RESOURCE = ("resource.k8s.io", "v1")
-LIST_CHUNK = 100
+log = structlog.get_logger(__name__)
+
 WORKER_IDLE_S = 0.5
+CLAIM_WORKERS = 4  # claim checks in flight (each a few writes in threads)
+LABEL_WORKERS = 4  # node label writes in flight (each one PATCH and one Event)
+
+ClaimWork = tuple[bool, dict[str, Any]]  # (quarantined, what the check reads of the claim)
 
 
-# What an index handler returns for an object it does not index. Not None: kopf (1.45,
-# ``OperatorIndexers.replace``) keeps an object's earlier entry when its handler returns None, so a
-# pod indexed while pending stayed in ``pending_pod_idx`` (a deep copy of its spec) after it was
-# bound, until it was deleted: about 3,000 stale pods, 40 MB, in a leader that lived through fleet
-# run 10. An empty mapping replaces the entry with nothing. Never mutated.
-NOT_INDEXED: Mapping[str, Any] = MappingProxyType({})
+@dataclass(frozen=True)
+class Reads:
+    """The informers and the work they feed; :meth:`runs` are the coroutines main() runs beside kopf."""
+
+    caches: Caches
+    claims: WorkQueue[ClaimWork]
+    labels: WorkQueue[None]
+    gangs: WorkQueue[None]
+    loops: tuple[Callable[[], Coroutine[Any, Any, None]], ...]
+
+    def runs(self) -> list[tuple[str, Coroutine[Any, Any, None]]]:
+        """(name, coroutine) of everything that must run for the process's life."""
+        out: list[tuple[str, Coroutine[Any, Any, None]]] = [("informers", self.caches.run())]
+        out += [(f"queue {q.name}", q.run()) for q in (self.claims, self.labels, self.gangs)]
+        out += [(fn.__name__, fn()) for fn in self.loops]
+        return out
 
 
-def _dropped(memo: Any) -> Mapping[str, Any]:
-    """An object that was readable and is now quarantined leaves the index: a change the plan must see."""
-    memo.touched()
-    return NOT_INDEXED
+def make_reads(cfg: config.ControllerConfig, rt: runtime.Runtime, client: Client | None) -> Reads:
+    """The informers, their handlers and queues for ``rt`` (whose ``caches`` they become)."""
+    streams = {s.name: s for s in caches.streams(rt.metrics)}
+    informers = {name: Informer(client, s) for name, s in streams.items()}
+    rt.caches = Caches(list(informers.values()))
+    idx = rt.caches.indexes
+    ready = rt.caches.wait_synced
+
+    async def check_claim(key: str, work: ClaimWork) -> None:
+        rejected, body = work
+        if not rejected and key not in idx["claim_idx"]:
+            return  # deleted meanwhile
+        consumers = list(idx["claim_consumer_idx"].get(key, ()))
+        classes = indexed.single(idx["class_idx"])
+        if rejected:
+            await rejects.refuse_claim(rt, body, classes, consumers)
+        else:
+            await handling.check_claim(rt, body, classes, consumers)
+
+    async def label(node: str, _: None) -> None:
+        entry = next(iter(idx["node_idx"].get(node, ())), None)
+        await runtime.sync_node_label(rt, node, entry, list(idx["slice_idx"].get(node, ())))
+
+    async def gang(key: str, _: None) -> None:
+        await gang_handlers.reconcile(rt, key, runtime.world_now)
+
+    claims = WorkQueue("claims", check_claim, ready=ready, workers=CLAIM_WORKERS)
+    labels = WorkQueue("node-labels", label, ready=ready, workers=LABEL_WORKERS)
+    gangs = WorkQueue("gangs", gang, ready=ready)
+    gate = steer_decide.Settings().gate
+
+    def touched(event: Event) -> None:
+        rt.touched()
+
+    def pod_event(event: Event) -> None:
+        labels_ = (event.obj.get("metadata") or {}).get("labels") or {}
+        if names.LABEL_GANG in labels_ or any(i == "member_pod_idx" for i, _ in event.entries):
+            rt.touched()
+        if event.type != "DELETED" and steer_gate.held_by(event.obj, gate):
+            rt.shared.steer_wake.set()  # the steering loop coalesces any number of these
+
+    def claim_event(event: Event) -> None:
+        rt.touched()
+        if event.type == "DELETED":
+            return
+        rejected = rejects.rejected(event.obj)
+        claims.add(event.key, (rejected, dict(event.obj) if rejected else review.essentials(event.obj)))
+
+    def slice_event(event: Event) -> None:
+        rt.touched()
+        node = (event.obj.get("spec") or {}).get("nodeName")
+        for n in {str(node)} if node else {k for i, k in event.entries if i == "slice_idx"}:
+            labels.add(n, None)
+
+    def node_event(event: Event) -> None:
+        rt.touched()
+        if event.type != "DELETED":
+            labels.add(event.key, None)
+
+    def gang_event(event: Event) -> None:
+        rt.touched()
+        if event.type == "DELETED":  # released already (gang.handlers); every replica drops its caches
+            gang_handlers.gang_gone(rt, event.key)
+        elif not (event.obj.get("metadata") or {}).get("deletionTimestamp"):
+            gangs.add(event.key, None)
+
+    for name, handler in (
+        ("gangs", gang_event),
+        ("pods", pod_event),
+        ("claims", claim_event),
+        ("slices", slice_event),
+        ("nodes", node_event),
+        ("classes", touched),
+        ("jobs", touched),
+        ("leaderworkersets", touched),
+    ):
+        informers[name].handlers.append(handler)
+
+    async def resync_gangs() -> None:
+        """Every gang reconciled again every ``--resync`` seconds (level-triggered: nothing is missed for good)."""
+        await ready()
+        while True:
+            await asyncio.sleep(cfg.resync_s)
+            for key in list(idx["gang_idx"]):
+                gangs.add(key, None)
+
+    async def steer_loop() -> None:
+        """A pass whenever a gated pod changed, and every resync period while any is gated."""
+        await ready()
+        wake = rt.shared.steer_wake
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), timeout=cfg.resync_s)
+            woken = wake.is_set()
+            wake.clear()
+            if not rt.leading():
+                continue
+            pending = list(indexed.single(idx["pending_pod_idx"]).values())
+            if not woken and not any(steer_gate.held_by(p, gate) for p in pending):
+                continue
+            try:
+                async with rt.lock():
+                    await steering.steer_pass(
+                        rt,
+                        runtime.world_now(rt),
+                        pending=pending,
+                        templates=indexed.single(idx["claim_template_idx"]),
+                        now=time.time(),
+                        node_labels=steering.node_labels(indexed.single(idx["node_idx"])),
+                    )
+            except Exception:  # the loop must outlive any one pass
+                log.exception("steering pass failed; retrying on the next wake")
+
+    return Reads(rt.caches, claims, labels, gangs, (resync_gangs, steer_loop))
 
 
-def _plain(body: Mapping[str, Any], *keys: str) -> dict[str, Any]:
-    return {k: copy.deepcopy(body[k]) for k in ("apiVersion", "kind", "metadata", *keys) if k in body}
+def _start(memo: runtime.Runtime, work: Awaitable[Any]) -> None:
+    """A background loop of this process, begun once every informer synced."""
+    memo.shared.tasks.append(asyncio.create_task(runtime.after_sync(memo, work)))
 
 
 def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
-    """Every index and handler of the controller on a fresh registry."""
+    """kopf's part of the controller on a fresh registry."""
     reg = kopf.OperatorRegistry()
 
     @kopf.on.startup(registry=reg)
@@ -70,231 +204,19 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=names.GROUP)
         settings.watching.server_timeout = 300
-        # An object's worker exits this soon after its last event (kopf: 5 s), instead of holding its last
-        # body meanwhile: a start-up listing of 20,000 objects kept thousands of them alive at once.
-        settings.queueing.idle_timeout = WORKER_IDLE_S
-        # The first listing of every resource in pages, never one response holding a fleet's slices.
-        settings.watching.chunk_size = LIST_CHUNK
-        # Other drivers' slices never reach this process (the API server filters them).
-        settings.watching.field_selectors[RESOURCE[0], "resourceslices"] = f"spec.driver={dn.DRIVER_NAME}"
+        settings.queueing.idle_timeout = WORKER_IDLE_S  # an object's worker exits this soon after its last event
 
-    # --- indexes (the read side: caches of API state) ----------------------------------------------
-    @kopf.index(names.GROUP, names.VERSION, names.GANG_PLURAL, id="gang_idx", registry=reg)
-    def gang_idx(body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any) -> Mapping[str, Any]:
-        if rejects.rejected(body):  # nested too deeply to read: no decision may see it
-            return _dropped(memo)
-        memo.touched()
-        return {f"{namespace}/{name}": _plain(body, "spec", "status")}
+    imex.register(reg)  # the leader's IMEX plan objects, from the placed gangs (issue 35)
+    gang_handlers.register(reg, runtime.world_now)  # release on deletion (kopf's finalizer holds it until then)
 
-    @kopf.index("pods", labels={names.LABEL_GANG: kopf.PRESENT}, id="member_pod_idx", registry=reg)
-    def member_pod_idx(body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any) -> Mapping[str, Any]:
-        if rejects.rejected(body):
-            return _dropped(memo)
-        memo.touched()
-        return {f"{namespace}/{name}": _plain(body, "spec", "status")}
-
-    @kopf.index("pods", id="claim_consumer_idx", registry=reg)
-    def claim_consumer_idx(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> Mapping[str, str]:
-        refs = [r.get("resourceClaimName") for r in (body.get("spec") or {}).get("resourceClaims") or []]
-        refs += [s.get("resourceClaimName") for s in (body.get("status") or {}).get("resourceClaimStatuses") or []]
-        return {f"{namespace}/{r}": name for r in refs if r}
-
-    @kopf.index(*RESOURCE, "resourceclaims", id="claim_idx", registry=reg)
-    def claim_idx(body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any) -> Mapping[str, Any]:
-        if rejects.rejected(body):
-            return _dropped(memo)
-        memo.touched()
-        return {f"{namespace}/{name}": indexed.claim(body)}
-
-    interner = slice_index.Interner()  # one copy of each distinct MIG device for the whole fleet
-
-    @kopf.index(*RESOURCE, "resourceslices", id="slice_idx", registry=reg)
-    def slice_idx(body: kopf.Body, name: str, memo: runtime.Runtime, **_: Any) -> Mapping[str, Any]:
-        if rejects.rejected(body):  # nested too deeply to read: no decision may see it
-            return _dropped(memo)
-        slimmed, digest = slim.digest_of(body)  # kopf_decoding digested it as it was decoded
-        if not slimmed:
-            digest = slice_index.digest(name, body.get("spec") or {}, interner)
-        if digest is None:
-            if (reason := slice_index.untrusted(body.get("spec"))) is not None:  # its pool is not its node's
-                untrusted.report(memo.metrics, name, body.get("spec") or {}, reason)
-                return _dropped(memo)
-            return NOT_INDEXED
-        memo.touched()
-        return {digest.node: digest}  # keyed by node: a node's label needs only its own slices
-
-    @kopf.index("nodes", id="node_idx", registry=reg)
-    def node_idx(body: kopf.Body, name: str, memo: runtime.Runtime, **_: Any) -> Mapping[str, Any]:
-        if rejects.rejected(body):
-            return _dropped(memo)
-        memo.touched()
-        return {name: indexed.node(body)}
-
-    @kopf.index(*RESOURCE, "deviceclasses", id="class_idx", registry=reg)
-    def class_idx(body: kopf.Body, name: str, memo: runtime.Runtime, **_: Any) -> Mapping[str, Any]:
-        if rejects.rejected(body):
-            return _dropped(memo)
-        memo.touched()
-        # Not deep-copied like the other indexes: slices are the largest objects and the most frequent
-        # events (the steered layout rewrites a few per prepare), and nothing here mutates them.
-        return {name: {"metadata": dict(body.get("metadata") or {}), "spec": body.get("spec") or {}}}
-
-    @kopf.index(*RESOURCE, "resourceclaimtemplates", id="claim_template_idx", registry=reg)
-    def claim_template_idx(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> Mapping[str, Any]:
-        return {f"{namespace}/{name}": _plain(body, "spec")}
-
-    @kopf.index("pods", id="pending_pod_idx", registry=reg)
-    def pending_pod_idx(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> Mapping[str, Any]:
-        spec = body.get("spec") or {}
-        if (
-            spec.get("nodeName")
-            or not spec.get("resourceClaims")
-            or (body.get("metadata") or {}).get("deletionTimestamp")
-        ):
-            return NOT_INDEXED
-        return {f"{namespace}/{name}": indexed.pending_pod(body)}  # bounded: no tenant-sized fields
-
-    def makes_members(body: kopf.Body, **_: Any) -> bool:
-        return owners.gang_of_job(body) is not None
-
-    @kopf.index("batch", "v1", "jobs", id="gang_job_idx", when=makes_members, registry=reg)
-    def gang_job_idx(body: kopf.Body, memo: runtime.Runtime, **_: Any) -> Mapping[str, Any]:
-        key = owners.gang_of_job(body)
-        if key is None:
-            return NOT_INDEXED
-        memo.touched()
-        return {key: _plain(body, "spec", "status")}
-
-    def makes_lws_members(body: kopf.Body, **_: Any) -> bool:
-        return leaderworkersets.gang_of(body) is not None
-
-    lws_resource = (leaderworkersets.GROUP, leaderworkersets.VERSION, leaderworkersets.PLURAL)
-
-    @kopf.index(*lws_resource, id="gang_lws_idx", when=makes_lws_members, registry=reg)
-    def gang_lws_idx(body: kopf.Body, memo: runtime.Runtime, **_: Any) -> Mapping[str, Any]:
-        key = leaderworkersets.gang_of(body)
-        if key is None:
-            return NOT_INDEXED
-        memo.touched()
-        return {key: _plain(body, "spec", "status")}
-
-    def world_of(memo: runtime.Runtime, kw: Mapping[str, Any]) -> Any:
-        return runtime.make_world(
-            memo,
-            gang_idx=kw["gang_idx"],
-            job_idx=kw["gang_job_idx"],
-            lws_idx=kw["gang_lws_idx"],
-            pod_idx=kw["member_pod_idx"],
-            claim_idx=kw["claim_idx"],
-            slice_idx=kw["slice_idx"],
-            node_idx=kw["node_idx"],
-            class_idx=kw["class_idx"],
-            now=time.time(),
-        )
-
-    imex.register(reg, world_of)  # the leader's IMEX plan objects, from the placed gangs (issue 35)
-
-    # --- gangs: reconcile, resync, and release on deletion (kopf's finalizer holds it until then) ----------
-    gang_handlers.register(reg, world_of, cfg.resync_s)
-
-    # --- gate-and-steer (single pods with a claim, gated at admission) ----------------------------------
-    def steer_gated(body: kopf.Body, **_: Any) -> bool:
-        return steer_gate.held_by(body, steer_decide.Settings().gate)
-
-    async def steer_once(memo: runtime.Runtime, kw: Mapping[str, Any]) -> None:
-        async with memo.lock():
-            pending = list(indexed.single(kw["pending_pod_idx"]).values())
-            templates = indexed.single(kw["claim_template_idx"])
-            labels = steering.node_labels(indexed.single(kw["node_idx"]))
-            await steering.steer_pass(
-                memo, world_of(memo, kw), pending=pending, templates=templates, now=time.time(), node_labels=labels
-            )
-
-    async def steer_loop(memo: runtime.Runtime) -> None:
-        """One loop per process: a pass whenever a gated pod changed, and every resync period while any is."""
-        shared = memo.shared
-        await kopf_barrier.wait_indexed()  # no decision on half-built indexes
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(shared.steer_wake.wait(), timeout=cfg.resync_s)
-            shared.steer_wake.clear()
-            kw = shared.steer_kw
-            if kw is None or not memo.leading():
-                continue
-            try:
-                await steer_once(memo, kw)
-            except Exception:  # the loop must outlive any one pass
-                logging.getLogger(__name__).exception("steering pass failed; retrying on the next wake")
-
-    @kopf.on.event("pods", when=steer_gated, registry=reg)
-    async def steer_event(type: str, memo: Any, **kw: Any) -> None:
-        # Cheap: remember the (live) indexes, wake the loop, which coalesces any number of these.
-        if type not in ("ADDED", "MODIFIED", None):
-            return
-        shared = memo.shared
-        shared.steer_kw = kw
-        shared.steer_wake.set()
-        if shared.steer_task is None or shared.steer_task.done():
-            shared.steer_task = asyncio.create_task(steer_loop(memo))
-
-    # --- NVLink domain labels --------------------------------------------------------------------
-    async def label(node: str, memo: runtime.Runtime, kw: Mapping[str, Any]) -> None:
-        if not kopf_barrier.indexed():  # start-up: labelled once from the complete indexes (startup.replay)
-            memo.shared.deferred.node(node)
-            return
-        entry = next(iter(kw["node_idx"].get(node, ())), None)
-        await runtime.sync_node_label(memo, node, entry, list(kw["slice_idx"].get(node, ())))
-
-    @kopf.on.event(*RESOURCE, "resourceslices", registry=reg)
-    async def slice_event(body: kopf.Body, memo: runtime.Runtime, **kw: Any) -> None:
-        spec = body.get("spec") or {}
-        if spec.get("driver") == dn.DRIVER_NAME and spec.get("nodeName"):
-            await label(str(spec["nodeName"]), memo, kw)
-
-    @kopf.on.event("nodes", registry=reg)
-    async def node_event(name: str, type: str | None, memo: runtime.Runtime, **kw: Any) -> None:
-        if type in ("ADDED", "MODIFIED", None):
-            await label(name, memo, kw)
-
+    # Pending claims are explained by a loop over the claim index. The fleet's gauges (pending claims,
+    # the largest free block) have a loop of their own, on every replica: the operator's alerts read them.
     @kopf.on.startup(registry=reg)
-    async def start_replay(memo: runtime.Runtime, **kw: Any) -> None:
-        async def check(key: str, body: dict[str, Any], rejected: bool) -> None:
-            consumers = list(kw["claim_consumer_idx"].get(key, []))
-            classes = indexed.single(kw["class_idx"])
-            if rejected:
-                await rejects.refuse_claim(memo, body, classes, consumers)
-            else:
-                await handling.check_claim(memo, body, classes, consumers)
+    async def start_claim_explainer(memo: runtime.Runtime, **_: Any) -> None:
+        idx = memo.caches.indexes
 
-        replay = startup.replay(
-            memo.shared.deferred, lambda n: label(n, memo, kw), check, startup.exists_in(kw["claim_idx"])
-        )
-        memo.shared.tasks.append(asyncio.create_task(replay))
-
-    # --- ResourceClaims --------------------------------------------------------------------------
-    @kopf.on.event(*RESOURCE, "resourceclaims", registry=reg)
-    async def claim_event(body: kopf.Body, namespace: str | None, name: str, type: str, memo: Any, **kw: Any) -> None:
-        if type == "DELETED":
-            return
-        if not kopf_barrier.indexed():  # start-up: checked once the indexes are complete (startup.replay)
-            rejected = rejects.rejected(body)
-            kept = dict(body) if rejected else review.essentials(body)  # not a copy of every claim at once
-            memo.shared.deferred.claim(f"{namespace}/{name}", kept, rejected=rejected)
-            return
-        consumers = [p for store in [kw["claim_consumer_idx"].get(f"{namespace}/{name}", [])] for p in store]
-        classes = indexed.single(kw["class_idx"])
-        if rejects.rejected(body):
-            await rejects.refuse_claim(memo, body, classes, consumers)
-            return
-        await handling.check_claim(memo, _plain(body, "spec", "status"), classes, consumers)
-
-    # Pending claims are explained by a loop over the claim index, not a kopf timer: kopf would keep
-    # the last body of every claim for a timer on claims (gpuplane.controller.claim.explainer). The fleet's
-    # gauges (pending claims, the largest free block) have a loop of their own, started here too.
-    @kopf.on.startup(registry=reg)
-    async def start_claim_explainer(memo: runtime.Runtime, **kw: Any) -> None:
         def begin() -> explainer.Explain:  # once per pass: the classes and the world, copied once
-            classes, w = indexed.single(kw["class_idx"]), world_of(memo, kw)
+            classes, w = indexed.single(idx["class_idx"]), runtime.world_now(memo)
 
             async def explain(claim: Mapping[str, Any], now: float) -> None:
                 if rejects.rejected(claim) or not checks.is_ours(claim, classes):
@@ -304,54 +226,41 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
 
             return explain
 
-        memo.shared.tasks.append(
-            asyncio.create_task(
-                explainer.run(kw["claim_idx"], begin, memo.leading, max(cfg.claim_explain_after_s, 5.0))
-            )
-        )
-        fleet = gauges.run(memo, lambda: world_of(memo, kw), kw["claim_consumer_idx"], cfg.fleet_gauges_interval_s)
-        memo.shared.tasks.append(asyncio.create_task(fleet))  # on every replica: the operator's alerts read them
+        _start(memo, explainer.run(idx["claim_idx"], begin, memo.leading, max(cfg.claim_explain_after_s, 5.0)))
+        interval = cfg.fleet_gauges_interval_s
+        _start(memo, gauges.run(memo, lambda: runtime.world_now(memo), idx["claim_consumer_idx"], interval))
 
     # --- GpuRequests (right-sizing) -----------------------------------------------------------
-    @kopf.index(
-        *RESOURCE,
-        "resourceclaimtemplates",
-        labels={rs_template.LABEL_REQUEST: kopf.PRESENT},
-        id="template_idx",
-        registry=reg,
-    )
-    def template_idx(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> Mapping[str, Any]:
-        return {f"{namespace}/{name}": _plain(body, "spec")}
-
-    async def gpu_request(body: kopf.Body, memo: runtime.Runtime, kw: Mapping[str, Any]) -> None:
-        if not memo.leading():
-            return
-        plain = _plain(body, "spec", "status")
+    async def gpu_request(body: kopf.Body, memo: runtime.Runtime) -> None:
+        if not memo.leading() or not memo.caches.synced():
+            return  # the timer comes again
+        idx = memo.caches.indexes
+        plain = indexed.plain(body, "spec", "status")
         meta = plain.get("metadata") or {}
         key = f"{meta.get('namespace')}/{meta.get('name')}"
         async with memo.lock():
-            existing = indexed.single(kw["template_idx"]).get(key)
+            existing = indexed.single(idx["template_idx"]).get(key)
             await rightsize.reconcile(
                 memo.writer,
                 plain,
                 runtime.recent_template(memo, key, existing, time.time()),
-                slice_index.every(kw["slice_idx"]),  # keyed by node: every node's slices, not one each
-                indexed.single(kw["class_idx"]),
+                slice_index.every(idx["slice_idx"]),  # keyed by node: every node's slices, not one each
+                indexed.single(idx["class_idx"]),
                 created=lambda t: runtime.remember_template(memo, key, t, time.time()),
             )
 
     @kopf.on.event(names.GROUP, names.VERSION, rs_template.PLURAL, registry=reg)
-    async def gpu_request_event(body: kopf.Body, type: str, memo: Any, **kw: Any) -> None:
+    async def gpu_request_event(body: kopf.Body, type: str, memo: Any, **_: Any) -> None:
         if type in ("ADDED", "MODIFIED"):
-            await gpu_request(body, memo, kw)
+            await gpu_request(body, memo)
 
     @kopf.timer(names.GROUP, names.VERSION, rs_template.PLURAL, interval=cfg.rightsize_resync_s, registry=reg)
-    async def gpu_request_timer(body: kopf.Body, memo: Any, **kw: Any) -> None:
-        await gpu_request(body, memo, kw)
+    async def gpu_request_timer(body: kopf.Body, memo: Any, **_: Any) -> None:
+        await gpu_request(body, memo)
 
     # --- rebalancing: noisy neighbours ---------------------------------------------------------
     @kopf.on.startup(registry=reg)
-    async def start_rebalancer(memo: runtime.Runtime, **kw: Any) -> None:
+    async def start_rebalancer(memo: runtime.Runtime, **_: Any) -> None:
         if not cfg.rebalance:
             return
         rebalancer = act.Rebalancer(
@@ -365,15 +274,12 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
             memo.metrics,
             Path(cfg.move_ledger) if cfg.move_ledger else None,
         )
-        memo.shared.tasks.append(
-            asyncio.create_task(
-                loop.run(rebalancer, memo.leading, kw["slice_idx"], kw["claim_idx"], cfg.rebalance_interval_s)
-            )
-        )
+        idx = memo.caches.indexes
+        _start(memo, loop.run(rebalancer, memo.leading, idx["slice_idx"], idx["claim_idx"], cfg.rebalance_interval_s))
 
     @kopf.on.startup(registry=reg)
     async def start_heap_trim(memo: runtime.Runtime, **_: Any) -> None:
-        memo.shared.tasks.append(asyncio.create_task(heap.trim_loop(kopf_barrier.wait_indexed)))
+        _start(memo, heap.trim_loop(memo.caches.wait_synced))
 
     @kopf.on.cleanup(registry=reg)
     async def stop_tasks(memo: runtime.Runtime, **_: Any) -> None:

@@ -201,6 +201,11 @@ def pending_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def plain(body: Mapping[str, Any], *keys: str) -> dict[str, Any]:
+    """``body``'s apiVersion, kind, metadata and ``keys``, as they are (not copied: index entries are read-only)."""
+    return {k: body[k] for k in ("apiVersion", "kind", "metadata", *keys) if k in body}
+
+
 def single(index: Mapping[Any, Iterable[Any]]) -> dict[Any, Any]:
     """A kopf index whose keys each hold one value, as a plain dict (the first value of each key)."""
     out: dict[Any, Any] = {}

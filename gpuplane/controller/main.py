@@ -12,11 +12,12 @@ annotations and owner references), so the new leader resumes exactly where the
 old one stopped. kopf runs without its own peering (``standalone``): peering
 paused the standby's watches, so its caches went cold, and it was not a lease.
 
-kopf runs in a thread under :class:`gpuplane.controller.supervisor.Supervisor`, which owns
-SIGTERM and the exit: a replica whose operator or event loop has failed releases
-the Lease and exits non-zero, whatever state kopf is in; kopf still serves
-``/healthz`` (:mod:`gpuplane.controller.probes`). Responses are decoded with a
-bounded nesting depth (:mod:`gpuplane.controller.kopf_decoding`).
+What the controller reads comes through gpuplane's informers (:mod:`gpuplane.informer`, streams in
+:mod:`gpuplane.controller.caches`, wired in :mod:`gpuplane.controller.handlers`); kopf watches only
+GpuGangs and GpuRequests. The informers, their work queues and kopf run in one event loop in a
+thread under :class:`gpuplane.controller.supervisor.Supervisor`, which owns SIGTERM and the exit: a
+replica whose operator, informers or event loop have failed releases the Lease and exits non-zero,
+whatever state kopf is in; kopf still serves ``/healthz`` (:mod:`gpuplane.controller.probes`).
 """
 
 from __future__ import annotations
@@ -30,30 +31,24 @@ from typing import Any
 
 import kopf
 import structlog
-from kopf._core.engines import peering  # kopf.run takes its Identity type (a NewType of str)
 
 from gpuplane import logs
 from gpuplane.controller import (
     config,
     handlers,
     heap,
-    kopf_barrier,
-    kopf_decoding,
-    kopf_indexing,
-    kopf_listing,
-    kopf_memories,
     kube,
     leader,
     memdump,
     metrics,
     probes,
     runtime,
-    slim,
     supervisor,
 )
 from gpuplane.controller.migoffer import decide as migoffer_decide
 from gpuplane.controller.migoffer import reconcile as migoffer
 from gpuplane.httpauth.review import KubeReviewer
+from gpuplane.informer.client import Client, Endpoint
 
 log = structlog.get_logger(__name__)
 
@@ -89,13 +84,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = config.parse_args(argv, os.environ)
     logs.configure(cfg.log_level, cfg.log_format)
     heap.configure()  # before any thread: few malloc arenas (each thread would fragment its own)
-    # Before kopf reads anything: no watched object can crash the watchers, and kopf keeps only what
-    # the controller reads of each (a slice as its digest).
-    kopf_decoding.install(transform=slim.Slimmer())
-    kopf_indexing.install()  # kopf's start-up barrier without O(objects²) wake-ups
-    kopf_barrier.install()  # ... and without a parked worker per pod, claim, slice and node
-    kopf_memories.install()  # ... nor a kept memory per pod, claim, slice and node between their events
-    kopf_listing.install()  # a paged list whose continue token expired starts again, not the operator ending
     memdump.install()  # kill -USR2: what the memory is made of ($TMPDIR/gpuplane-controller-memory-<pid>.txt)
     api = kube.make_api_client(cfg.kubeconfig)
     m = metrics.ControllerMetrics()
@@ -105,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     leadership: leader.Leadership = elector if elector is not None else leader.AlwaysLeader()
     m.is_leader.set_function(lambda: float(leadership.is_leader()))
     memo = runtime.Runtime.create(cfg, kube.KubeWriter(api, guard=leadership.is_leader), m, leadership)
+    client = Client(Endpoint.of(api.configuration))
+    reads = handlers.make_reads(cfg, memo, client)  # memo.caches: the informers' indexes
     registry = handlers.make_registry(cfg)
     migoffer.register(
         registry,
@@ -118,8 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _login(cfg)
 
     async def operate(stop: threading.Event, failed: Callable[[str], None]) -> None:
-        """kopf.operator, spelled out so that a root task ending (a watcher failed) is reported at once."""
+        """The informers, their queues and kopf.operator (spelled out): any root task ending is reported at once."""
         existing = asyncio.all_tasks()
+        client.open()
+        ours = [asyncio.create_task(work, name=name) for name, work in reads.runs()]
         tasks = await kopf.spawn_tasks(
             registry=registry,
             memo=memo,
@@ -127,23 +119,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             clusterwide=True,
             # kopf would otherwise derive one from getpass.getuser(), which raises in the image: its
             # user 65532 has no passwd entry (found by the first run of the Deployment on a real node).
-            identity=peering.Identity(cfg.identity),
+            identity=cfg.identity,  # type: ignore[arg-type]  # kopf's Identity is a NewType of str
             stop_flag=stop,
             liveness_endpoint=cfg.liveness or None,  # kopf's /healthz, with the probe of probes.py
         )
 
         async def first_end() -> None:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait([*tasks, *ours], return_when=asyncio.FIRST_COMPLETED)
             if not stop.is_set():
                 task = next(iter(done))
                 error = None if task.cancelled() else task.exception()
-                failed(f"kopf's {task.get_name()!r} ended: {error!r}")
+                failed(f"{task.get_name()!r} ended: {error!r}")
 
         watch = asyncio.create_task(first_end(), name="gpuplane root-task watch")
         try:
             await kopf.run_tasks(tasks, ignored=existing)
         finally:
             watch.cancel()
+            for task in ours:
+                task.cancel()
+            await asyncio.gather(*ours, return_exceptions=True)
+            await client.close()
 
     def release() -> None:
         if elector is not None:

@@ -1,6 +1,6 @@
-"""A background loop of the leader: one pass every interval, once kopf's start-up barrier opened. Does I/O.
+"""A background loop of the leader: one pass every interval. Does I/O.
 
-Started by kopf startup handlers as asyncio tasks (kopf timers need an object to hang on). A pass
+Started by kopf startup handlers as asyncio tasks once the informers synced (``runtime.after_sync``). A pass
 that fails is logged and the next one runs; a lost leadership ends a pass at its next write.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
-from gpuplane.controller import kopf_barrier, kube
+from gpuplane.controller import kube
 
 log = structlog.get_logger(__name__)
 
@@ -19,8 +19,7 @@ log = structlog.get_logger(__name__)
 async def every(
     interval_s: float, leading: Callable[[], bool], one_pass: Callable[[], Awaitable[object]], what: str
 ) -> None:
-    """Forever: wait ``interval_s``, then ``one_pass()`` if ``leading()`` (never before the barrier opened)."""
-    await kopf_barrier.wait_indexed()
+    """Forever: wait ``interval_s``, then ``one_pass()`` if ``leading()``."""
     while True:
         await asyncio.sleep(interval_s)
         if not leading():

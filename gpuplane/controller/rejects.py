@@ -1,6 +1,6 @@
 """Objects the bounded decoder quarantined (nested too deeply to read): refused with an Event, never processed.
 
-:mod:`gpuplane.controller.kopf_decoding` hands such an object to the handlers cut and marked
+:mod:`gpuplane.informer.client` hands such an object to the handlers cut and marked
 with :data:`gpuplane.api.boundedjson.REJECTED`. The indexes leave it out (no
 decision ever sees it). For a ResourceClaim that uses one of this driver's classes (its
 requests are shallow, so they survive the cut) the leader records one Warning Event and

@@ -17,13 +17,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
-from gpuplane.controller import config, events, indexed, kube, leader, names, startup
+from gpuplane.controller import config, events, indexed, kube, leader, names
 from gpuplane.controller import metrics as metrics_mod
 from gpuplane.controller.claim import checks
 from gpuplane.controller.gang import queue_runner, reconciler, status, world
@@ -31,11 +31,13 @@ from gpuplane.controller.imex import hold
 from gpuplane.controller.node import labels, snapshot_builder
 from gpuplane.controller.rightsize import template as rs_template
 from gpuplane.controller.steer import reconciler as steer_reconciler
+from gpuplane.informer.cache import Caches
 from gpuplane.placement.policies import base as policy_base
 from gpuplane.placement.policies import make as make_policy
 
 log = structlog.get_logger(__name__)
 
+T = TypeVar("T")
 OVERLAY_TTL_S = 30.0
 PLAN_REUSE_MAX_S = 5.0
 
@@ -51,15 +53,11 @@ class Shared:
     plan_build_s: float = 0.0  # how long that took (capped at PLAN_REUSE_MAX_S): the plan's reuse window
     overlay: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
     steer: steer_reconciler.SteerState = field(default_factory=steer_reconciler.SteerState)
-    # The steering loop: woken by any gated pod's event; kopf's (live) indexes from the latest event.
-    steer_wake: asyncio.Event = field(default_factory=asyncio.Event)
-    steer_kw: Mapping[str, Any] | None = None
-    steer_task: asyncio.Task[None] | None = None
+    steer_wake: asyncio.Event = field(default_factory=asyncio.Event)  # the steering loop: a gated pod changed
     term: int = 0  # the leadership term the caches above belong to
     templates: dict[str, tuple[dict[str, Any], float]] = field(default_factory=dict)  # right-sizing writes in flight
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)  # background loops (rebalancing, replay)
     claim_notes: dict[str, dict[str, str | None]] = field(default_factory=dict)  # uid -> annotations written
-    deferred: startup.Deferred = field(default_factory=startup.Deferred)  # until kopf's start-up barrier opens
     reasons: checks.ReasonCache = field(default_factory=checks.ReasonCache)  # unallocated claims' explanations
     domains: world.DomainCache = field(default_factory=world.DomainCache)  # GPU -> domain, for holding gangs
     worlds: world.CopyCache = field(default_factory=world.CopyCache)  # the last copy of the indexes
@@ -77,6 +75,7 @@ class Runtime:
     policy: policy_base.Policy
     leadership: leader.Leadership = field(default_factory=leader.AlwaysLeader)
     shared: Shared = field(default_factory=Shared)
+    caches: Caches = field(default_factory=lambda: Caches([]))  # the informers' indexes (controller.caches)
 
     @classmethod
     def create(
@@ -137,6 +136,29 @@ class Runtime:
         if self.shared.lock is None:
             self.shared.lock = asyncio.Lock()
         return self.shared.lock
+
+
+async def after_sync(rt: Runtime, work: Awaitable[T]) -> T:
+    """``work`` awaited once every informer synced (nothing decides on half-built indexes)."""
+    await rt.caches.wait_synced()
+    return await work
+
+
+def world_now(rt: Runtime) -> world.World:
+    """The World from the caches' indexes now (:func:`make_world`)."""
+    idx = rt.caches.indexes
+    return make_world(
+        rt,
+        gang_idx=idx["gang_idx"],
+        job_idx=idx["gang_job_idx"],
+        lws_idx=idx["gang_lws_idx"],
+        pod_idx=idx["member_pod_idx"],
+        claim_idx=idx["claim_idx"],
+        slice_idx=idx["slice_idx"],
+        node_idx=idx["node_idx"],
+        class_idx=idx["class_idx"],
+        now=time.time(),
+    )
 
 
 def make_world(

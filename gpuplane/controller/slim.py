@@ -1,23 +1,19 @@
-"""What kopf keeps of a watched object: cut to what the controller reads, as it is decoded.
+"""What the informers hand on of a watched object: cut to what the controller reads, as it is decoded.
 
-kopf gives every object a worker that, after the object's index handlers, waits for the whole
-operator to be indexed (``operator_indexed.wait_for(True)`` in kopf's ``process_resource_event``)
-while it holds the object's body. At start-up, and whenever the watches re-list, every watched
-body is therefore alive at once: on a 1,000-node fleet 5,000 ResourceSlices of about 260 kB of
-Python objects each, over 1 GB (measured: the leader held 1.08 GB six minutes into indexing 1,000
-KWOK nodes, with py-spy showing kopf's indexed-toggle bookkeeping as its busiest frame), and
-CPython keeps that peak as resident memory.
+A ResourceSlice of an HGX node decodes to about 260 kB of Python objects; under kopf every watched
+body was alive at once at start-up (1.08 GB at 1,000 KWOK nodes). The informers
+(:mod:`gpuplane.informer`) keep no body, but a page of slices is still decoded whole.
 
-:class:`Slimmer` is the transform :mod:`gpuplane.controller.kopf_decoding` applies to every object
-it decodes for kopf (list items and watch events), the way client-go informers take a transform
-function:
+:class:`Slimmer` is the transform every controller stream (:mod:`gpuplane.controller.caches`) applies
+to each object as it is decoded (list items and watch events), the way client-go informers take a
+transform function:
 
 * ``metadata.managedFields`` is dropped from every object (nothing in the controller reads it);
 * a ResourceSlice is reduced at once to its :class:`~gpuplane.controller.node.slice_index.SliceDigest`
-  (what the slice index stores), kept under :data:`DIGEST` (in a :class:`Held`, which kopf's deep copy
-  of the body for its diff base copies as itself), beside ``spec.driver``, ``spec.nodeName``
-  and ``spec.pool``; the devices and counter sets are not kept. ``handlers.slice_idx`` indexes the
-  digest as it finds it, so the index is the same as from the full body (``tests/unit/test_slim.py``).
+  (what the slice index stores), kept under :data:`DIGEST` (in a :class:`Held`, which a deep copy
+  copies as itself), beside ``spec.driver``, ``spec.nodeName`` and ``spec.pool``; the devices and
+  counter sets are not kept. ``caches.SliceIndexer`` indexes the digest as it finds it, so the index is the
+  same as from the full body (``tests/unit/test_slim.py``).
 
 An object the bounded decoder quarantined (nested too deeply) is passed through as it is, so its
 handlers still refuse it with an Event.
@@ -37,8 +33,7 @@ _KEPT_SLICE_SPEC = ("driver", "nodeName", "pool")
 
 
 class Held:
-    """A slice's digest inside a raw body: kopf deep-copies bodies (its diff base), and the digest is
-    immutable and holds read-only mappings, so a copy is the same object."""
+    """A slice's digest inside a raw body: immutable and holding read-only mappings, so a copy is the same object."""
 
     __slots__ = ("digest",)
 

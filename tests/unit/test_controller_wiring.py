@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpuplane.controller import config, events, handlers, kube, metrics, names, runtime
+from gpuplane.controller import caches, config, events, handlers, kube, metrics, names, runtime
 from gpuplane.controller.claim import handling
 from gpuplane.controller.gang import world, writes
 from tests.controllerkit import Flag
@@ -26,16 +26,12 @@ def test_lease_defaults_follow_client_go_and_the_pod_namespace() -> None:
     assert config.parse_args(["--identity", "a"], {}).lease_namespace == "gpuplane-system"
 
 
-def test_registry_declares_exactly_the_indexes_the_handlers_read() -> None:
+def test_the_informers_declare_exactly_the_indexes_the_handlers_read() -> None:
     """Every index a handler reads (the World's eight, the claims' consumers, the GpuRequests' templates, and the
-    steering loop's gated pods and claim templates) is declared.
+    steering loop's gated pods and claim templates) is declared by one stream, and no other.
 
-    kopf passes each index to a handler as the keyword named by its id; a missing one is a KeyError
-    at the first event, an extra one a cache nobody reads. kopf has no public listing of a registry's
-    handlers, so this reads its indexing registry.
-    """
-    reg = handlers.make_registry(config.parse_args(["--identity", "x"], {}))
-    ids = {h.id for h in reg._indexing.get_all_handlers()}
+    A missing one is a KeyError at the first event, an extra one a cache nobody reads."""
+    declared = [name for s in caches.streams(metrics.ControllerMetrics()) for name in s.indexers]
     read_by_world = {
         "gang_idx",
         "gang_job_idx",
@@ -46,7 +42,13 @@ def test_registry_declares_exactly_the_indexes_the_handlers_read() -> None:
         "node_idx",
         "class_idx",
     }
-    assert ids == read_by_world | {"claim_consumer_idx", "template_idx", "pending_pod_idx", "claim_template_idx"}
+    assert len(declared) == len(set(declared))
+    assert set(declared) == read_by_world | {
+        "claim_consumer_idx",
+        "template_idx",
+        "pending_pod_idx",
+        "claim_template_idx",
+    }
 
 
 class Boom:
@@ -105,13 +107,18 @@ def test_the_write_overlay_keeps_the_placement_a_status_write_left_out() -> None
     assert overlaid["status"]["phase"] == "Placed" and overlaid["status"]["placement"] == placement
 
 
-def test_no_timer_or_daemon_on_a_resource_a_fleet_has_thousands_of() -> None:
-    """kopf keeps the last body of every object of a resource with a timer or daemon (its
-    ``live_fresh_body``), whatever the timer's filter: a timer on claims held every claim's body
-    (10,000 on a fleet). Timers and daemons hang only on the controller's own, few, objects."""
+def test_kopf_watches_only_the_controllers_own_few_objects() -> None:
+    """kopf keeps a worker, a memory and (for timers) the last body of every object it watches: every
+    kopf handler hangs on GpuGangs or GpuRequests; the fleet-sized resources come through the informers."""
     reg = handlers.make_registry(config.parse_args(["--identity", "x"], {}))
-    on = {h.selector.any_name for h in reg._spawning.get_all_handlers() if h.selector is not None}
+    handlers_ = [
+        *reg._spawning.get_all_handlers(),
+        *reg._watching.get_all_handlers(),
+        *reg._changing.get_all_handlers(),
+    ]
+    on = {h.selector.any_name for h in handlers_ if h.selector is not None}
     assert on == {names.GANG_PLURAL, "gpurequests"}
+    assert list(reg._indexing.get_all_handlers()) == []
 
 
 def test_the_explainer_looks_only_at_pending_claims_and_explains_each() -> None:
@@ -164,51 +171,38 @@ def test_the_claim_index_keeps_what_explaining_a_pending_claim_reads() -> None:
     assert "creationTimestamp" not in indexed.claim(allocated)["metadata"]  # an allocated claim is never explained
 
 
-def test_before_kopfs_barrier_opens_node_slice_and_claim_events_defer_and_write_nothing() -> None:
-    """While kopf's start-up barrier is closed (kopf_barrier), the handlers of the fleet-sized resources
-    record what to do and return: a leader whose every write would reach the API (Boom) writes nothing."""
-    from kopf._cogs.aiokits import aiotoggles
-
-    from gpuplane.controller import kopf_barrier
-
+def test_before_the_informers_synced_events_only_queue_work_and_after_it_each_key_runs_once() -> None:
+    """Until every informer has listed, node, slice and claim events queue their keys and nothing runs (a
+    leader whose every write would reach the API, Boom, writes nothing); the queues keep one entry per key
+    with what the check reads of the claim, not the whole body."""
     writer = kube.KubeWriter.__new__(kube.KubeWriter)
     writer.core, writer.custom, writer.component, writer.guard = Boom(), Boom(), "x", lambda: True
-    rt = runtime.Runtime.create(
-        config.parse_args(["--identity", "b"], {}), writer, metrics.ControllerMetrics(), Flag(True)
-    )
-    reg = handlers.make_registry(config.parse_args(["--identity", "b"], {}))
-    fns = {h.id.rsplit(".", 1)[-1]: h.fn for h in reg._watching.get_all_handlers()}
+    cfg = config.parse_args(["--identity", "b"], {})
+    rt = runtime.Runtime.create(cfg, writer, metrics.ControllerMetrics(), Flag(True))
+    reads = handlers.make_reads(cfg, rt, None)
     node = {"metadata": {"name": "n1", "uid": "u1"}}
-    kw: dict[str, Any] = {
-        "node_idx": {"n1": [{"metadata": {"name": "n1", "uid": "u1"}, "schedulable": True}]},
-        "slice_idx": {},
-        "claim_consumer_idx": {},
-        "class_idx": {},
-    }
     claim = {
         "metadata": {"name": "c", "namespace": "ns", "uid": "cu", "labels": {"big": "x" * 1000}},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.gpuplane.dev"}}]}},
         "status": {"reservedFor": [{"resource": "pods", "name": "p", "uid": "pu"}], "allocation": {"devices": {}}},
     }
+    seen: list[str] = []
 
     async def run() -> None:
-        toggles = aiotoggles.ToggleSet(all)
-        await toggles.make_toggle(name="not listed yet")
-        kopf_barrier.reset()
-        kopf_barrier._STATE.active, kopf_barrier._STATE.toggles = True, toggles
-        try:
-            await fns["node_event"](name="n1", type=None, memo=rt, body=node, **kw)
-            slice_body = {"spec": {"driver": "gpu.gpuplane.dev", "nodeName": "n2"}}
-            await fns["slice_event"](body=slice_body, memo=rt, **kw)
-            await fns["claim_event"](body=claim, namespace="ns", name="c", type=None, memo=rt, **kw)
-        finally:
-            kopf_barrier.reset()
-
-    asyncio.run(run())
-    assert rt.shared.deferred.nodes == {"n1", "n2"}
-    # Kept until the barrier opens: what the review reads (identity, spec, reservations), not the whole body.
-    assert rt.shared.deferred.claims == {
-        "ns/c": (
+        c = reads.caches
+        c.informer("nodes").apply("ADDED", node)
+        c.informer("nodes").apply("MODIFIED", node)
+        c.informer("slices").apply(
+            "ADDED", {"metadata": {"name": "s"}, "spec": {"driver": "gpu.gpuplane.dev", "nodeName": "n2"}}
+        )
+        c.informer("claims").apply("ADDED", claim)
+        queues = [asyncio.create_task(q.run()) for q in (reads.claims, reads.labels)]
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert (reads.labels.done, reads.claims.done) == (0, 0) and not c.synced()
+        assert len(reads.labels) == 2 and len(reads.claims) == 1
+        # Kept until synced: what the review reads (identity, spec, reservations), not the whole body.
+        assert reads.claims._payload["ns/c"] == (
             False,
             {
                 "metadata": {"name": "c", "namespace": "ns", "uid": "cu"},
@@ -216,4 +210,18 @@ def test_before_kopfs_barrier_opens_node_slice_and_claim_events_defer_and_write_
                 "status": {"reservedFor": claim["status"]["reservedFor"]},
             },
         )
-    }
+        reads.labels.process = lambda key, _: _record(seen, key)
+        reads.claims.process = lambda key, _: _record(seen, key)
+        for informer in c.informers:
+            informer.synced.set()
+        await asyncio.wait_for(reads.labels.drain(), 5)
+        await asyncio.wait_for(reads.claims.drain(), 5)
+        for q in queues:
+            q.cancel()
+
+    asyncio.run(run())
+    assert sorted(seen) == ["n1", "n2", "ns/c"]
+
+
+async def _record(seen: list[str], key: str) -> None:
+    seen.append(key)

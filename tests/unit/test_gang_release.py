@@ -18,8 +18,9 @@ import kopf
 import pytest
 
 from gpuplane.api import boundedjson
-from gpuplane.controller import config, events, kopf_barrier, kube, metrics, runtime
+from gpuplane.controller import caches, config, events, kube, metrics, runtime
 from gpuplane.controller.gang import deleted, handlers, world, writes
+from gpuplane.informer.cache import Caches, Informer
 from tests.controllerkit import Flag, holding
 from tests.templatekit import NS
 
@@ -112,24 +113,14 @@ def test_nothing_left_writes_nothing_and_lets_the_gang_go() -> None:
 
 
 def test_before_the_indexes_are_complete_even_the_leader_waits() -> None:
-    from kopf._cogs.aiokits import aiotoggles  # as test_controller_wiring: kopf's barrier, closed
-
     rt, rec, _ = setup()
+    rt.caches = Caches([Informer(None, caches.streams(rt.metrics)[0])])  # listed, not yet synced
     body, _ = running_gang()
-
-    async def closed() -> None:
-        toggles = aiotoggles.ToggleSet(all)
-        await toggles.make_toggle(name="not listed yet")
-        kopf_barrier.reset()
-        kopf_barrier._STATE.active, kopf_barrier._STATE.toggles = True, toggles
-        try:
-            await handlers.release(rt, KEY, body, never, 0.0)
-        finally:
-            kopf_barrier.reset()
-
     with pytest.raises(kopf.TemporaryError):
-        asyncio.run(closed())
+        asyncio.run(handlers.release(rt, KEY, body, never, 0.0))
     assert rec.calls == []
+    rt.caches.informers[0].synced.set()
+    asyncio.run(handlers.release(rt, KEY, body, lambda: world.World({}, {}, {}, (), {}, {}), 0.0))  # synced: released
 
 
 def test_a_failed_write_is_retried_until_the_bound_then_the_gang_is_let_go_with_a_warning() -> None:

@@ -2,8 +2,8 @@
 
 A slice is written by a node (or by anyone holding a node's credentials), so every field is
 hostile. The slice index digests each slice once per watch event; a digest that raised would
-fail that kopf index handler on every event of the object. These tests hand
-:func:`slice_index.digest` and the registry's own index handlers objects of every wrong shape and
+fail that indexer on every event of the object. These tests hand :func:`slice_index.digest` and
+the controller's own indexers (:mod:`gpuplane.controller.caches`) objects of every wrong shape and
 check the answer: None (not ours, or beyond what the API allows) or a digest holding only the
 well-formed devices; a quarantined stub (:mod:`gpuplane.api.boundedjson`) is left out of
 every index; another driver's slice is left out of the slice index.
@@ -18,7 +18,7 @@ import pytest
 
 from gpuplane.api import boundedjson
 from gpuplane.api import names as dn
-from gpuplane.controller import config, handlers
+from gpuplane.controller import caches, metrics
 from gpuplane.controller.node import slice_index, snapshot_builder
 from tests import indexkit
 
@@ -148,35 +148,16 @@ class TestDigestIsTotal:
         assert at_limit is not None and len(at_limit.gpus) == slice_index.MAX_DEVICES
 
 
-class Memo:
-    """The runtime stand-in the index handlers need: they only mark the cache touched."""
-
-    def __init__(self) -> None:
-        self.touches = 0
-
-    def touched(self) -> None:
-        self.touches += 1
-
-
 @pytest.fixture(scope="module")
 def index_fns() -> dict[str, Any]:
-    reg = handlers.make_registry(config.parse_args(["--identity", "x"], {}))
-    return {h.id: h.fn for h in reg._indexing.get_all_handlers()}
+    """Every indexer of the controller's informer streams, by index name."""
+    return {name: fn for s in caches.streams(metrics.ControllerMetrics()) for name, fn in s.indexers.items()}
 
 
-def call(fn: Any, body: Any, name: str = "o", namespace: str | None = "ns", *, touches: int | None = None) -> Any:
-    """The handler's answer, None for "not indexed" (an empty mapping: kopf keeps an entry a None leaves).
-
-    An indexed object marks the cache touched; so does a quarantined one (it may have been indexed
-    before); ``touches`` says how often, where the caller knows.
-    """
-    memo = Memo()
-    got = fn(body=body, name=name, namespace=namespace, memo=memo)
+def call(fn: Any, body: Any) -> Any:
+    """The indexer's answer, None for "not indexed" (an empty mapping)."""
+    got = fn(body)
     assert got is not None
-    if got:
-        assert memo.touches == 1
-    if touches is not None:
-        assert memo.touches == touches
     return got or None
 
 
@@ -186,24 +167,24 @@ class TestIndexHandlers:
         deep = "[" * 3000 + "]" * 3000  # as the API server would serve it: JSON text 3,000 levels deep
         meta = '"metadata": {"name": "o", "namespace": "ns"}'
         text = f'{{{meta}, "spec": {{"driver": "{D}", "nodeName": "n1", "x": {deep}}}}}'
-        stub = boundedjson.decode_object(text)  # what kopf hands the handlers (gpuplane.controller.kopf_decoding)
+        stub = boundedjson.decode_object(text)  # what the informer's client hands on (gpuplane.informer.client)
         assert boundedjson.rejection(stub) is not None
-        assert call(index_fns[idx], stub, touches=1) is None  # dropped: a change the plan must see
+        assert call(index_fns[idx], stub) is None
 
     def test_another_drivers_slice_is_not_indexed(self, index_fns: dict[str, Any]) -> None:
         body = {"metadata": {"name": "s"}, "spec": {**spec(GOOD), "driver": "gpu.example.com"}}
-        assert call(index_fns["slice_idx"], body, namespace=None, touches=0) is None
+        assert call(index_fns["slice_idx"], body) is None
 
     def test_a_hostile_slice_of_ours_is_indexed_by_its_node_with_only_its_good_devices(
         self, index_fns: dict[str, Any]
     ) -> None:
         body = {"metadata": {"name": "s"}, "spec": spec(*HOSTILE_DEVICES, GOOD)}
-        got = call(index_fns["slice_idx"], body, name="s", namespace=None)
+        got = call(index_fns["slice_idx"], body)
         assert list(got) == ["n1"] and [g.id for g in got["n1"].gpus] == ["n1/gpu-0"]
-        assert call(index_fns["slice_idx"], {"metadata": {"name": "s"}, "spec": "x"}, namespace=None) is None
+        assert call(index_fns["slice_idx"], {"metadata": {"name": "s"}, "spec": "x"}) is None
 
     def test_the_drivers_own_slices_are_indexed_whole(self, index_fns: dict[str, Any], tmp_path: Path) -> None:
         raw = indexkit.fleet(tmp_path)
-        digests = [call(index_fns["slice_idx"], s, name=s["metadata"]["name"], namespace=None) for s in raw]
+        digests = [call(index_fns["slice_idx"], s) for s in raw]
         assert all(d is not None for d in digests)
         assert sum(len(d[k].gpus) for d in digests for k in d) == 8 + 8 + 4

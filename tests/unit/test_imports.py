@@ -24,9 +24,40 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "gpuplane"
-SHARED = ("gpuplane.api", "gpuplane.placement", "gpuplane.mig", "gpuplane.logs", "gpuplane.httpauth")
+SHARED = (
+    "gpuplane.api",
+    "gpuplane.placement",
+    "gpuplane.mig",
+    "gpuplane.logs",
+    "gpuplane.httpauth",
+    "gpuplane.informer",
+)
 PROGRAMS = ("gpuplane.driver", "gpuplane.controller")
 KUBERNETES = ("kubernetes", "kopf", "grpc")
+# Everything in the controller but its wiring (main, handlers, caches): features, runtime, clients.
+CONTROLLER_BELOW_WIRING = (
+    "claim",
+    "gang",
+    "imex",
+    "migoffer",
+    "node",
+    "rebalance",
+    "rightsize",
+    "steer",
+    "runtime",
+    "steering",
+    "fleet_gauges",
+    "kube",
+    "events",
+    "indexed",
+    "slim",
+    "rejects",
+    "periodic",
+    "leader",
+    "probes",
+    "supervisor",
+    "config",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +89,11 @@ CONTRACTS: tuple[Contract, ...] = (
         "placement and MIG geometry are pure: no Kubernetes client", ("gpuplane.placement", "gpuplane.mig"), KUBERNETES
     ),
     Forbidden("the package never imports the harness, benchmarks or tests", ("gpuplane",), ("e2e", "bench", "tests")),
+    Forbidden(
+        "the controller's features never import its wiring",
+        tuple(f"gpuplane.controller.{m}" for m in CONTROLLER_BELOW_WIRING),
+        ("gpuplane.controller.main", "gpuplane.controller.handlers", "gpuplane.controller.caches"),
+    ),
     Layers(
         "the driver's layers",
         "gpuplane.driver",
@@ -204,3 +240,37 @@ def test_a_wrong_import_is_reported(tmp_path: Path) -> None:
     ]
     assert by_name["the controller never imports the driver"] == []
     assert by_name["the shared layers import neither program"] == []
+
+
+def private_imports(found: Sequence[Import], root: Path) -> list[str]:
+    """Every import of a private module or name of a dependency (``kopf._core...``, ``from x import _y``)."""
+    out = []
+    for imp in found:
+        parts = imp.target.split(".")
+        if parts[0] in ("gpuplane", "__future__"):
+            continue
+        if any(p.startswith("_") and not (p.startswith("__") and p.endswith("__")) for p in parts):
+            out.append(f"{imp.path.relative_to(root)}:{imp.line}: {imp.module} imports {imp.target}")
+    return out
+
+
+def test_no_private_module_of_a_dependency_is_imported() -> None:
+    """Issue 34: the controller is built on kopf's public API; no ``kopf._...`` (nor any dependency's) import."""
+    found = all_imports(REPO)
+    assert private_imports(found, REPO) == []
+
+
+def test_a_private_import_is_reported(tmp_path: Path) -> None:
+    """The check on a tree that imports kopf's internals two ways, and gpuplane's own private module (allowed)."""
+    root = _tree(
+        tmp_path,
+        {
+            "gpuplane/__init__.py": "",
+            "gpuplane/a.py": "from kopf._cogs.clients import api\nimport gpuplane.driver._proto\n",
+            "gpuplane/b.py": "def f():\n    from kopf import _core\n    return _core\n",
+        },
+    )
+    assert private_imports(all_imports(root), root) == [
+        "gpuplane/a.py:1: gpuplane.a imports kopf._cogs.clients.api",
+        "gpuplane/b.py:2: gpuplane.b imports kopf._core",
+    ]

@@ -1,37 +1,24 @@
-"""An object that stops qualifying for an index leaves it (kopf's own indexing machinery, no cluster).
+"""An object that stops qualifying for an index leaves it, and the plan sees the change (the controller's informers).
 
-kopf (1.45) keeps an object's earlier index entry when its index handler returns None
-(``OperatorIndexers.replace`` stores non-None results and purges only handlers filtered out), so a
-pod indexed while pending stayed in ``pending_pod_idx`` after it was bound, a deep copy of its spec
-each, until the pod was deleted: in fleet run 10 about 3,000 bound pods, 40 MB of the long-lived
-leader, and the steering loop walked them every pass. Handlers now return an empty mapping.
+Under kopf (1.45) an index handler that returned None kept the object's earlier entry, so a pod
+indexed while pending stayed in ``pending_pod_idx`` after it was bound (fleet run 10: about 3,000
+bound pods, 40 MB of the leader). The informer (:mod:`gpuplane.informer.cache`) replaces an
+object's entries on every event: what an indexer no longer returns is dropped.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-import kopf
-from kopf._core.actions import execution
-from kopf._core.engines import indexing
-
 from gpuplane.api import boundedjson
-from gpuplane.controller import config, handlers, metrics, runtime
-
-REG = handlers.make_registry(config.parse_args(["--identity", "x"], {}))
-BY_ID = {str(h.id): h for h in REG._indexing.get_all_handlers()}
+from gpuplane.controller import caches, config, handlers, metrics, runtime
 
 
-def _memo() -> runtime.Runtime:
-    return runtime.Runtime.create(config.parse_args(["--identity", "x"], {}), None, metrics.ControllerMetrics())  # type: ignore[arg-type]
-
-
-def _index(indexers: indexing.OperatorIndexers, hid: str, raw: dict[str, Any], memo: runtime.Runtime) -> None:
-    """What kopf does with one event of ``raw`` for the handler ``hid``: call it, then store its outcome."""
-    body = kopf.Body(raw)
-    meta = raw.get("metadata") or {}
-    result = BY_ID[hid].fn(body=body, namespace=meta.get("namespace"), name=meta.get("name"), memo=memo)
-    indexers.replace(body, {BY_ID[hid].id: execution.Outcome(final=True, result=result)})
+def _reads() -> tuple[runtime.Runtime, handlers.Reads]:
+    cfg = config.parse_args(["--identity", "x"], {})
+    rt = runtime.Runtime.create(cfg, None, metrics.ControllerMetrics())  # type: ignore[arg-type]
+    return rt, handlers.make_reads(cfg, rt, None)
 
 
 def _pod(node: str = "") -> dict[str, Any]:
@@ -42,41 +29,39 @@ def _pod(node: str = "") -> dict[str, Any]:
 
 
 def _too_deep(raw: dict[str, Any]) -> Any:
-    """``raw`` with a field nested past the decoder's bound, as the decoder hands it to kopf."""
+    """``raw`` with a field nested past the decoder's bound, as the decoder hands it on."""
     stub = boundedjson.quarantine({**raw, "spec": {**(raw.get("spec") or {}), "deep": boundedjson.TOO_DEEP}})
     assert boundedjson.rejection(stub) is not None
     return stub
 
 
-def _fresh(hid: str) -> indexing.OperatorIndexers:
-    indexers = indexing.OperatorIndexers()
-    indexers.ensure([BY_ID[hid]])
-    return indexers
-
-
 def test_a_pending_pod_leaves_the_pending_index_when_it_is_bound() -> None:
-    indexers, memo = _fresh("pending_pod_idx"), _memo()
-    _index(indexers, "pending_pod_idx", _pod(), memo)
-    assert list(indexers.indices["pending_pod_idx"]) == ["ns/p"]
-    _index(indexers, "pending_pod_idx", _pod(node="n1"), memo)
-    assert list(indexers.indices["pending_pod_idx"]) == []
+    """A bound pod's entry in ``pending_pod_idx`` is dropped on its next event."""
+    _, reads = _reads()
+    pods = reads.caches.informer("pods")
+    pods.apply("ADDED", _pod())
+    assert list(reads.caches.indexes["pending_pod_idx"]) == ["ns/p"]
+    pods.apply("MODIFIED", _pod(node="n1"))
+    assert list(reads.caches.indexes["pending_pod_idx"]) == []
 
 
 def test_a_gang_that_turns_unreadable_leaves_the_index_and_the_plan_sees_it() -> None:
-    indexers, memo = _fresh("gang_idx"), _memo()
+    """A quarantined gang is in no index, and the change bumps the plan's version."""
+    rt, reads = _reads()
+    gangs = reads.caches.informer("gangs")
     gang = {"metadata": {"namespace": "ns", "name": "g", "uid": "u2"}, "spec": {"size": 2}}
-    _index(indexers, "gang_idx", gang, memo)
-    assert list(indexers.indices["gang_idx"]) == ["ns/g"]
-    version = memo.shared.version
-    _index(indexers, "gang_idx", _too_deep(gang), memo)
-    assert list(indexers.indices["gang_idx"]) == [] and memo.shared.version > version
+    gangs.apply("ADDED", gang)
+    assert list(reads.caches.indexes["gang_idx"]) == ["ns/g"]
+    version = rt.shared.version
+    gangs.apply("MODIFIED", _too_deep(gang))
+    assert list(reads.caches.indexes["gang_idx"]) == [] and rt.shared.version > version
 
 
-def test_no_index_handler_answers_none() -> None:
-    """None would keep the object's earlier entry; every handler declines with a mapping instead."""
-    memo = _memo()
+def test_every_indexer_answers_a_mapping_and_none_indexes_a_quarantined_object() -> None:
+    """Every index declines a quarantined object with an empty mapping (the informer then drops its entry)."""
     bodies = [_too_deep(_pod()), _pod(node="n1"), {"metadata": {"namespace": "ns", "name": "o", "uid": "u4"}}]
-    for hid, h in BY_ID.items():
-        for raw in bodies:
-            result = h.fn(body=kopf.Body(raw), namespace="ns", name="o", memo=memo)
-            assert result is not None, (hid, raw)
+    for stream in caches.streams(metrics.ControllerMetrics()):
+        for name, indexer in stream.indexers.items():
+            for raw in bodies:
+                assert isinstance(indexer(raw), Mapping), (name, raw)
+            assert dict(indexer(bodies[0])) == {}, name

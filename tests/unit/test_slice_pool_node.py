@@ -17,7 +17,7 @@ import pytest
 
 from gpuplane.api import names as dn
 from gpuplane.api import noisy_taint
-from gpuplane.controller import config, handlers
+from gpuplane.controller import caches
 from gpuplane.controller import metrics as metrics_mod
 from gpuplane.controller.node import slice_index, snapshot_builder
 from gpuplane.controller.rebalance import loop
@@ -69,10 +69,9 @@ class Memo:
         return got or 0.0
 
 
-@pytest.fixture(scope="module")
-def slice_idx_fn() -> Any:
-    reg = handlers.make_registry(config.parse_args(["--identity", "x"], {}))
-    return next(h.fn for h in reg._indexing.get_all_handlers() if h.id == "slice_idx")
+def slice_idx_fn(memo: Memo) -> caches.SliceIndexer:
+    """The controller's slice indexer, counting into ``memo``'s metrics."""
+    return caches.SliceIndexer(memo.metrics, slice_index.Interner())
 
 
 class TestUntrusted:
@@ -95,36 +94,33 @@ class TestUntrusted:
 
 
 class TestSliceIndex:
-    def test_a_forged_slice_is_not_indexed_counted_and_logged(
-        self, slice_idx_fn: Any, caplog: pytest.LogCaptureFixture
-    ) -> None:
+    def test_a_forged_slice_is_not_indexed_counted_and_logged(self, caplog: pytest.LogCaptureFixture) -> None:
         memo = Memo()
         with caplog.at_level(logging.WARNING):
-            got = slice_idx_fn(body=FORGED, name="attacker-gpuplane-0", namespace=None, memo=memo)
-        assert dict(got) == {}  # not indexed; a change the plan must see (it may have been indexed before)
-        assert memo.touches == 1
+            got = slice_idx_fn(memo)(FORGED)
+        assert dict(got) == {}  # not indexed
         assert memo.untrusted(slice_index.POOL_NOT_NODE) == 1
         assert any(
             "attacker-gpuplane-0" in r.getMessage() and "pool-not-node" in r.getMessage() for r in caplog.records
         )
 
-    def test_a_slice_naming_no_node_is_counted_by_its_reason(self, slice_idx_fn: Any) -> None:
+    def test_a_slice_naming_no_node_is_counted_by_its_reason(self) -> None:
         memo = Memo()
-        assert dict(slice_idx_fn(body=NO_NODE, name="cluster-wide", namespace=None, memo=memo)) == {}
+        assert dict(slice_idx_fn(memo)(NO_NODE)) == {}
         assert memo.untrusted(slice_index.NO_NODE) == 1
         assert memo.untrusted(slice_index.POOL_NOT_NODE) == 0
 
-    def test_the_rebalancer_never_sees_the_forged_noisy_taint(self, slice_idx_fn: Any) -> None:
+    def test_the_rebalancer_never_sees_the_forged_noisy_taint(self) -> None:
         memo = Memo()
         idx: dict[str, list[Any]] = {}
         for b in (FORGED, NO_NODE, OWN):
-            for node, d in slice_idx_fn(body=b, name=b["metadata"]["name"], namespace=None, memo=memo).items():
+            for node, d in slice_idx_fn(memo)(b).items():
                 idx.setdefault(node, []).append(d)
         assert list(idx) == ["victim"]
         assert loop.noisy_slices(idx) == []  # the taint naming the victim's claim is nowhere
 
-    def test_the_own_nodes_noisy_taint_still_reaches_the_rebalancer(self, slice_idx_fn: Any) -> None:
+    def test_the_own_nodes_noisy_taint_still_reaches_the_rebalancer(self) -> None:
         own = body("victim-gpuplane-0", "victim", "victim", gpu("gpu-0", TAINT))
-        got = slice_idx_fn(body=own, name="victim-gpuplane-0", namespace=None, memo=Memo())
+        got = slice_idx_fn(Memo())(own)
         noisy = loop.noisy_slices({k: [v] for k, v in got.items()})
         assert [t["value"] for s in noisy for d in s["devices"] for t in d["taints"]] == [TAINT["value"]]

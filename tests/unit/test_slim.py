@@ -1,9 +1,10 @@
-"""What kopf keeps of a watched object (gpuplane.controller.slim): the slice index is unchanged, the body is not kept.
+"""What the informers keep of a watched object (gpuplane.controller.slim): the slice index is unchanged.
 
 The driver's own slices (three simulated nodes, HGX and GB200) are indexed from their full bodies and
-from the slimmed ones kopf_decoding hands kopf; the digests are equal, and the slimmed body holds no
-device, no counter set and no managedFields. Through kopf's own list and watch code against an HTTP
-server, every listed or watched slice arrives slimmed and a pod arrives without managedFields.
+from the slimmed ones the slices stream's transform makes; the digests are equal, and the slimmed body
+holds no device, no counter set and no managedFields. Through the controller's own informers (HTTP
+client, list and watch) against an HTTP server, every listed or watched slice is indexed from its
+slimmed form and a pod's handlers see it without managedFields.
 """
 
 from __future__ import annotations
@@ -11,36 +12,26 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import logging
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
-from kopf._cogs.clients import api as kopf_api
-from kopf._cogs.clients import auth, fetching
-from kopf._cogs.configs import configuration
-from kopf._cogs.structs import credentials, references
 
 from gpuplane.api import boundedjson
-from gpuplane.controller import config, handlers, kopf_decoding, slim
+from gpuplane.controller import caches, metrics, slim
+from gpuplane.controller.node import slice_index
+from gpuplane.informer.cache import Event, Informer
+from gpuplane.informer.client import Client, Endpoint
 from tests import indexkit
-from tests.kopfkit import pristine_kopf  # noqa: F401 - the fixture
 
 MANAGED = [{"manager": "gpuplane-driver", "operation": "Update", "fieldsV1": {"f:spec": {"f:devices": {}}}}]
 
 
-class Memo:
-    def touched(self) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def slice_idx() -> Any:
-    reg = handlers.make_registry(config.parse_args(["--identity", "x"], {}))
-    return {h.id: h.fn for h in reg._indexing.get_all_handlers()}["slice_idx"]
+    return caches.SliceIndexer(metrics.ControllerMetrics(), slice_index.Interner())
 
 
 def test_the_slice_index_is_the_same_from_the_slimmed_body(slice_idx: Any, tmp_path: Path) -> None:
@@ -48,14 +39,14 @@ def test_the_slice_index_is_the_same_from_the_slimmed_body(slice_idx: Any, tmp_p
     slimmer = slim.Slimmer()
     for body in raw:
         name = body["metadata"]["name"]
-        full = slice_idx(body=copy.deepcopy(body), name=name, namespace=None, memo=Memo())
+        full = slice_idx(copy.deepcopy(body))
         cut = slimmer(
             {**copy.deepcopy(body), "metadata": {**body["metadata"], "managedFields": MANAGED}}, "ResourceSlice"
         )
         assert "devices" not in cut["spec"] and "sharedCounters" not in cut["spec"]
         assert "managedFields" not in cut["metadata"] and cut["metadata"]["name"] == name
         assert cut["spec"]["nodeName"] == body["spec"]["nodeName"] and cut["spec"]["driver"] == body["spec"]["driver"]
-        assert slice_idx(body=cut, name=name, namespace=None, memo=Memo()) == full
+        assert slice_idx(cut) == full
     devices = sum(len(b["spec"].get("devices") or []) for b in raw)
     assert devices > 100  # the fleet's slices are not trivial: HGX MIG placements and GB200 GPUs
 
@@ -99,7 +90,7 @@ def test_objects_slim_leaves_alone() -> None:
     assert slim.digest_of({"spec": {}}) == (False, None)
 
 
-# --- through kopf's own list and watch code ----------------------------------------------------------
+# --- through the controller's informers (HTTP client, paged list, watch) -----------------------------
 
 
 def _slices(tmp: Path) -> list[dict[str, Any]]:
@@ -111,9 +102,10 @@ def _slices(tmp: Path) -> list[dict[str, Any]]:
     return out
 
 
-async def _via_kopf(tmp: Path) -> tuple[list[Any], list[Any], list[Any]]:
+async def _via_informers(tmp: Path) -> tuple[Informer, Informer, list[Event]]:
     slices = _slices(tmp)
     pods = [{"metadata": {"name": "p", "namespace": "ns", "uid": "u", "managedFields": MANAGED}, "spec": {}}]
+    stop = asyncio.Event()
 
     async def listing(request: web.Request) -> web.StreamResponse:
         if request.query.get("watch") == "true":
@@ -124,11 +116,13 @@ async def _via_kopf(tmp: Path) -> tuple[list[Any], list[Any], list[Any]]:
                 await response.write((json.dumps({"type": "MODIFIED", "object": obj}) + "\n").encode())
             await response.write_eof()
             return response
-        listed = {"kind": "ResourceSliceList", "apiVersion": "resource.k8s.io/v1", "metadata": {}, "items": slices}
+        listed = {"kind": "ResourceSliceList", "metadata": {"resourceVersion": "7"}, "items": slices}
         return web.Response(text=json.dumps(listed), content_type="application/json")
 
-    async def pod_list(_: web.Request) -> web.Response:
-        body = {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": pods}
+    async def pod_list(request: web.Request) -> web.StreamResponse:
+        if request.query.get("watch") == "true":
+            await stop.wait()  # a watch with nothing to say, until the test ends
+        body = {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "7"}, "items": pods}
         return web.Response(text=json.dumps(body), content_type="application/json")
 
     app = web.Application()
@@ -138,65 +132,45 @@ async def _via_kopf(tmp: Path) -> tuple[list[Any], list[Any], list[Any]]:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    vault = credentials.Vault()
-    await vault.populate({"t": credentials.ConnectionInfo(server=f"http://127.0.0.1:{runner.addresses[0][1]}")})
-    auth.vault_var.set(vault)
-    settings = configuration.OperatorSettings()
-    log = logging.getLogger("t")
-    res = references.Resource(group="resource.k8s.io", version="v1", plural="resourceslices", namespaced=False)
-    pod_res = references.Resource(group="", version="v1", plural="pods", namespaced=True)
+    client = Client(Endpoint(f"http://127.0.0.1:{runner.addresses[0][1]}", False, lambda: None))
+    streams = {s.name: s for s in caches.streams(metrics.ControllerMetrics())}
+    pod_events: list[Event] = []
+    slices_inf = Informer(client, streams["slices"])
+    pods_inf = Informer(client, streams["pods"], [pod_events.append])
+    tasks = [asyncio.create_task(i.run()) for i in (slices_inf, pods_inf)]
+
+    async def done() -> None:
+        await pods_inf.synced.wait()
+        while slices_inf.counters.events < len(slices):
+            await asyncio.sleep(0.01)
+
     try:
-        listed = [
-            i
-            async for chunk, _ in fetching.fetch_objs(settings=settings, resource=res, namespace=None, logger=log)
-            for i in chunk
-        ]
-        listed_pods = [
-            i
-            async for chunk, _ in fetching.fetch_objs(settings=settings, resource=pod_res, namespace=None, logger=log)
-            for i in chunk
-        ]
-        url = res.get_url(namespace=None, params={"watch": "true"})
-        stream: AsyncIterator[Any] = kopf_api.stream(url=url, settings=settings, logger=log)
-        watched = [e async for e in stream]
+        await asyncio.wait_for(done(), timeout=30)
     finally:
+        stop.set()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await client.close()
         await runner.cleanup()
-    return listed, listed_pods, watched
+    return slices_inf, pods_inf, pod_events
 
 
-@pytest.mark.usefixtures("pristine_kopf")
-def test_kopf_lists_and_watches_slimmed_slices(tmp_path: Path) -> None:
-    kopf_decoding.install(transform=slim.Slimmer())
-    listed, pods, watched = asyncio.run(_via_kopf(tmp_path))
-    assert listed and len(watched) == len(listed)
-    for obj in [*listed, *(e["object"] for e in watched)]:
-        assert "devices" not in obj["spec"] and "managedFields" not in obj["metadata"]
-        ok, digest = slim.digest_of(obj)
-        assert ok and digest is not None and digest.node == obj["spec"]["nodeName"]
-    got = [slim.digest_of(o)[1] for o in listed]
-    assert sum(len(d.gpus) for d in got if d is not None) == 8 + 8 + 4
-    assert listed[0]["kind"] == "ResourceSlice"  # kopf fills kind/apiVersion from the list as usual
-    assert pods == [
-        {"metadata": {"name": "p", "namespace": "ns", "uid": "u"}, "spec": {}, "kind": "Pod", "apiVersion": "v1"}
-    ]
-
-
-@pytest.mark.usefixtures("pristine_kopf")
-def test_without_the_transform_kopf_keeps_the_whole_slice(tmp_path: Path) -> None:
-    kopf_decoding.install()
-    listed, _, watched = asyncio.run(_via_kopf(tmp_path))
-    assert all(("devices" in o["spec"] or "sharedCounters" in o["spec"]) for o in listed)
-    assert all("managedFields" in o["metadata"] for o in listed)
-    assert all(slim.DIGEST not in e["object"] for e in watched)
-
-
-def test_kopf_can_build_its_diff_base_of_a_slimmed_slice(tmp_path: Path) -> None:
-    """kopf deep-copies every body for its diff base (diffbase.build); a digest holds read-only mappings."""
-    from kopf._cogs.configs import diffbase
-    from kopf._cogs.structs import bodies
-
-    slimmer = slim.Slimmer()
+def test_the_informers_index_slimmed_slices_and_hand_on_pods_without_managed_fields(tmp_path: Path) -> None:
+    """Listed and watched slices are indexed from their digests; handlers get a pod without managedFields."""
+    slices_inf, _, pod_events = asyncio.run(_via_informers(tmp_path))
+    index = slices_inf.indexes["slice_idx"]
+    want = caches.SliceIndexer(metrics.ControllerMetrics(), slice_index.Interner())
+    expected: dict[str, list[Any]] = {}
     for raw in indexkit.fleet(tmp_path):
-        cut = slimmer(copy.deepcopy(raw), "ResourceSlice")
-        essence = diffbase.AnnotationsDiffBaseStorage(prefix="gpuplane.dev").build(body=bodies.Body(cut))
-        assert essence[slim.DIGEST] == cut[slim.DIGEST] and slim.digest_of(copy.deepcopy(cut)) == slim.digest_of(cut)
+        for node, digest in want(raw).items():
+            expected.setdefault(node, []).append(digest)
+    assert {n: sorted(d.name for d in index[n]) for n in index} == {
+        n: sorted(d.name for d in ds) for n, ds in expected.items()
+    }
+    got = [d for n in index for d in index[n]]
+    assert sum(len(d.gpus) for d in got) == 8 + 8 + 4
+    assert slices_inf.version == "7" and slices_inf.counters.lists == 1
+    assert [e.obj for e in pod_events] == [
+        {"metadata": {"name": "p", "namespace": "ns", "uid": "u"}, "spec": {}, "kind": "Pod"}
+    ]

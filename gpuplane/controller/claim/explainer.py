@@ -49,5 +49,5 @@ async def run(
     leading: Callable[[], bool],
     interval_s: float,
 ) -> None:
-    """Forever: wait, then one pass if ``leading()`` (never before kopf's start-up barrier opened)."""
+    """Forever: wait, then one pass if ``leading()`` (started once the informers synced)."""
     await periodic.every(interval_s, leading, lambda: explain_pass(claim_idx, begin), "unallocated-claim")

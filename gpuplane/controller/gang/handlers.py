@@ -1,11 +1,13 @@
-"""kopf registrations of GpuGangs: reconcile on every change and resync, and release on deletion.
+"""GpuGangs: reconciled from the gang work queue (every change and every resync), released on deletion by kopf.
 
-Thin: each handler translates kopf's arguments and calls :mod:`gpuplane.controller.runtime`.
+Thin: each entry point translates its arguments and calls :mod:`gpuplane.controller.runtime`. The
+gang informer (:mod:`gpuplane.controller.caches`) queues a gang's key on every event and the resync
+loop queues every gang every ``--resync`` seconds; :func:`reconcile` is the queue's worker.
 
-Deletion is kopf's ``on.delete`` handler (kopf's finalizer, which GpuGangs carry anyway for the
-resync timer, holds the gang until the handler succeeds). Releasing from the watch's ``DELETED``
-event instead, as before, was an edge nobody repeats: a gang deleted while no replica led (the
-leader killed, the standby not yet holding the Lease) left its member pods running on claims and on
+Deletion is kopf's ``on.delete`` handler (kopf's finalizer holds the gang until the handler succeeds).
+Releasing from the watch's ``DELETED`` event instead, as before, was an edge nobody repeats: a gang
+deleted while no replica led (the leader killed, the standby not yet holding the Lease) left its member pods
+running on claims and on
 an IMEX channel whose domain was torn down. Now the deletion waits, ``Terminating``, until a leader
 with complete indexes has released what is left of the gang; a standby answers "not yet"
 (:class:`kopf.TemporaryError`) and kopf asks again, so whichever replica leads next does it. The
@@ -27,7 +29,7 @@ from typing import Any
 import kopf
 import structlog
 
-from gpuplane.controller import events, kopf_barrier, names, rejects, runtime
+from gpuplane.controller import events, indexed, names, rejects, runtime
 from gpuplane.controller.gang import deleted, desired, world
 
 log = structlog.get_logger(__name__)
@@ -35,34 +37,25 @@ log = structlog.get_logger(__name__)
 RETRY_S = 2.0  # a standby's (or a replica's still indexing) "ask again in"
 GIVE_UP_S = 300.0  # a release whose writes keep failing lets the gang go after this long
 
-WorldOf = Callable[[runtime.Runtime, Mapping[str, Any]], world.World]
+WorldOf = Callable[[runtime.Runtime], world.World]  # the caches' World now (runtime.make_world)
 
 
-def register(reg: kopf.OperatorRegistry, world_of: WorldOf, resync_s: float) -> None:
-    """The GpuGang handlers on ``reg`` (``world_of(memo, kw)``: the handlers' copy of the indexes)."""
+async def reconcile(rt: runtime.Runtime, key: str, world_of: WorldOf) -> None:
+    """Reconcile gang ``key`` (the gang work queue's worker: on every change and every resync)."""
+    if not rt.leading():  # a standby only keeps its caches warm
+        return
+    async with rt.lock():
+        await runtime.reconcile_gang(rt, key, world_of(rt), time.time())
 
-    async def gang(namespace: str | None, name: str, memo: runtime.Runtime, kw: Mapping[str, Any]) -> None:
-        if not memo.leading():  # a standby only keeps its indexes warm
-            return
-        async with memo.lock():
-            await runtime.reconcile_gang(memo, f"{namespace}/{name}", world_of(memo, kw), time.time())
 
-    @kopf.timer(names.GROUP, names.VERSION, names.GANG_PLURAL, interval=resync_s, registry=reg)
-    async def gang_timer(namespace: str | None, name: str, memo: Any, **kw: Any) -> None:
-        await gang(namespace, name, memo, kw)
-
-    @kopf.on.event(names.GROUP, names.VERSION, names.GANG_PLURAL, registry=reg)
-    async def gang_event(body: kopf.Body, namespace: str | None, name: str, type: str, memo: Any, **kw: Any) -> None:
-        if type == "DELETED":  # released already (gang_release, below); every replica drops its caches
-            gang_gone(memo, f"{namespace}/{name}")
-        elif type in ("ADDED", "MODIFIED") and not body.get("metadata", {}).get("deletionTimestamp"):
-            await gang(namespace, name, memo, kw)
+def register(reg: kopf.OperatorRegistry, world_of: WorldOf) -> None:
+    """The GpuGang deletion handler on ``reg`` (kopf's finalizer holds a deleted gang until it returns)."""
 
     @kopf.on.delete(names.GROUP, names.VERSION, names.GANG_PLURAL, optional=False, registry=reg)
     async def gang_release(body: kopf.Body, namespace: str | None, name: str, memo: Any, **kw: Any) -> None:
         elapsed: datetime.timedelta = kw["runtime"]  # kopf's: since the first attempt at this deletion
-        plain = {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec", "status") if k in body}
-        await release(memo, f"{namespace}/{name}", plain, lambda: world_of(memo, kw), elapsed.total_seconds())
+        plain = indexed.plain(body, "spec", "status")
+        await release(memo, f"{namespace}/{name}", plain, lambda: world_of(memo), elapsed.total_seconds())
 
 
 async def release(
@@ -72,7 +65,7 @@ async def release(
     again); returning lets kopf remove the finalizer. ``elapsed_s``: since the first attempt."""
     if rejects.rejected(body):  # unreadable: never placed, nothing to release
         return
-    if not rt.leading() or not kopf_barrier.indexed():
+    if not rt.leading() or not rt.caches.synced():
         raise kopf.TemporaryError("the leader releases a deleted gang, on complete indexes", delay=RETRY_S)
     async with rt.lock():
         released = await release_deleted_gang(rt, key, body, world_now())

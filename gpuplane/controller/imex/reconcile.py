@@ -39,7 +39,7 @@ import structlog
 from kubernetes.client.exceptions import ApiException
 
 from gpuplane.api import imex, imex_group
-from gpuplane.controller import events, kopf_barrier, kube, runtime
+from gpuplane.controller import events, kube, runtime
 from gpuplane.controller.gang import world
 from gpuplane.controller.imex import decide, gangs, groups, hold, objects, readiness
 from gpuplane.controller.imex.api import ImexApi
@@ -220,8 +220,8 @@ def objects_name(obj: Mapping[str, Any]) -> str:
 
 
 async def run(rt: runtime.Runtime, world_of: Callable[[], world.World], tick_s: float = TICK_S) -> None:
-    """Forever, once kopf's start-up barrier opened: a pass when one is due and this replica leads."""
-    await kopf_barrier.wait_indexed()
+    """Forever, once the informers synced: a pass when one is due and this replica leads."""
+    await rt.caches.wait_synced()
     one = Pass(rt, world_of, ImexApi(rt.writer))
     first = True  # the first pass right away: gangs placed meanwhile wait for it (hold.decide)
     while True:
@@ -249,9 +249,9 @@ async def run(rt: runtime.Runtime, world_of: Callable[[], world.World], tick_s: 
             one.retry_at = now + RETRY_S
 
 
-def register(reg: kopf.OperatorRegistry, world_of: Callable[[runtime.Runtime, Mapping[str, Any]], world.World]) -> None:
-    """The loop's start on ``reg`` (``world_of(memo, kw)``: the handlers' copy of the indexes)."""
+def register(reg: kopf.OperatorRegistry) -> None:
+    """The loop's start on ``reg`` (the World from the informers' indexes, ``runtime.world_now``)."""
 
     @kopf.on.startup(registry=reg)
-    async def start_imex(memo: runtime.Runtime, **kw: Any) -> None:
-        memo.shared.tasks.append(asyncio.create_task(run(memo, lambda: world_of(memo, kw))))
+    async def start_imex(memo: runtime.Runtime, **_: Any) -> None:
+        memo.shared.tasks.append(asyncio.create_task(run(memo, lambda: runtime.world_now(memo))))

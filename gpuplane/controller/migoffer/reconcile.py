@@ -1,6 +1,6 @@
 """The leader's MIG-offer pass: the fleet read from the indexes, the offer decided, the ConfigMap written. Does I/O.
 
-Every ``INTERVAL_S`` while this replica leads (after kopf's start-up barrier): one copy of the indexes
+Every ``INTERVAL_S`` while this replica leads (once the informers synced): one copy of the indexes
 (slices, nodes, claims, pending pods) becomes a snapshot (:mod:`.snapshot`), :func:`.decide.decide` sizes
 the offer, and the ConfigMap ``gpuplane-mig-offer`` is written only when the offer's text changed (one write;
 each driver whose GPUs changed republishes its own slices). A claim that starts waiting for an offer gets
@@ -122,10 +122,10 @@ def register(reg: kopf.OperatorRegistry, settings: decide.Settings, enabled: boo
     """The loop's start on ``reg``: leader-only, like the controller's other loops."""
 
     @kopf.on.startup(registry=reg)
-    async def start_mig_offer(memo: runtime.Runtime, **kw: Any) -> None:
+    async def start_mig_offer(memo: runtime.Runtime, **_: Any) -> None:
         if not enabled:
             return
-        one = Pass(memo, kw, settings)
+        one = Pass(memo, memo.caches.indexes, settings)
         term = [memo.leading()]
 
         def leading() -> bool:
@@ -135,4 +135,5 @@ def register(reg: kopf.OperatorRegistry, settings: decide.Settings, enabled: boo
             term[0] = now
             return now
 
-        memo.shared.tasks.append(asyncio.create_task(periodic.every(INTERVAL_S, leading, one.once, "MIG offer")))
+        loop = periodic.every(INTERVAL_S, leading, one.once, "MIG offer")
+        memo.shared.tasks.append(asyncio.create_task(runtime.after_sync(memo, loop)))

@@ -28,7 +28,7 @@ async def run(
     claim_idx: Mapping[Any, Iterable[Any]],
     interval_s: float,
 ) -> None:
-    """Forever: wait, then one pass if ``leading()`` (never before kopf's start-up barrier opened)."""
+    """Forever: wait, then one pass if ``leading()`` (started once the informers synced)."""
 
     def one_pass() -> Any:
         return rebalancer.run_pass(noisy_slices(slice_idx), list(indexed.single(claim_idx).values()))
