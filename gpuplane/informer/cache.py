@@ -288,11 +288,14 @@ class Informer:
             except ListingFellBehind:
                 raise
             except ApiError as err:
-                if err.gone:
+                if err.gone and listed:
                     log.info("watch too old; listing again", stream=self.stream.name)
                     listed = False
                     continue
-                if err.status == 404 and not listed:  # not served (an optional CRD): empty, and looked for again
+                if err.status == 404 and listed:  # the resource went away (its CRD deleted): list to find out
+                    listed = False
+                    continue
+                if err.status == 404:  # not served (an optional CRD): empty, and looked for again
                     if not self.synced.is_set():
                         log.info("resource not served; treated as empty", stream=self.stream.name)
                     self.vanished(set())

@@ -43,6 +43,8 @@ class WorkQueue(Generic[T]):
         self._order: deque[str] = deque()  # keys ready to run, each once
         self._active: set[str] = set()  # in a worker now
         self._failures: dict[str, int] = {}
+        self._added: dict[str, int] = {}  # key -> the number of its latest add: a retry is for that add's payload
+        self._adds = 0
         self._wake = asyncio.Event()
         self.done = 0  # runs finished (successes and failures)
         self.failed = 0
@@ -54,6 +56,8 @@ class WorkQueue(Generic[T]):
         """Reconcile ``key`` with ``payload`` (replacing a payload still waiting)."""
         fresh = key not in self._payload
         self._payload[key] = payload
+        self._adds += 1
+        self._added[key] = self._adds
         if fresh and key not in self._active:
             self._order.append(key)
             self._wake.set()
@@ -63,12 +67,13 @@ class WorkQueue(Generic[T]):
         n = self._failures.get(key, 0)
         return float(min(self.base_s * 2.0 ** max(n - 1, 0), self.max_s))
 
-    def _later(self, key: str, payload: T) -> None:
-        if key not in self._payload:  # not added again meanwhile (a newer payload wins)
+    def _later(self, key: str, payload: T, added: int) -> None:
+        if self._added.get(key) == added and key not in self._payload:  # not added since: a newer payload wins
             self.add(key, payload)
 
     async def _one(self, key: str) -> None:
         payload = self._payload.pop(key)
+        added = self._added.get(key, 0)
         self._active.add(key)
         try:
             await self.process(key, payload)
@@ -78,10 +83,12 @@ class WorkQueue(Generic[T]):
             self._failures[key] = self._failures.get(key, 0) + 1
             delay = self.retry_delay(key)
             log.warning("reconcile failed; retrying", queue=self.name, key=key, error=str(exc)[:300], retry_in_s=delay)
-            asyncio.get_running_loop().call_later(delay, self._later, key, payload)
+            asyncio.get_running_loop().call_later(delay, self._later, key, payload, added)
         finally:
             self.done += 1
             self._active.discard(key)
+            if key not in self._payload and key not in self._failures:
+                self._added.pop(key, None)  # nothing owed for it: forget the key
             if key in self._payload:  # added while in flight: once more
                 self._order.append(key)
                 self._wake.set()

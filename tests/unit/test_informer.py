@@ -298,10 +298,10 @@ async def test_too_deep_objects_arrive_quarantined_and_later_events_still_apply(
 
 
 @synchronous
-async def test_watch_line_larger_than_64_kib_is_applied() -> None:
-    """A watch event of ~300 kB (beyond aiohttp's default line limit) is applied whole, and the next one too."""
+async def test_watch_line_larger_than_aiohttp_line_limit_is_applied() -> None:
+    """A 1 MB watch event (past aiohttp's readline limit, 512 KiB in aiohttp 3.14) is applied, and the next one too."""
     big = thing("big", "n1", "11")
-    big["metadata"]["annotations"] = {"note": "x" * 300_000}
+    big["metadata"]["annotations"] = {"note": "x" * 1_000_000}
     events: list[Event] = []
     api = FakeApi(lambda q: page([], rv="10"))
     async with running(api, handlers=[events.append]) as (informer, _):
@@ -310,7 +310,7 @@ async def test_watch_line_larger_than_64_kib_is_applied() -> None:
         api.feed.put_nowait(line("ADDED", thing("small", "n2", "12")))
         await until(lambda: informer.version == "12")
         objs = {e.key: e.obj for e in events}
-        assert objs["ns/big"]["metadata"]["annotations"]["note"] == "x" * 300_000
+        assert objs["ns/big"]["metadata"]["annotations"]["note"] == "x" * 1_000_000
         assert names(informer, "n1") == ["big"] and names(informer, "n2") == ["small"]
         assert informer.counters.failures == 0
 
