@@ -4,13 +4,13 @@
 # release on PyPI, then runs import, mypy --strict and the unit tests, and prints one table:
 # package, locked, newest, and the outcome of each step. Nothing in the repository changes; run it
 # before raising a bound (then scripts/lock.sh --upgrade-package NAME and the whole suite).
-#   scripts/upgrade-probe.sh                       # kopf kubernetes grpcio protobuf pydantic structlog nvidia-ml-py
+#   scripts/upgrade-probe.sh                       # kopf kubernetes aiohttp grpcio protobuf pydantic structlog nvidia-ml-py
 #   scripts/upgrade-probe.sh kopf                  # one package
 #   UPGRADE_PROBE_PYTEST="-x tests/unit/test_x.py" scripts/upgrade-probe.sh
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PACKAGES=("$@")
-[ ${#PACKAGES[@]} -gt 0 ] || PACKAGES=(kopf kubernetes grpcio protobuf pydantic structlog nvidia-ml-py)
+[ ${#PACKAGES[@]} -gt 0 ] || PACKAGES=(kopf kubernetes aiohttp grpcio protobuf pydantic structlog nvidia-ml-py)
 WORK="$(mktemp -d /tmp/gpuplane-upgrade-probe.XXXXXX)"
 trap 'rm -rf "$WORK"' EXIT
 echo "==> venv from requirements/dev.lock in $WORK"

@@ -183,6 +183,7 @@ def make_reads(cfg: config.ControllerConfig, rt: runtime.Runtime, client: Client
             except Exception:  # the loop must outlive any one pass
                 log.exception("steering pass failed; retrying on the next wake")
 
+    rt.metrics.observe(informers.values(), (claims, labels, gangs))
     return Reads(rt.caches, claims, labels, gangs, (resync_gangs, steer_loop))
 
 

@@ -6,11 +6,14 @@ make as many as they like), created in main() and kept in the operator memo.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import prometheus_client as prom
 
 from gpuplane.httpauth import review, server, settings
+from gpuplane.informer.cache import Informer
+from gpuplane.informer.workqueue import WorkQueue
 
 
 class ControllerMetrics:
@@ -117,6 +120,51 @@ class ControllerMetrics:
         self.is_leader = prom.Gauge(
             "gpuplane_controller_is_leader", "1 while this replica holds the leader Lease.", registry=self.registry
         )
+
+        self.informer_synced = prom.Gauge(
+            "gpuplane_controller_informer_synced",
+            "1 once the stream's informer applied its first complete list (nothing is decided before every one is).",
+            ["stream"],
+            registry=self.registry,
+        )
+        self.informer_objects = prom.Gauge(
+            "gpuplane_controller_informer_objects",
+            "Objects of the stream held in its indexes.",
+            ["stream"],
+            registry=self.registry,
+        )
+        self.informer_failures = prom.Gauge(
+            "gpuplane_controller_informer_failures",
+            "Lists and watches of the stream that failed and were retried since the start (a counter's value).",
+            ["stream"],
+            registry=self.registry,
+        )
+        self.workqueue_depth = prom.Gauge(
+            "gpuplane_controller_workqueue_depth", "Keys waiting in a work queue.", ["queue"], registry=self.registry
+        )
+
+    def observe(self, informers: Iterable[Informer], queues: Iterable[WorkQueue[Any]]) -> None:
+        """The informers' and work queues' gauges, read at each scrape."""
+
+        def synced(i: Informer) -> Callable[[], float]:
+            return lambda: float(i.synced.is_set())
+
+        def size(i: Informer) -> Callable[[], float]:
+            return lambda: float(i.size())
+
+        def failures(i: Informer) -> Callable[[], float]:
+            return lambda: float(i.counters.failures)
+
+        def depth(q: WorkQueue[Any]) -> Callable[[], float]:
+            return lambda: float(len(q))
+
+        for inf in informers:
+            name = inf.stream.name
+            self.informer_synced.labels(stream=name).set_function(synced(inf))
+            self.informer_objects.labels(stream=name).set_function(size(inf))
+            self.informer_failures.labels(stream=name).set_function(failures(inf))
+        for q in queues:
+            self.workqueue_depth.labels(queue=q.name).set_function(depth(q))
 
     def serve(
         self,

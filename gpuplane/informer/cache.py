@@ -152,6 +152,10 @@ class Informer:
         self.version = ""  # the last resourceVersion seen
         self._entries: dict[str, tuple[tuple[str, str], ...]] = {}  # object key -> its (index, key) pairs
 
+    def size(self) -> int:
+        """Objects held in the indexes."""
+        return len(self._entries)
+
     # --- applying objects (no I/O: tests drive these directly) ------------------------------------
     def apply(self, type_: str, obj: dict[str, Any]) -> None:
         """One object's event: indexes updated, then every handler told."""

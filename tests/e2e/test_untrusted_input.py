@@ -220,15 +220,24 @@ def test_a_driver_rebuilds_its_checkpoint_past_the_deep_claim(gpu_cluster: GpuCl
 
 
 def test_a_replica_whose_watch_fails_releases_the_lease_and_exits(gpu_cluster: GpuCluster, ns: str) -> None:
-    """The supervisor around the real kopf: with the bounded decoder left out (as before issue 18), the deep
-    claim kills kopf's claim watcher; the replica must give up its Lease and exit non-zero, at once."""
+    """The supervisor around the informers and kopf: a stream whose listing falls behind for good (each list
+    outlived the API server's snapshot, ``ListingFellBehind``) ends the replica: it gives up its Lease and
+    exits non-zero at once, instead of running on without that stream's objects."""
     gc = gpu_cluster
     assert gc.cluster.state_dir is not None
     lease = f"watch-failure-{uuid.uuid4().hex[:5]}"
     log = gc.cluster.state_dir / "logs" / f"{lease}.log"
-    code = (
-        "import sys; from gpuplane.controller import kopf_decoding, main; "
-        "kopf_decoding.install = lambda *a, **k: None; main.main(sys.argv[1:])"
+    code = "\n".join(
+        [
+            "import asyncio, sys",
+            "from gpuplane.informer import cache",
+            "from gpuplane.controller import main",
+            "async def behind(self):",
+            "    await asyncio.sleep(3)",  # after the Lease is won
+            "    raise cache.ListingFellBehind(f'listing {self.stream.name} expired 10 times in a row (this test)')",
+            "cache.Informer.list_all = behind",
+            "main.main(sys.argv[1:])",
+        ]
     )
     argv = [
         sys.executable,
@@ -256,9 +265,9 @@ def test_a_replica_whose_watch_fails_releases_the_lease_and_exits(gpu_cluster: G
     took = time.monotonic() - started
     text = log.read_text(errors="replace")
     assert code_ == 1, text[-2000:]
-    assert "maximum recursion depth exceeded" in text  # kopf's watcher really failed on the deep claim
-    assert '"the operator failed; releasing the Lease and exiting"' in text  # kopf's root task, seen at once
+    assert "ListingFellBehind" in text and "expired 10 times in a row (this test)" in text  # the informers failed
+    assert '"the operator failed; releasing the Lease and exiting"' in text  # the root task's end, seen at once
     assert '"became leader"' in text and '"released the leader lease"' in text, text[-2000:]
     holder = client.CoordinationV1Api(gc.cluster.api).read_namespaced_lease(lease, "default").spec.holder_identity
     assert not holder, f"the Lease is still held by {holder!r}"
-    print(f"\n[e2e] watcher failed -> Lease released and exit 1 after {took:.1f}s (process start included)")
+    print(f"\n[e2e] informer failed -> Lease released and exit 1 after {took:.1f}s (process start included)")

@@ -225,3 +225,24 @@ def test_before_the_informers_synced_events_only_queue_work_and_after_it_each_ke
 
 async def _record(seen: list[str], key: str) -> None:
     seen.append(key)
+
+
+def test_the_informers_and_queues_are_measured() -> None:
+    """Each stream's synced flag, object count and failures, and each work queue's depth, are gauges read at scrape."""
+    cfg = config.parse_args(["--identity", "m"], {})
+    rt = runtime.Runtime.create(cfg, None, metrics.ControllerMetrics())  # type: ignore[arg-type]
+    reads = handlers.make_reads(cfg, rt, None)
+    claim = {"metadata": {"name": "c", "namespace": "ns", "uid": "cu"}, "spec": {}}
+    reads.caches.informer("claims").apply("ADDED", claim)
+    reads.caches.informer("claims").synced.set()
+    reads.caches.informer("slices").counters.failures = 3
+
+    def sample(name: str, **labels: str) -> float | None:
+        return rt.metrics.registry.get_sample_value(name, labels)
+
+    assert sample("gpuplane_controller_informer_synced", stream="claims") == 1.0
+    assert sample("gpuplane_controller_informer_synced", stream="nodes") == 0.0
+    assert sample("gpuplane_controller_informer_objects", stream="claims") == 1.0
+    assert sample("gpuplane_controller_informer_failures", stream="slices") == 3.0
+    assert sample("gpuplane_controller_workqueue_depth", queue="claims") == 1.0
+    assert sample("gpuplane_controller_workqueue_depth", queue="gangs") == 0.0
