@@ -173,14 +173,23 @@ def internal_ip(body: Mapping[str, Any]) -> str:
 
 POD_SPEC_KEYS = ("nodeName", "resourceClaims", "schedulingGates", "nodeSelector", "affinity")
 MAX_OWN_ANNOTATION = 1024  # longer values of a gpuplane.dev/ key are not gpuplane's and are dropped
+ANNOTATION_BYTES = "annotationBytes"  # a pending pod's entry: the size the API counts of all its annotations
+
+
+def annotation_bytes(annotations: Any) -> int:
+    """The size the API server checks against its 256 KiB limit: every key's and value's bytes."""
+    if not isinstance(annotations, Mapping):
+        return 0
+    return sum(len(str(k).encode()) + len(v.encode() if isinstance(v, str) else b"") for k, v in annotations.items())
 
 
 def pending_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     """The indexed form of an unbound pod with a claim: what steering reads, nothing a tenant can inflate.
 
     Its identity, the spec fields steering decides and patches on (the claims, the gates, the node
-    selector and the affinity it rewrites), and only gpuplane's own annotation keys, each at most
-    ``MAX_OWN_ANNOTATION`` characters: a pod's owner may write 256 KiB of annotations and a large
+    selector and the affinity it rewrites), the size of all its annotations (steering leaves alone a
+    pod whose annotations leave no room for its own), and only gpuplane's own annotation keys, each at
+    most ``MAX_OWN_ANNOTATION`` characters: a pod's owner may write 256 KiB of annotations and a large
     spec (containers, volumes, env), and every pending pod is held here until it is bound.
     """
     meta = body.get("metadata") or {}
@@ -198,6 +207,7 @@ def pending_pod(body: Mapping[str, Any]) -> dict[str, Any]:
         "kind": body.get("kind"),
         "metadata": out_meta,
         "spec": {k: copy.deepcopy(spec[k]) for k in POD_SPEC_KEYS if k in spec},
+        ANNOTATION_BYTES: annotation_bytes(meta.get("annotations")),
     }
 
 

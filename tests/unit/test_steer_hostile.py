@@ -97,6 +97,36 @@ def test_pods_whose_patches_fail_cannot_take_the_writes_of_the_others(
     assert state.backoff[evil[0]["metadata"]["uid"]][0] == 2  # the pause doubles
 
 
+def test_pods_whose_annotations_are_full_are_not_decided_and_reserve_nothing(
+    pool: list[dict[str, Any]], classes: dict[str, Any]
+) -> None:
+    """Pods created before the victim, in one pass with it, whose annotations leave no room for steering's:
+    undecided, so they reserve no GPU for a write the API would refuse, and the victim is steered (issue 32;
+    found by ``tests/e2e/test_steer.py`` when the first pass saw the tenant's pods and the victim together)."""
+    full = [
+        indexed.pending_pod(_pod_in("ns", f"full-{i:02d}", annotations={"tenant/blob": "x" * (262_144 - 60)}))
+        for i in range(40)
+    ]
+    assert all(p[indexed.ANNOTATION_BYTES] > reconciler.ANNOTATIONS_FULL for p in full)
+    roomy = indexed.pending_pod(_pod_in("ns", "roomy", annotations={"tenant/blob": "x" * 200_000}))
+    victim = _pod_in("ns", "victim")
+    state, w = reconciler.SteerState(), Writer()
+    acts = reconciler.run_pass(
+        w,
+        gpuplane.GpuPlane(),
+        None,
+        state,
+        decide.Settings(),
+        pending=[*full, roomy, victim],
+        now=1.0,
+        **_kw(pool, classes),
+    )
+    state.drain()
+    assert {a.key for a in acts} == {"ns/roomy", "ns/victim"}
+    assert {a.key: a.kind for a in acts}["ns/victim"] == "steer"
+    assert sorted(s[1].name for s in w.steps) == ["roomy", "victim"]
+
+
 def test_timeout_releases_are_never_capped(pool: list[dict[str, Any]], classes: dict[str, Any]) -> None:
     many = [_pod_in("ns", f"p{i:03d}") for i in range(reconciler.MAX_WRITES * 2)]
     state, w = reconciler.SteerState(), Writer()

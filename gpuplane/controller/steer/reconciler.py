@@ -27,6 +27,7 @@ import structlog
 
 from gpuplane.controller import kube
 from gpuplane.controller.gang import writes as gang_writes
+from gpuplane.controller.indexed import ANNOTATION_BYTES
 from gpuplane.controller.node import snapshot_builder
 from gpuplane.controller.steer import decide, gate, shape, writes
 from gpuplane.placement import fragmentation, model
@@ -49,6 +50,9 @@ OPTED_IN_TTL_S = 10.0
 BACKOFF_FIRST_S = 1.0  # a pod whose patch failed waits this long before it is decided again, doubling
 BACKOFF_MAX_S = 60.0
 # Namespaces steering never acts in, whatever their labels (kube-system's pods are not a tenant's to move).
+# The API's limit on all of a pod's annotations (keys and values, bytes), less room for steering's own two
+# (the result is cut to 250 characters, a placement is a few dozen): a pod above it cannot be steered.
+ANNOTATIONS_FULL = 256 * 1024 - 2048
 SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease", "gpuplane-system"})
 
 
@@ -196,7 +200,9 @@ def gated_pods(
     Only pods of the namespaces in ``opted_in`` (labelled ``gpuplane.dev/steering=enabled`` by an
     administrator; ``None``: every namespace, for tests), never a system namespace: anyone may put the
     gate on their own pods, and a gated pod elsewhere is not gpuplane's to decide. Not a pod this
-    replica has just patched, nor one whose last patch failed less than its backoff ago.
+    replica has just patched, nor one whose last patch failed less than its backoff ago. Nor a pod whose
+    annotations are so close to the API's 256 KiB limit that steering's own could not be added: it would
+    reserve a GPU in the pass for a write the API refuses, and hold back the pods after it (issue 32).
     """
     out = []
     live: set[str] = set()
@@ -209,6 +215,8 @@ def gated_pods(
                 continue
             if not gate.held_by(pod, settings.gate):
                 state.decided.pop(uid, None)
+                continue
+            if int(pod.get(ANNOTATION_BYTES) or 0) > ANNOTATIONS_FULL:  # no patch of ours could be written
                 continue
             if uid in state.decided and now - state.decided[uid] < DECIDED_TTL_S:
                 continue
