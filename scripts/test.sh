@@ -33,7 +33,7 @@ python -m e2e images
 echo "==> unit tests"
 python -m pytest -q tests/unit "$@"
 echo "==> e2e tests on Kubernetes $(python -c 'from e2e.cluster import releases; print(releases.RUNNING.minor)') (real etcd, kube-apiserver, kube-scheduler, kube-controller-manager; real nodes)"
-python -m pytest -q --e2e tests/e2e "$@"
+python -m pytest -q --e2e --durations=30 tests/e2e "$@"
 # The older supported release: a smoke subset (control plane, manifests install, a real node's whole/MIG/MPS
 # claims through the examples, a gang), within CI's budget. Skip with GPUPLANE_SMOKE_OLDER=0.
 if [ "${GPUPLANE_SMOKE_OLDER:-1}" != "0" ]; then
