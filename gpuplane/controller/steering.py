@@ -45,6 +45,17 @@ async def _opted_in(rt: Runtime, now: float) -> frozenset[str] | None:
     return got
 
 
+def republishing(slices: Iterable[Any]) -> frozenset[str]:
+    """Nodes whose slices carry more than one generation: their driver is rewriting them now, and kube-scheduler
+    (which uses only a pool's newest, complete generation) and this view see part of its devices."""
+    generations: dict[str, set[int]] = {}
+    for d in slices:
+        node, generation = getattr(d, "node", None), getattr(d, "generation", None)
+        if isinstance(node, str) and isinstance(generation, int):
+            generations.setdefault(node, set()).add(generation)
+    return frozenset(n for n, g in generations.items() if len(g) > 1)
+
+
 async def steer_pass(
     rt: Runtime,
     w: world.World,
@@ -87,6 +98,7 @@ async def steer_pass(
                 now=now,
                 node_labels=node_labels,
                 opted_in=opted_in,
+                republishing=republishing(w.slices),
             )
         )
     except kube.NotLeader:

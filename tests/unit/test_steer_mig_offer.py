@@ -4,6 +4,7 @@ onto a placement that is not published. Steering and the offer decide over the s
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import shutil
 import tempfile
@@ -14,12 +15,13 @@ from typing import Any
 import pytest
 
 from gpuplane.api.mig_offer import Offer
-from gpuplane.controller import kube
+from gpuplane.controller import kube, steering
 from gpuplane.controller.gang import writes as gang_writes
 from gpuplane.controller.migoffer import decide as offer_decide
 from gpuplane.controller.migoffer import snapshot
 from gpuplane.controller.node import slice_index, snapshot_builder
 from gpuplane.controller.steer import decide, offer_wait, reconciler
+from gpuplane.controller.steer import writes as steer_writes
 from gpuplane.driver import inventory
 from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.publish import slices
@@ -244,3 +246,34 @@ def test_the_wait_is_written_once_on_the_pod_and_an_unwritable_pod_goes_behind(
     inputs = decide.Inputs(view, claims, {}, classes, node_labels=LABELS)
     by = {a.key: a for a in decide.decide(gated, inputs, gpuplane.GpuPlane(), now=10.0, settings=decide.Settings())}
     assert by["ns/ok"].kind == "steer" and by["ns/full"].outcome == "mig-offer"
+
+
+def test_a_pod_nothing_fits_waits_while_a_node_it_may_use_republishes(
+    sims: Mapping[str, Simulator], classes: Any
+) -> None:
+    """Every GPU publishes and eight pods take them: the ninth is released no-room, unless a node it may use is
+    rewriting its slices (mixed generations: part of its devices missing from the view), when it waits for the
+    next pass without a write. Found by e2e test_steer: the victim was released while the offer's republish of
+    its node was half written."""
+    every = Offer({n: frozenset(f"gpu-{i}" for i in range(8)) for n in LABELS})
+    objs = published(sims, every)
+    claims = {f"ns/p{i}-g": claim(f"p{i}") for i in range(9)}
+    view = snapshot_builder.build_view(objs, claims.values())
+    gated = [decide.Gated(f"ns/p{i}", pod(f"p{i}"), float(i)) for i in range(9)]
+
+    def last(republishing: frozenset[str]) -> decide.Action:
+        inputs = decide.Inputs(view, claims, {}, classes, node_labels=LABELS, republishing=republishing)
+        return decide.decide(gated, inputs, gpuplane.GpuPlane(), now=10.0, settings=decide.Settings())[-1]
+
+    assert (last(frozenset()).kind, last(frozenset()).outcome) == ("release", "no-room")
+    waiting = last(frozenset(LABELS))
+    assert (waiting.kind, waiting.outcome) == (
+        "wait",
+        "republishing",
+    ) and "republishing their devices" in waiting.reason
+    assert steer_writes.writes_of([waiting], {}) == []  # nothing written for it: the next pass decides again
+    digests = [slice_index.digest(o["metadata"]["name"], o["spec"]) for o in objs]
+    steady = [d for d in digests if d is not None]
+    assert steering.republishing(steady) == frozenset()
+    half = [dataclasses.replace(d, generation=d.generation + 1) if i == 0 else d for i, d in enumerate(steady)]
+    assert steering.republishing(half) == frozenset({steady[0].node})

@@ -61,7 +61,7 @@ class Action:
 
     kind: Kind
     key: str
-    outcome: str  # steered | no-room | unsteerable | pinned | timeout | waiting | mig-offer
+    outcome: str  # steered | no-room | unsteerable | pinned | timeout | waiting | mig-offer | republishing
     reason: str = ""
     placement: model.MemberPlacement | None = None
 
@@ -76,6 +76,8 @@ class Inputs:
     classes: Mapping[str, Mapping[str, Any]]
     waiting: Mapping[fragmentation.Shape, int] = field(default_factory=dict)  # released, still pending
     node_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # node -> labels
+    # Nodes whose driver is rewriting its slices now (mixed generations): their devices are not all visible.
+    republishing: frozenset[str] = frozenset()
 
 
 def decide(
@@ -138,6 +140,13 @@ def decide(
             offer = _offer_wait(g, inputs) if got.request.mig_profile else None
             if offer is not None:
                 out.append(Action("wait", g.key, "mig-offer", f"{d.reason}; {offer}"))
+                continue
+            busy = sorted(
+                n for n in inputs.republishing if allowed is None or allowed(n, inputs.node_labels.get(n, {}))
+            )
+            if busy:  # part of the catalogue is missing while a driver republishes: decided again next pass
+                why = f"{d.reason}; node(s) {', '.join(busy[:5])} are republishing their devices"
+                out.append(Action("wait", g.key, "republishing", why))
                 continue
             out.append(Action("release", g.key, "no-room", d.reason))
             waiting[s] = waiting.get(s, 0) + 1

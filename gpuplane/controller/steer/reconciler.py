@@ -262,13 +262,16 @@ def run_pass(
     now: float,
     node_labels: Mapping[str, Mapping[str, str]] | None = None,
     opted_in: Collection[str] | None = None,
+    republishing: frozenset[str] = frozenset(),
 ) -> list[decide.Action]:
     """Decide every gated pod in ``pending`` and write the patches (blocking; run it in a thread)."""
     started = time.monotonic()
     gated = gated_pods(pending, state, settings, now, opted_in)
     if not gated:
         return []
-    inputs = decide.Inputs(view, claims, templates, classes, waiting_shapes(pending, state), node_labels or {})
+    inputs = decide.Inputs(
+        view, claims, templates, classes, waiting_shapes(pending, state), node_labels or {}, republishing
+    )
     actions = decide.decide(
         gated, inputs, policy, now=now, settings=settings, shapes=lambda g: cached_shape(g, inputs, state)
     )
