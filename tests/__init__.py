@@ -12,7 +12,7 @@ What the test modules share lives here, one kit per subject:
 - ``pluginkit``: a table-driven preparer and the plugin server on short socket paths.
 - ``controllerkit``: the ResourceSlices the real driver publishes, DeviceClasses, gangs, pods, claims;
   ``templatekit`` gangs whose pods come from a template (Jobs); ``indexkit`` the controller's
-  slice index over a small fleet; ``kopfkit`` kopf's API module as released, for the decoding tests.
+  slice index over a small fleet.
 - ``slicerules``: resource.k8s.io/v1's ResourceSlice validation rules, restated; ``slicekit`` one node's
   ResourceSlices in memory behind the publisher's slice API (also used by ``bench.steer_writes``).
 - ``hostile`` and ``strategies``: hostile inputs (deep JSON; hypothesis strategies for configs,
