@@ -1,8 +1,9 @@
 """gpuplane.controller.probes on kopf's own health endpoint: healthy while the loop turns, not when it hangs.
 
-The endpoint is kopf's ``health_reporter`` (what ``kopf.run(liveness_endpoint=...)``
-starts), run on a real event loop in a thread with the controller's probe registered,
-and asked over HTTP the way kubelet asks.
+The endpoint is the one ``kopf.operator(liveness_endpoint=...)`` serves (what the controller's
+``kopf.run`` starts), through kopf's public API only: the operator runs on a real event loop in a
+thread with the controller's probe registered, logged in (``@kopf.on.login``) to a small API server
+of the test's own that serves an empty discovery, and is asked over HTTP the way kubelet asks.
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ from typing import Any
 
 import kopf
 import pytest
-from kopf._cogs.structs import ephemera
-from kopf._core.engines import indexing, probing
+from aiohttp import web
 
 from gpuplane.controller import leader, probes
 
@@ -54,41 +54,75 @@ class Store:
         return record
 
 
+async def discovery_server() -> tuple[web.AppRunner, str]:
+    """An API server with nothing in it: the discovery kopf asks for at start, and no resources."""
+
+    async def api(_: web.Request) -> web.Response:
+        return web.json_response({"kind": "APIVersions", "versions": ["v1"]})
+
+    async def core(_: web.Request) -> web.Response:
+        return web.json_response({"kind": "APIResourceList", "groupVersion": "v1", "resources": []})
+
+    async def groups(_: web.Request) -> web.Response:
+        return web.json_response({"kind": "APIGroupList", "groups": []})
+
+    app = web.Application()
+    app.router.add_get("/api", api)
+    app.router.add_get("/api/v1", core)
+    app.router.add_get("/apis", groups)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}"
+
+
 @contextlib.contextmanager
 def endpoint(elector: leader.Elector | None) -> Iterator[tuple[str, asyncio.AbstractEventLoop]]:
     registry = kopf.OperatorRegistry()
     probes.add_probes(registry, elector)
+    server: list[str] = []
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(server=server[0])
+
+    settings = kopf.OperatorSettings()
+    settings.posting.enabled = False
     url = f"http://127.0.0.1:{free_port()}/healthz"
     loop = asyncio.new_event_loop()
-    ready = asyncio.Event()
-    task: list[asyncio.Task[None]] = []
+    stop: list[asyncio.Future[None]] = []
 
     async def main() -> None:
-        task.append(
-            asyncio.create_task(
-                probing.health_reporter(
-                    url,
-                    memo=ephemera.Memo(),
-                    indices=indexing.OperatorIndexers().indices,
-                    registry=registry,
-                    settings=kopf.OperatorSettings(),
-                    ready_flag=ready,
-                )
+        runner, base = await discovery_server()
+        server.append(base)
+        stop.append(loop.create_future())
+        try:
+            await kopf.operator(
+                registry=registry,
+                settings=settings,
+                standalone=True,
+                clusterwide=True,
+                liveness_endpoint=url,
+                stop_flag=stop[0],
             )
-        )
-        with contextlib.suppress(asyncio.CancelledError):
-            await task[0]
+        finally:
+            await runner.cleanup()
 
     thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
-    while not ready.is_set() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    while time.monotonic() < deadline:  # until the endpoint answers (any status)
+        try:
+            ask(url, timeout=0.5)
+            break
+        except (TimeoutError, urllib.error.URLError, ConnectionError):
+            time.sleep(0.05)
     try:
         yield url, loop
     finally:
-        loop.call_soon_threadsafe(task[0].cancel)
-        thread.join(5)
+        loop.call_soon_threadsafe(lambda: stop[0].done() or stop[0].set_result(None))
+        thread.join(10)
         loop.close()
 
 

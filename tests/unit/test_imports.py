@@ -247,16 +247,33 @@ def private_imports(found: Sequence[Import], root: Path) -> list[str]:
     out = []
     for imp in found:
         parts = imp.target.split(".")
-        if parts[0] in ("gpuplane", "__future__"):
+        if parts[0] in ("gpuplane", "__future__", *SUPPORT_TREES):  # first-party: its own business
             continue
         if any(p.startswith("_") and not (p.startswith("__") and p.endswith("__")) for p in parts):
             out.append(f"{imp.path.relative_to(root)}:{imp.line}: {imp.module} imports {imp.target}")
     return out
 
 
+SUPPORT_TREES = ("tests", "e2e", "bench", "scripts")
+
+
+def support_imports(root: Path) -> list[Import]:
+    """The imports of the repository's other Python trees: tests, e2e, benchmarks, scripts."""
+    return [
+        imp
+        for tree in SUPPORT_TREES
+        if (root / tree).is_dir()
+        for path in sorted((root / tree).rglob("*.py"))
+        for imp in imports_of(path, root)
+    ]
+
+
 def test_no_private_module_of_a_dependency_is_imported() -> None:
-    """Issue 34: the controller is built on kopf's public API; no ``kopf._...`` (nor any dependency's) import."""
-    found = all_imports(REPO)
+    """Issue 34: built on kopf's public API; no ``kopf._...`` (nor any dependency's) import, in the package or
+    in the code that tests, benchmarks and deploys it (a test on a private module breaks on the next release
+    as surely as the controller would)."""
+    found = all_imports(REPO) + support_imports(REPO)
+    assert len({imp.path.parts[len(REPO.parts)] for imp in found}) >= 4, "the walk missed a tree"
     assert private_imports(found, REPO) == []
 
 
@@ -268,9 +285,11 @@ def test_a_private_import_is_reported(tmp_path: Path) -> None:
             "gpuplane/__init__.py": "",
             "gpuplane/a.py": "from kopf._cogs.clients import api\nimport gpuplane.driver._proto\n",
             "gpuplane/b.py": "def f():\n    from kopf import _core\n    return _core\n",
+            "tests/unit/test_c.py": "from kopf._core.engines import probing\n",
         },
     )
-    assert private_imports(all_imports(root), root) == [
+    assert private_imports(all_imports(root) + support_imports(root), root) == [
         "gpuplane/a.py:1: gpuplane.a imports kopf._cogs.clients.api",
         "gpuplane/b.py:2: gpuplane.b imports kopf._core",
+        "tests/unit/test_c.py:1: tests.unit.test_c imports kopf._core.engines.probing",
     ]
