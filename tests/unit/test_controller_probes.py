@@ -121,7 +121,12 @@ def endpoint(elector: leader.Elector | None) -> Iterator[tuple[str, asyncio.Abst
     try:
         yield url, loop
     finally:
-        loop.call_soon_threadsafe(lambda: stop[0].done() or stop[0].set_result(None))
+
+        def finish() -> None:
+            if not stop[0].done():
+                stop[0].set_result(None)
+
+        loop.call_soon_threadsafe(finish)
         thread.join(10)
         loop.close()
 
