@@ -53,6 +53,7 @@ class ControllerConfig(BaseModel):
     mig_offer: bool = True  # size the MIG offer (gpuplane.controller.migoffer); off: drivers publish every GPU's
     mig_spare_gpus: int = Field(default=2, ge=0)  # idle GPUs per node pool offered for MIG
     mig_offer_shrink_after_s: float = Field(default=600.0, ge=0)  # an unneeded offered GPU is withdrawn after
+    mig_offer_gpus_per_namespace: int = Field(default=16, ge=1)  # GPUs one namespace's waiting MIG claims may hold
     # Gate-and-steer (gpuplane.controller.steer): how the node choice is written into a gated pod
     # ("prefer": a preferred affinity term; "require": required terms narrowed), and how long a pod may
     # stay gated before it is released to the scheduler undecided.
@@ -178,6 +179,12 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Contro
     )
     p.add_argument("--mig-spare-gpus", type=int, default=int(env("MIG_SPARE_GPUS", "2") or 2))
     p.add_argument("--mig-offer-shrink-after", type=float, default=float(env("MIG_OFFER_SHRINK_AFTER", "600") or 600))
+    p.add_argument(
+        "--mig-offer-gpus-per-namespace",
+        type=int,
+        default=int(env("MIG_OFFER_GPUS_PER_NAMESPACE", "16") or 16),
+        help="offered GPUs one namespace's waiting MIG claims may be given room on at a time (docs/mig-offer.md)",
+    )
     p.add_argument("--move-ledger", default=env("MOVE_LEDGER"), help="JSON-lines ledger of moves (cost format)")
     grace = env("EVICTION_GRACE")
     p.add_argument("--eviction-grace", type=int, default=int(grace) if grace else None)
@@ -245,6 +252,7 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Contro
         mig_offer=a.mig_offer,
         mig_spare_gpus=a.mig_spare_gpus,
         mig_offer_shrink_after_s=a.mig_offer_shrink_after,
+        mig_offer_gpus_per_namespace=a.mig_offer_gpus_per_namespace,
         steer_mode=a.steer_mode,
         steer_timeout_s=a.steer_timeout,
         bind_timeout_s=a.bind_timeout,

@@ -174,6 +174,9 @@ def internal_ip(body: Mapping[str, Any]) -> str:
 POD_SPEC_KEYS = ("nodeName", "resourceClaims", "schedulingGates", "nodeSelector", "affinity")
 MAX_OWN_ANNOTATION = 1024  # longer values of a gpuplane.dev/ key are not gpuplane's and are dropped
 ANNOTATION_BYTES = "annotationBytes"  # a pending pod's entry: the size the API counts of all its annotations
+# The API's limit on all of a pod's annotations (keys and values, bytes), less room for steering's own two
+# (the result is cut to 250 characters, a placement is a few dozen): a pod above it cannot be steered.
+ANNOTATIONS_FULL = 256 * 1024 - 2048
 
 
 def annotation_bytes(annotations: Any) -> int:
@@ -181,6 +184,12 @@ def annotation_bytes(annotations: Any) -> int:
     if not isinstance(annotations, Mapping):
         return 0
     return sum(len(str(k).encode()) + len(v.encode() if isinstance(v, str) else b"") for k, v in annotations.items())
+
+
+def annotations_full(entry: Mapping[str, Any]) -> bool:
+    """Whether a pending pod's entry (:func:`pending_pod`) has no room left for steering's annotations."""
+    size = entry.get(ANNOTATION_BYTES)
+    return isinstance(size, int) and size > ANNOTATIONS_FULL
 
 
 def pending_pod(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -98,7 +98,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     registry = handlers.make_registry(cfg)
     migoffer.register(
         registry,
-        migoffer_decide.Settings(spare_per_pool=cfg.mig_spare_gpus, shrink_after_s=cfg.mig_offer_shrink_after_s),
+        migoffer_decide.Settings(
+            spare_per_pool=cfg.mig_spare_gpus,
+            shrink_after_s=cfg.mig_offer_shrink_after_s,
+            gpus_per_namespace=cfg.mig_offer_gpus_per_namespace,
+        ),
         enabled=cfg.mig_offer,
     )
     probes.add_probes(registry, elector)

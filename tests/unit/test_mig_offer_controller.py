@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from gpuplane.api.mig_offer import Offer
+from gpuplane.controller import indexed
 from gpuplane.controller.migoffer import snapshot
 from gpuplane.controller.migoffer.decide import Gpu, Memory, Node, Settings, Waiting, decide
 from gpuplane.controller.node import slice_index
@@ -121,6 +122,27 @@ def test_driver_published_gpus_count_once_the_offer_exists() -> None:
     assert keys(decide(nodes, (), Memory(), Settings(spare_per_pool=1), now=0.0).offer) == {("n0", "gpu-0")}
 
 
+def test_one_namespaces_waiting_claims_hold_room_on_a_bounded_number_of_gpus() -> None:
+    """Issue 36 / tenancy: 20 waiting full-GPU claims of one namespace (pods that may never run) are given room on
+    at most ``gpus_per_namespace`` GPUs, told why the rest wait; another namespace's claim still grows the offer."""
+    limited = Settings(spare_per_pool=2, grace_s=2.0, gpus_per_namespace=4)
+    hog = tuple(Waiting(f"hog/c{i:02d}", frozenset({"7g.80gb"}), None, age_s=100.0 - i) for i in range(20))
+    other = Waiting("team/c", frozenset({"7g.80gb"}), None, age_s=5.0)
+    d = decide(fleet(), (*hog, other), Memory(), limited, now=0.0)
+    # 4 for the hog, 1 for the other team, 2 idle spares: 7 of 32 GPUs, not 20 + 1 + 2
+    assert len(keys(d.offer)) == 7, keys(d.offer)
+    told = dict(d.explain)
+    assert told["team/c"].startswith("waiting for a MIG offer on")
+    capped = [k for k, m in told.items() if "namespace hog" in m and "--mig-offer-gpus-per-namespace" in m]
+    assert len(capped) == 16, told
+    # The next pass: still bounded (the spares the hog's claims took are not a way past it), told once each.
+    again = decide(fleet(), (*hog, other), d.memory, limited, now=2.0)
+    assert len(keys(again.offer)) == 7 and again.explain == ()
+    # Without the bound every one of the hog's claims is given a GPU of its own.
+    unbounded = decide(fleet(), (*hog, other), Memory(), Settings(spare_per_pool=2, gpus_per_namespace=99), now=0.0)
+    assert len(keys(unbounded.offer)) == 23
+
+
 # --- the snapshot, from what users and drivers wrote ---------------------------------------------------------
 NOW = datetime.datetime(2026, 12, 6, 8, 0, tzinfo=datetime.UTC)
 
@@ -164,6 +186,39 @@ def test_waiting_claims_read_from_claims_and_pending_pods() -> None:
     assert got["t/a"].age_s == pytest.approx(10.0)
     allowed = got["t/a"].allowed
     assert allowed is not None and allowed("n", {"zone": "b"}) and not allowed("n", {"zone": "a"})
+
+
+def test_a_pod_held_by_someone_elses_gate_is_not_demand() -> None:
+    """A claim counts only while its pod will be tried: no gate, gpuplane's gang gate, or the steer gate in a
+    namespace opted in to steering; a tenant's own gate (or the steer gate where nobody lifts it) asks nothing."""
+    request = [mig_request("true")]
+    gates = {
+        "none": [],
+        "own": [{"name": "tenant.example/hold"}],
+        "gang": [{"name": "gpuplane.dev/gang"}],
+        "steer": [{"name": snapshot.STEER_GATE}],
+        "both": [{"name": snapshot.STEER_GATE}, {"name": "tenant.example/hold"}],
+        "full": [{"name": snapshot.STEER_GATE}],  # annotations too full for steering to write: never lifted
+    }
+    claims = {f"t/{k}": claim(k, request) for k in gates}
+    pods = {f"t/p{k}": {"metadata": {"namespace": "t"}, "spec": {"schedulingGates": g}} for k, g in gates.items()}
+    pods["t/pfull"][indexed.ANNOTATION_BYTES] = indexed.ANNOTATIONS_FULL + 1
+    consumers = {f"t/{k}": [f"p{k}"] for k in gates}
+    opted = {w.key for w in snapshot.waiting(claims, consumers, pods, NOW, steering={"t"})}
+    assert opted == {"t/none", "t/gang", "t/steer"}
+    not_opted = {w.key for w in snapshot.waiting(claims, consumers, pods, NOW, steering={"other"})}
+    assert not_opted == {"t/none", "t/gang"}
+    assert {w.key for w in snapshot.waiting(claims, consumers, pods, NOW)} == {"t/none", "t/gang"}  # not read yet
+    # One pod of a claim that will be tried is enough.
+    both = {"t/none": claim("none", request)}
+    shared = {"t/none": ["pown", "pnone"]}
+    assert [w.key for w in snapshot.waiting(both, shared, pods, NOW)] == ["t/none"]
+
+
+def test_the_steer_gate_is_steerings() -> None:
+    from gpuplane.controller.steer import decide as steer_decide
+
+    assert steer_decide.Settings().gate == snapshot.STEER_GATE
 
 
 @pytest.fixture

@@ -107,7 +107,7 @@ def test_pods_whose_annotations_are_full_are_not_decided_and_reserve_nothing(
         indexed.pending_pod(_pod_in("ns", f"full-{i:02d}", annotations={"tenant/blob": "x" * (262_144 - 60)}))
         for i in range(40)
     ]
-    assert all(p[indexed.ANNOTATION_BYTES] > reconciler.ANNOTATIONS_FULL for p in full)
+    assert all(p[indexed.ANNOTATION_BYTES] > indexed.ANNOTATIONS_FULL for p in full)
     roomy = indexed.pending_pod(_pod_in("ns", "roomy", annotations={"tenant/blob": "x" * 200_000}))
     victim = _pod_in("ns", "victim")
     state, w = reconciler.SteerState(), Writer()

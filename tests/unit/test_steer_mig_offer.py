@@ -120,7 +120,7 @@ def grow(
     fleet = snapshot.nodes(digests, index, claims.values())
     pending = {f"ns/{p['metadata']['name']}": p for p in pods}
     consumers = {f"ns/{p['metadata']['name']}-g": [p["metadata"]["name"]] for p in pods}
-    waiting = snapshot.waiting(claims, consumers, pending, NOW)
+    waiting = snapshot.waiting(claims, consumers, pending, NOW, steering={"ns"})  # opted in to steering
     return offer_decide.decide(fleet, waiting, memory, offer_decide.Settings(spare_per_pool=2), now=100.0)
 
 

@@ -9,6 +9,13 @@ Per node pool (the ``gpuplane.dev/node-pool`` label, else the GPU product) the o
   at once (grow fast), on a node that already offers MIG where one fits;
 - ``spare_per_pool`` idle GPUs more, so that a MIG request is usually allocated without waiting.
 
+One namespace's waiting claims are given room on at most ``gpus_per_namespace`` GPUs at a time (counted
+as the offered GPUs its waiting claims are placed on in a pass); its further claims wait, told why,
+until earlier ones are allocated. A waiting claim is any tenant's to make (a pod the scheduler can
+never place, for a reason of its own, waits for ever), and every offered GPU adds its MIG placements
+to the catalogue kube-scheduler walks for every pod of every tenant (issue 36): without the bound one
+namespace's unplaceable pods could turn the whole fleet's offer on.
+
 An offered GPU is withdrawn only after ``shrink_after_s`` without being needed (no MIG device
 allocated, no claim waiting for it), at most ``withdraw_per_pass`` per pool and pass (shrink slowly).
 A GPU a driver publishes MIG placements for on its own (in MIG mode, holding instances) counts as
@@ -63,6 +70,7 @@ class Settings:
     withdraw_per_pass: int = 1
     grace_s: float = 2.0  # a claim younger than this is the scheduler's first try, not yet waiting
     settle_s: float = 60.0  # a GPU withdrawn this recently may still be published: that is not a driver's own
+    gpus_per_namespace: int = 16  # offered GPUs one namespace's waiting claims may be placed on at a time
 
 
 @dataclass(frozen=True)
@@ -142,9 +150,12 @@ def decide(nodes: tuple[Node, ...], waiting: tuple[Waiting, ...], memory: Memory
 
     explain: list[tuple[str, str]] = []
     served: set[Key] = set()
+    held: dict[str, set[Key]] = {}  # namespace -> the offered GPUs its waiting claims are placed on
     for w in sorted((w for w in waiting if w.age_s >= s.grace_s), key=lambda w: (-w.age_s, w.key)):
-        place = _room_for(w, by_key, room)
-        fresh = place is None
+        mine = held.setdefault(w.key.partition("/")[0], set())
+        at_limit = len(mine) >= s.gpus_per_namespace
+        place = _room_for(w, by_key, room, within=mine if at_limit else None)
+        fresh = place is None and not at_limit
         if fresh:
             more = candidates(None, functools.partial(_fits, w=w))
             if more:
@@ -152,8 +163,9 @@ def decide(nodes: tuple[Node, ...], waiting: tuple[Waiting, ...], memory: Memory
                 grow(place)
         if place is None:
             if w.key not in memory.explained:
-                explain.append((w.key, _no_room(w)))
+                explain.append((w.key, _at_limit(w, s.gpus_per_namespace) if at_limit else _no_room(w)))
             continue
+        mine.add(place)
         room[place] -= need(by_key[place][1].product, w.profiles) or 0
         needed_at[place] = now
         served.add(place)
@@ -200,8 +212,13 @@ def decide(nodes: tuple[Node, ...], waiting: tuple[Waiting, ...], memory: Memory
     return Decision(offer, after, tuple(explain), tuple(grown), tuple(withdrawn))
 
 
-def _room_for(w: Waiting, by_key: Mapping[Key, tuple[Node, Gpu]], room: Mapping[Key, int]) -> Key | None:
+def _room_for(
+    w: Waiting, by_key: Mapping[Key, tuple[Node, Gpu]], room: Mapping[Key, int], within: set[Key] | None = None
+) -> Key | None:
+    """The offered GPU with room for ``w`` (``within``: only among these)."""
     for k in sorted(room, key=lambda k: (room[k], k)):  # the fullest that still fits: packs small profiles
+        if within is not None and k not in within:
+            continue
         node, gpu = by_key[k]
         size = need(gpu.product, w.profiles)
         if size is not None and room[k] >= size and _fits(node, gpu, w=w):
@@ -214,6 +231,15 @@ def _no_room(w: Waiting) -> str:
     return (
         f"waiting for a MIG offer: no free GPU its pod may use offers {what}; "
         "it is offered as soon as one is free (or the pod's node constraints allow another)"
+    )
+
+
+def _at_limit(w: Waiting, limit: int) -> str:
+    namespace = w.key.partition("/")[0]
+    return (
+        f"waiting for a MIG offer: the MIG claims of namespace {namespace} that wait already hold room on "
+        f"{limit} offered GPUs, the most one namespace's waiting claims may (--mig-offer-gpus-per-namespace); "
+        "it is offered room as soon as some of them are allocated or deleted"
     )
 
 

@@ -89,7 +89,8 @@ class Pass:
         pods = indexed.single(kw["pending_pod_idx"])
         now = datetime.datetime.now(datetime.UTC)
         fleet = snapshot.nodes(slice_index.every(kw["slice_idx"]), indexed.single(kw["node_idx"]), claims.values())
-        return fleet, snapshot.waiting(claims, consumers, pods, now), claims
+        steering = self.rt.shared.steer.opted_in  # what steering last read of the Namespaces (None: not yet)
+        return fleet, snapshot.waiting(claims, consumers, pods, now, steering), claims
 
     async def once(self) -> decide.Decision:
         if self.memory is None:

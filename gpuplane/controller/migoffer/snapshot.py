@@ -4,17 +4,23 @@ Everything here is read from what users and drivers write (claims, pods, slices)
 device name, a selector that names no known profile, a pod whose node affinity cannot be read, all
 count for nothing rather than raising (a claim whose profile is unknown waits with any profile's
 offer; a pod whose affinity is unreadable may go anywhere).
+
+A claim is demand only while kube-scheduler (or gpuplane's own steering or gang placement, which
+lift their gates by the same catalogue) will try its pod: a pod that carries a scheduling gate of
+anyone else's, or gpuplane's steer gate where steering never lifts it (a namespace not opted in to
+steering, or annotations too full for steering's own), is held by its owner and asks nothing of the
+offer (a tenant could otherwise grow the offer with pods that never run).
 """
 
 from __future__ import annotations
 
 import datetime
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from gpuplane.api import names as dn
-from gpuplane.controller import names
+from gpuplane.controller import indexed, names
 from gpuplane.controller.migoffer.decide import Gpu, Node, Waiting
 from gpuplane.controller.node.slice_index import SliceDigest, newest
 from gpuplane.controller.steer import gate
@@ -61,13 +67,32 @@ def _age_s(meta: Mapping[str, Any], now: datetime.datetime) -> float:
     return max(0.0, (now - created).total_seconds()) if created.tzinfo is not None else 0.0
 
 
+STEER_GATE = "gpuplane.dev/steer"  # gpuplane.controller.steer.decide.Settings.gate (a test checks)
+
+
+def tried(pod: Mapping[str, Any], steering: Collection[str] | None) -> bool:
+    """Whether ``pod`` is one the scheduler, steering or the gang placement will try: no gate but gpuplane's own
+    (the steer gate only in a namespace of ``steering``, those opted in, None: not known yet, none; and only
+    while steering can write to the pod)."""
+    namespace = (pod.get("metadata") or {}).get("namespace")
+    for name in gate.gates_of(pod):
+        if name == names.SCHEDULING_GATE:
+            continue
+        if name == STEER_GATE and steering is not None and namespace in steering and not indexed.annotations_full(pod):
+            continue
+        return False
+    return True
+
+
 def waiting(
     claims: Mapping[str, Mapping[str, Any]],
     consumers: Mapping[str, Iterable[str]],
     pending_pods: Mapping[str, Mapping[str, Any]],
     now: datetime.datetime,
+    steering: Collection[str] | None = None,
 ) -> tuple[Waiting, ...]:
-    """Unallocated MIG claims with a pending pod (``consumers``: claim key -> pod names)."""
+    """Unallocated MIG claims with a pending pod that will be tried (``consumers``: claim key -> pod names;
+    ``steering``: the namespaces opted in to steering)."""
     out: list[Waiting] = []
     for key, claim in claims.items():
         status, meta = claim.get("status") or {}, claim.get("metadata") or {}
@@ -78,6 +103,7 @@ def waiting(
             continue
         namespace = key.partition("/")[0]
         pods = [pending_pods[f"{namespace}/{p}"] for p in consumers.get(key, ()) if f"{namespace}/{p}" in pending_pods]
+        pods = [p for p in pods if tried(p, steering)]
         if not pods:
             continue
         try:

@@ -27,7 +27,7 @@ import structlog
 
 from gpuplane.controller import kube
 from gpuplane.controller.gang import writes as gang_writes
-from gpuplane.controller.indexed import ANNOTATION_BYTES
+from gpuplane.controller.indexed import annotations_full
 from gpuplane.controller.node import snapshot_builder
 from gpuplane.controller.steer import decide, gate, shape, writes
 from gpuplane.placement import fragmentation, model
@@ -50,9 +50,6 @@ OPTED_IN_TTL_S = 10.0
 BACKOFF_FIRST_S = 1.0  # a pod whose patch failed waits this long before it is decided again, doubling
 BACKOFF_MAX_S = 60.0
 # Namespaces steering never acts in, whatever their labels (kube-system's pods are not a tenant's to move).
-# The API's limit on all of a pod's annotations (keys and values, bytes), less room for steering's own two
-# (the result is cut to 250 characters, a placement is a few dozen): a pod above it cannot be steered.
-ANNOTATIONS_FULL = 256 * 1024 - 2048
 SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease", "gpuplane-system"})
 
 
@@ -216,7 +213,7 @@ def gated_pods(
             if not gate.held_by(pod, settings.gate):
                 state.decided.pop(uid, None)
                 continue
-            if int(pod.get(ANNOTATION_BYTES) or 0) > ANNOTATIONS_FULL:  # no patch of ours could be written
+            if annotations_full(pod):  # no patch of ours could be written
                 continue
             if uid in state.decided and now - state.decided[uid] < DECIDED_TTL_S:
                 continue
