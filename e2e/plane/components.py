@@ -105,6 +105,7 @@ def controller_argv(
         "--rebalance-interval=1",
         "--rebalance-cooldown=60",
         "--imex-ready-timeout=60",  # a gang whose IMEX domain is not ready a minute after placement is released
+        "--mig-offer-gpus-per-namespace=4",  # the e2e fleet has 24 MIG-capable GPUs: the bound shows at this size
         *([f"--move-ledger={move_ledger}"] if move_ledger else []),
     ]
 

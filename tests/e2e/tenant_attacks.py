@@ -21,6 +21,7 @@ from gpuplane.controller.steer import decide
 from gpuplane.placement import model
 from tests.e2e.conftest import eventually
 from tests.e2e.tenant_imex import GROUPS_PER_NAMESPACE, group_bad_names, group_flood, group_squat
+from tests.e2e.tenant_migoffer import PER_NAMESPACE, PODS, held_mig_flood, unplaceable_mig_flood
 from tests.e2e.tenant_refusals import (
     controller_writes,
     grant_itself,
@@ -240,6 +241,20 @@ ATTACKS: list[Attack] = [
         f"{OVERSIZED} unbound claim pods with 250 KB annotations",
         "controller replicas up, RSS growth under half the flood",
         oversized_flood,
+    ),
+    Attack(
+        "held-mig-flood",
+        "+",
+        f"{PODS} pods with 7g MIG claims, held by the tenant's own scheduling gate",
+        "the MIG offer does not grow; no claim told",
+        held_mig_flood,
+    ),
+    Attack(
+        "unplaceable-mig-flood",
+        "+",
+        f"{PODS} pods with 7g MIG claims and a CPU request no node has",
+        f"room on at most {PER_NAMESPACE} offered GPUs; the rest told of the namespace's bound",
+        unplaceable_mig_flood,
     ),
     Attack(
         "gold-claim",
