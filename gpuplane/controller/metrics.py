@@ -6,6 +6,7 @@ make as many as they like), created in main() and kept in the operator memo.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -145,26 +146,13 @@ class ControllerMetrics:
 
     def observe(self, informers: Iterable[Informer], queues: Iterable[WorkQueue[Any]]) -> None:
         """The informers' and work queues' gauges, read at each scrape."""
-
-        def synced(i: Informer) -> Callable[[], float]:
-            return lambda: float(i.synced.is_set())
-
-        def size(i: Informer) -> Callable[[], float]:
-            return lambda: float(i.size())
-
-        def failures(i: Informer) -> Callable[[], float]:
-            return lambda: float(i.counters.failures)
-
-        def depth(q: WorkQueue[Any]) -> Callable[[], float]:
-            return lambda: float(len(q))
-
         for inf in informers:
             name = inf.stream.name
-            self.informer_synced.labels(stream=name).set_function(synced(inf))
-            self.informer_objects.labels(stream=name).set_function(size(inf))
-            self.informer_failures.labels(stream=name).set_function(failures(inf))
+            self.informer_synced.labels(stream=name).set_function(functools.partial(_synced, inf))
+            self.informer_objects.labels(stream=name).set_function(functools.partial(_size, inf))
+            self.informer_failures.labels(stream=name).set_function(functools.partial(_failures, inf))
         for q in queues:
-            self.workqueue_depth.labels(queue=q.name).set_function(depth(q))
+            self.workqueue_depth.labels(queue=q.name).set_function(functools.partial(_depth, q))
 
     def serve(
         self,
@@ -191,3 +179,19 @@ class ControllerMetrics:
             reviewer=reviewer or no_reviewer,
             common_name="gpuplane-controller",
         )
+
+
+def _synced(i: Informer) -> float:
+    return float(i.synced.is_set())
+
+
+def _size(i: Informer) -> float:
+    return float(i.size())
+
+
+def _failures(i: Informer) -> float:
+    return float(i.counters.failures)
+
+
+def _depth(q: WorkQueue[Any]) -> float:
+    return float(len(q))

@@ -10,9 +10,9 @@ transform function:
 
 * ``metadata.managedFields`` is dropped from every object (nothing in the controller reads it);
 * a ResourceSlice is reduced at once to its :class:`~gpuplane.controller.node.slice_index.SliceDigest`
-  (what the slice index stores), kept under :data:`DIGEST` (in a :class:`Held`, which a deep copy
-  copies as itself), beside ``spec.driver``, ``spec.nodeName`` and ``spec.pool``; the devices and
-  counter sets are not kept. ``caches.SliceIndexer`` indexes the digest as it finds it, so the index is the
+  (what the slice index stores), kept under :data:`DIGEST` (None: not this driver's, or unreadable),
+  beside ``spec.driver``, ``spec.nodeName`` and ``spec.pool``; the devices and counter sets are not
+  kept. ``caches.SliceIndexer`` indexes the digest as it finds it, so the index is the
   same as from the full body (``tests/unit/test_slim.py``).
 
 An object the bounded decoder quarantined (nested too deeply) is passed through as it is, so its
@@ -30,30 +30,6 @@ from gpuplane.controller.node import slice_index
 DIGEST = "gpuplaneSliceDigest"  # top-level key of a slimmed ResourceSlice: its SliceDigest (or None)
 SLICE_KIND = "ResourceSlice"
 _KEPT_SLICE_SPEC = ("driver", "nodeName", "pool")
-
-
-class Held:
-    """A slice's digest inside a raw body: immutable and holding read-only mappings, so a copy is the same object."""
-
-    __slots__ = ("digest",)
-
-    def __init__(self, digest: slice_index.SliceDigest | None) -> None:
-        self.digest = digest
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> Held:
-        return self
-
-    def __copy__(self) -> Held:
-        return self
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Held) and other.digest == self.digest
-
-    def __hash__(self) -> int:
-        return hash(self.digest)
-
-    def __repr__(self) -> str:
-        return f"Held({self.digest.name if self.digest is not None else None})"
 
 
 class Slimmer:
@@ -77,7 +53,7 @@ class Slimmer:
         digest = slice_index.digest(name if isinstance(name, str) else "", spec, self.interner)
         slim: dict[str, Any] = {k: v for k, v in obj.items() if k != "spec"}
         slim["spec"] = {k: spec[k] for k in _KEPT_SLICE_SPEC if k in spec}
-        slim[DIGEST] = Held(digest)
+        slim[DIGEST] = digest
         return slim
 
 
@@ -86,4 +62,4 @@ def digest_of(body: Mapping[str, Any]) -> tuple[bool, slice_index.SliceDigest | 
     if DIGEST not in body:
         return False, None
     got = body.get(DIGEST)
-    return True, got.digest if isinstance(got, Held) else None
+    return True, got if isinstance(got, slice_index.SliceDigest) else None
