@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 
 from gpuplane.controller import names
-from gpuplane.controller.claim import selectors
 from gpuplane.controller.gang import desired, placement_record, status
-from gpuplane.controller.node import labels, snapshot_builder
+from gpuplane.controller.node import labels, selectors, snapshot_builder
 from tests import controllerkit
 from tests.controllerkit import (
     CLUSTER,

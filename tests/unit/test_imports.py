@@ -34,6 +34,7 @@ SHARED = (
 )
 PROGRAMS = ("gpuplane.driver", "gpuplane.controller")
 KUBERNETES = ("kubernetes", "kopf", "grpc")
+CONTROLLER_FEATURES = ("claim", "gang", "imex", "migoffer", "node", "rebalance", "rightsize", "steer")
 # Everything in the controller but its wiring (main, handlers, caches): features, runtime, clients.
 CONTROLLER_BELOW_WIRING = (
     "claim",
@@ -94,6 +95,13 @@ CONTRACTS: tuple[Contract, ...] = (
         tuple(f"gpuplane.controller.{m}" for m in CONTROLLER_BELOW_WIRING),
         ("gpuplane.controller.main", "gpuplane.controller.handlers", "gpuplane.controller.caches"),
     ),
+    Forbidden(
+        "the fleet view (node) imports no controller feature",
+        ("gpuplane.controller.node",),
+        tuple(f"gpuplane.controller.{f}" for f in CONTROLLER_FEATURES if f != "node"),
+    ),
+    Forbidden("the MIG offer never imports steering", ("gpuplane.controller.migoffer",), ("gpuplane.controller.steer",)),
+    Forbidden("gangs never import the claim review", ("gpuplane.controller.gang",), ("gpuplane.controller.claim",)),
     Layers(
         "the driver's layers",
         "gpuplane.driver",

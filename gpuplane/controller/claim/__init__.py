@@ -4,7 +4,6 @@
   a missing NVLink-domain constraint; pure (messages out).
 - ``review``: one claim's review: ``decide`` (pure: the annotations, Events and pod conditions to
   write) and ``apply`` (those writes, in order, through :mod:`gpuplane.controller.kube`).
-- ``selectors``: the subset of CEL device selectors the controller evaluates itself; pure.
 - ``no_match``: why a request's selectors admit no GPU at all (an attribute no GPU publishes, or a
   filter nothing passes); pure.
 - ``explainer``: a pass over the claim index every few seconds: why each pending claim waits.

@@ -17,8 +17,9 @@ from typing import Any
 from gpuplane.api import configs, quantity
 from gpuplane.api import names as dn
 from gpuplane.controller import names
-from gpuplane.controller.claim import no_match, selectors
-from gpuplane.controller.node import snapshot_builder
+from gpuplane.controller.claim import no_match
+from gpuplane.controller.node import selectors, snapshot_builder
+from gpuplane.controller.node.selectors import class_selectors
 
 _MIG_PROFILE = re.compile(rf'\.{dn.ATTR_MIG_PROFILE}\s*==\s*"([^"]+)"|\["{dn.ATTR_MIG_PROFILE}"\]\s*==\s*"([^"]+)"')
 # kube-scheduler marks the ResourceClaim it makes for a pod's extended resources (KEP-5004) with this annotation.
@@ -89,12 +90,6 @@ def class_device_type(device_class: Mapping[str, Any] | None) -> str:
     spec = (device_class or {}).get("spec") or {}
     text = " ".join(str((s.get("cel") or {}).get("expression", "")) for s in spec.get("selectors") or [])
     return dn.DEVICE_TYPE_MIG if re.search(r'type\s*==\s*"mig"', text) else dn.DEVICE_TYPE_GPU
-
-
-def class_selectors(device_class: Mapping[str, Any] | None) -> tuple[str, ...]:
-    """CEL expressions of a class."""
-    spec = (device_class or {}).get("spec") or {}
-    return tuple(str((s.get("cel") or {}).get("expression", "")) for s in spec.get("selectors") or [])
 
 
 def is_ours(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]]) -> bool:

@@ -18,11 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuplane.controller import names
-from gpuplane.controller.claim import selectors
-from gpuplane.controller.claim.checks import class_selectors
 from gpuplane.controller.gang import membership, placement_record, queue_runner, status, writes
 from gpuplane.controller.gang.spec import GangSpec, SpecError, parse_gang_spec
-from gpuplane.controller.node import snapshot_builder
+from gpuplane.controller.node import selectors, snapshot_builder
+from gpuplane.controller.node.selectors import class_selectors
 from gpuplane.placement import model
 
 HOLDING_PHASES = ("Placing", "Placed", "Scheduled", "Running")

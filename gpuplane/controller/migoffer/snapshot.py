@@ -22,8 +22,8 @@ from typing import Any
 from gpuplane.api import names as dn
 from gpuplane.controller import indexed, names
 from gpuplane.controller.migoffer.decide import Gpu, Node, Waiting
+from gpuplane.controller.node import pod_nodes
 from gpuplane.controller.node.slice_index import SliceDigest, newest
-from gpuplane.controller.steer import gate
 
 POOL_LABEL = "gpuplane.dev/node-pool"
 MAX_POOL = 63
@@ -75,7 +75,7 @@ def tried(pod: Mapping[str, Any], steering: Collection[str] | None) -> bool:
     (the steer gate only in a namespace of ``steering``, those opted in, None: not known yet, none; and only
     while steering can write to the pod)."""
     namespace = (pod.get("metadata") or {}).get("namespace")
-    for name in gate.gates_of(pod):
+    for name in pod_nodes.gates_of(pod):
         if name == names.SCHEDULING_GATE:
             continue
         if name == STEER_GATE and steering is not None and namespace in steering and not indexed.annotations_full(pod):
@@ -107,7 +107,7 @@ def waiting(
         if not pods:
             continue
         try:
-            allowed = gate.node_filter(pods[0])
+            allowed = pod_nodes.node_filter(pods[0])
         except (ValueError, TypeError, AttributeError):
             allowed = None
         out.append(Waiting(key=key, profiles=profiles, allowed=allowed, age_s=_age_s(meta, now)))

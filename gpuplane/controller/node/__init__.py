@@ -8,6 +8,10 @@
   keyed by node; total on hostile input); pure but for a fleet-wide interner of equal values.
 - ``untrusted``: a slice of this driver whose pool is not its node's, not read: counted
   (``gpuplane_untrusted_slices_total``) and logged.
+- ``selectors``: the subset of CEL device selectors the controller evaluates itself, and a
+  DeviceClass's selectors; pure (the gang queue, steering and the claim checks all evaluate with it).
+- ``pod_nodes``: what a pod says of the nodes it may use (nodeSelector, required node affinity) and
+  of the scheduling gates that hold it; pure (steering and the MIG offer read pods with it).
 - ``device_attrs``: what one published device says (qualified attributes, quantities, a MIG
   device's counter footprint and geometry profile), every reader total; pure.
 """

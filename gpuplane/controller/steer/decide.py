@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gpuplane.controller.node import snapshot_builder
+from gpuplane.controller.node import pod_nodes, snapshot_builder
 from gpuplane.controller.steer import gate, offer_wait, shape
 from gpuplane.placement import fragmentation, model, place, snapshot
 from gpuplane.placement.policies import base
@@ -124,7 +124,7 @@ def decide(
             out.append(Action(kind, g.key, "waiting" if kind == "wait" else "unsteerable", got))
             continue
         try:
-            allowed = gate.node_filter(g.pod)
+            allowed = pod_nodes.node_filter(g.pod)
         except ValueError as exc:
             out.append(Action("release", g.key, "unsteerable", f"its node constraints use {exc}"))
             continue
@@ -164,7 +164,7 @@ def _offer_wait(g: Gated, inputs: Inputs) -> str | None:
     """Why ``g`` (a MIG pod nothing published fits) waits for the MIG offer; None: it does not."""
     spec = shape.claim_spec_of(g.pod, inputs.claims, inputs.templates)
     try:
-        allowed = gate.node_filter(g.pod)
+        allowed = pod_nodes.node_filter(g.pod)
     except ValueError:
         return None
     return None if isinstance(spec, str) else offer_wait.reason(spec[0], inputs.view, allowed, inputs.node_labels)

@@ -24,18 +24,15 @@ instead of being overwritten. Pure functions; no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
+
+from gpuplane.controller.node.pod_nodes import gates_of
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 PREFERRED_WEIGHT = 100
 
 Mode = Literal["prefer", "require"]
-
-
-def gates_of(pod: Mapping[str, Any]) -> tuple[str, ...]:
-    """The names of a pod's scheduling gates, in order."""
-    return tuple(str(g.get("name", "")) for g in (pod.get("spec") or {}).get("schedulingGates") or [])
 
 
 def held_by(pod: Mapping[str, Any], gate: str) -> bool:
@@ -128,55 +125,3 @@ def pinned_node(pod: Mapping[str, Any]) -> str | None:
             if e.get("key") == HOSTNAME_LABEL and e.get("operator") == "In" and len(e.get("values") or []) == 1:
                 nodes.add(str(e["values"][0]))
     return nodes.pop() if len(nodes) == 1 else None
-
-
-def node_filter(pod: Mapping[str, Any]) -> Callable[[str, Mapping[str, str]], bool] | None:
-    """A predicate (node name, node labels) -> may the pod go there, from its nodeSelector and required
-    node affinity; None when the pod constrains nothing. Raises ValueError on an operator it cannot read."""
-    spec = pod.get("spec") or {}
-    selector = dict(spec.get("nodeSelector") or {})
-    req = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ) or {}
-    terms = list(req.get("nodeSelectorTerms") or [])
-    if not selector and not terms:
-        return None
-    for t in terms:
-        for e in [*(t.get("matchExpressions") or []), *(t.get("matchFields") or [])]:
-            if e.get("operator") not in _OPERATORS:
-                raise ValueError(f"node affinity operator {e.get('operator')!r}")
-
-    def allowed(name: str, labels: Mapping[str, str]) -> bool:
-        if any(labels.get(k) != v for k, v in selector.items()):
-            return False
-        if not terms:
-            return True
-        fields = {"metadata.name": name}
-        return any(
-            all(_match(e, labels) for e in t.get("matchExpressions") or [])
-            and all(_match(e, fields) for e in t.get("matchFields") or [])
-            for t in terms
-        )
-
-    return allowed
-
-
-_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
-
-
-def _match(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    key, op, values = expr.get("key", ""), expr.get("operator"), [str(v) for v in expr.get("values") or []]
-    have = labels.get(key)
-    if op == "In":
-        return have in values
-    if op == "NotIn":
-        return have not in values
-    if op == "Exists":
-        return have is not None
-    if op == "DoesNotExist":
-        return have is None
-    try:
-        number, bound = int(have or ""), int(values[0])
-    except (ValueError, IndexError):
-        return False
-    return number > bound if op == "Gt" else number < bound

@@ -4,7 +4,7 @@ Steered are pods with exactly one ResourceClaim (from a template or named)
 holding one ``exactly`` request of a gpuplane class: either ``count`` whole
 GPUs, or one MIG device whose selectors admit exactly one profile of the
 placement geometry. The shape is found by evaluating the class's and the
-request's selectors on every device the driver publishes (``claim.selectors``,
+request's selectors on every device the driver publishes (``node.selectors``,
 the controller's CEL subset): a selector outside that subset, a capacity
 request (a share of a GPU), ``firstAvailable``, admin access, several claims or
 requests: all are left to the scheduler, with the reason, and the gate lifted.
@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuplane.api import names as dn
-from gpuplane.controller.claim import selectors
-from gpuplane.controller.claim.checks import class_selectors
-from gpuplane.controller.node import snapshot_builder
+from gpuplane.controller.node import selectors, snapshot_builder
+from gpuplane.controller.node.selectors import class_selectors
 from gpuplane.placement import model
 
 NO_MATCH = "no published gpuplane device matches its selectors"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 AttrValue = str | int | bool
 Attributes = Mapping[str, AttrValue]  # qualified name ("gpu.gpuplane.dev/type") -> value
@@ -249,3 +250,9 @@ def compile_all(expressions: Iterable[str]) -> Compiled:
         return all(p(driver, attributes) for p in preds)
 
     return Compiled(predicate=matches, unsupported=tuple(unsupported))
+
+
+def class_selectors(device_class: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """The CEL expressions of a DeviceClass (as the API serves it; None: no class, none)."""
+    spec = (device_class or {}).get("spec") or {}
+    return tuple(str((s.get("cel") or {}).get("expression", "")) for s in spec.get("selectors") or [])
