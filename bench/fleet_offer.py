@@ -27,7 +27,7 @@ from kubernetes import client
 
 from bench import dra_overhead, dra_watch, fleet_sched
 from e2e.plane import fleetslices
-from gpuplane.api import names
+from gpuplane.api import mig_offer, names
 from gpuplane.api.mig_offer import Offer
 from gpuplane.controller.migoffer import decide, snapshot
 
@@ -69,6 +69,16 @@ def initial_offer(slices: fleetslices.FleetSlices, mig_pods: int) -> Offer:
     """The controller's offer on the idle fleet with ``mig_pods`` 1g.10gb claims waiting."""
     waiting = tuple(decide.Waiting(f"bench/m{i}", frozenset({"1g.10gb"}), None, age_s=10.0) for i in range(mig_pods))
     return decide.decide(fleet_nodes(slices), waiting, decide.Memory(), decide.Settings(), 0.0).offer
+
+
+def label_nodes(api: client.ApiClient, offer: Offer) -> int:
+    """The label the controller keeps on the nodes its offer names (``decide.node_labels`` from none), written as
+    the controller writes it; returns the nodes labelled."""
+    core = client.CoreV1Api(api)
+    changes = decide.node_labels(offer, {n: {} for n in offer.nodes})
+    for node, _ in changes:
+        core.patch_node(node, {"metadata": {"labels": {mig_offer.NODE_LABEL: mig_offer.NODE_LABEL_VALUE}}})
+    return len(changes)
 
 
 def apply(slices: fleetslices.FleetSlices, offer: Offer, nodes: Sequence[str] | None = None) -> int:

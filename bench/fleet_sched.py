@@ -31,17 +31,19 @@ from kubernetes import client
 
 from bench import dra_overhead, dra_setup, dra_watch, fleet_probe
 from e2e.plane import fleet
-from gpuplane.api import names
+from gpuplane.api import mig_offer, names
 
 Printer = Callable[[str], None]
 
 NAMESPACE = "fleet-bench"
 GROUP, VERSION = "resource.k8s.io", "v1"
 H100 = "NVIDIA H100 80GB HBM3"
-KINDS = ("none", "mig-1g", "gpu-1", "gpu-4")
+KINDS = ("none", "mig-1g", "mig-1g-sel", "gpu-1", "gpu-4")
+MIG_KINDS = ("mig-1g", "mig-1g-sel")
 KIND_TEXT = {
     "none": "no claim",
     "mig-1g": "one MIG 1g.10gb",
+    "mig-1g-sel": "one MIG 1g.10gb, nodeSelector mig-offered",
     "gpu-1": "one whole GPU",
     "gpu-4": "4 GPUs, matchAttribute nvlinkDomain",
     "gpu-share": "25 % of a GPU, time-sliced",
@@ -63,7 +65,7 @@ SCHED_POINTS = ("PreFilter", "Filter", "Reserve", "PreBind")
 def claim_body(kind: str, name: str, *, h100_only: bool = False, label: str = "") -> dict[str, Any]:
     """The ResourceClaim one pod of ``kind`` uses."""
     selectors: list[dict[str, Any]] = []
-    if kind == "mig-1g":
+    if kind in MIG_KINDS:
         exactly: dict[str, Any] = {"deviceClassName": "mig.gpuplane.dev"}
         selectors.append({"cel": {"expression": f'device.attributes["{names.DRIVER_NAME}"].migProfile == "1g.10gb"'}})
     else:
@@ -126,6 +128,8 @@ def pod_body(kind: str, name: str, label: str) -> dict[str, Any]:
     if kind != "none":
         spec["resourceClaims"] = [{"name": "gpus", "resourceClaimName": name}]
         container["resources"]["claims"] = [{"name": "gpus"}]
+    if kind == "mig-1g-sel":  # only the nodes the controller labels for the MIG offer (docs/mig-offer.md)
+        spec["nodeSelector"] = {mig_offer.NODE_LABEL: mig_offer.NODE_LABEL_VALUE}
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -131,7 +131,8 @@ def publish_first(run: Run) -> fleetslices.PublishPass:
         run.slices.discover(mig_offer={})
         offer = fleet_offer.initial_offer(run.slices, run.args.pods_a or 0)
         run.mig_offer = offer.nodes
-        run.say(f"MIG offer (a): {offer.gpu_count()} GPUs on {len(offer.nodes)} nodes")
+        labelled = fleet_offer.label_nodes(run.api, offer)
+        run.say(f"MIG offer (a): {offer.gpu_count()} GPUs on {len(offer.nodes)} nodes ({labelled} labelled)")
         run.slices.discover(mig_offer=run.mig_offer, names_=sorted(offer.nodes))
     else:
         run.slices.discover()

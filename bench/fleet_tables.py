@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from bench.fleet_sched import KIND_TEXT, KINDS, SCHED_POINTS, Round
+from bench.fleet_sched import KIND_TEXT, KINDS, MIG_KINDS, SCHED_POINTS, Round
 
 
 def table(rounds: Sequence[Round]) -> str:
@@ -53,6 +53,11 @@ def ratios(rounds: Sequence[Round]) -> str:
         for name, a, base in (
             ("(a)/(c) DRA cost", after, plain),
             ("(a)/(b) cost of MIG placements", after, by.get(("b", kind))),
+            (
+                "(a) MIG over (b) one whole GPU (issue 36: <= 3x)",
+                after if kind in MIG_KINDS else None,
+                by.get(("b", "gpu-1")),
+            ),
             ("(a0)/(a) one counter slice per GPU (before) over packed (after)", by.get(("a0", kind)), after),
             ("(a)/(a+) the cluster's kube-scheduler over the newer one", after, by.get(("a+", kind))),
         ):

@@ -27,6 +27,11 @@ MAX_NODES = 20_000
 MAX_GPUS_PER_NODE = 64
 MAX_NODE_NAME = 253
 _GPU = re.compile(r"^gpu-[0-9]{1,4}$")
+# The controller labels every node the offer names (NODE_LABEL=NODE_LABEL_VALUE) and no other. A MIG pod
+# that asks for it (nodeSelector) is filtered out of every other node by kube-scheduler's NodeAffinity,
+# before its DRA allocator evaluates any device there (docs/mig-offer.md, "A MIG pod's scheduling cost").
+NODE_LABEL = "gpuplane.dev/mig-offered"
+NODE_LABEL_VALUE = "true"
 
 
 class OfferError(ValueError):

@@ -100,7 +100,9 @@ CONTRACTS: tuple[Contract, ...] = (
         ("gpuplane.controller.node",),
         tuple(f"gpuplane.controller.{f}" for f in CONTROLLER_FEATURES if f != "node"),
     ),
-    Forbidden("the MIG offer never imports steering", ("gpuplane.controller.migoffer",), ("gpuplane.controller.steer",)),
+    Forbidden(
+        "the MIG offer never imports steering", ("gpuplane.controller.migoffer",), ("gpuplane.controller.steer",)
+    ),
     Forbidden("gangs never import the claim review", ("gpuplane.controller.gang",), ("gpuplane.controller.claim",)),
     Layers(
         "the driver's layers",

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from gpuplane.api.mig_offer import Offer
+from gpuplane.api.mig_offer import NODE_LABEL, NODE_LABEL_VALUE, Offer
 from gpuplane.controller import indexed
 from gpuplane.controller.migoffer import snapshot
-from gpuplane.controller.migoffer.decide import Gpu, Memory, Node, Settings, Waiting, decide
-from gpuplane.controller.node import slice_index
+from gpuplane.controller.migoffer.decide import Gpu, Memory, Node, Settings, Waiting, decide, node_labels
+from gpuplane.controller.node import pod_nodes, slice_index
 from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.inventory import discover
 from gpuplane.driver.publish.slices import build_pool, render_slices
@@ -143,6 +143,15 @@ def test_one_namespaces_waiting_claims_hold_room_on_a_bounded_number_of_gpus() -
     assert len(keys(unbounded.offer)) == 23
 
 
+def test_exactly_the_nodes_the_offer_names_carry_the_mig_offered_label() -> None:
+    offer = Offer({"n0": frozenset({"gpu-0"}), "n2": frozenset({"gpu-1", "gpu-2"})})
+    on = {NODE_LABEL: NODE_LABEL_VALUE}
+    labels = {"n0": {}, "n1": on, "n2": on, "n3": {NODE_LABEL: "false"}, "n4": {"zone": "a"}}
+    assert node_labels(offer, labels) == (("n0", True), ("n1", False))
+    assert node_labels(offer, {"n0": on, "n2": on}) == ()  # in line: nothing to write
+    assert node_labels(Offer(), {"n0": on}) == (("n0", False),)
+
+
 # --- the snapshot, from what users and drivers wrote ---------------------------------------------------------
 NOW = datetime.datetime(2026, 12, 6, 8, 0, tzinfo=datetime.UTC)
 
@@ -213,6 +222,44 @@ def test_a_pod_held_by_someone_elses_gate_is_not_demand() -> None:
     both = {"t/none": claim("none", request)}
     shared = {"t/none": ["pown", "pnone"]}
     assert [w.key for w in snapshot.waiting(both, shared, pods, NOW)] == ["t/none"]
+
+
+def test_the_mig_offered_label_a_pod_asks_for_is_met_on_every_node() -> None:
+    """The controller labels the nodes it offers MIG on; a pod asking for the label may use any node the offer
+    could grow onto, so the offer and steering read it as met (the pod's other constraints still count)."""
+    by_selector = {"spec": {"nodeSelector": {NODE_LABEL: NODE_LABEL_VALUE}}}
+    assert pod_nodes.node_filter(by_selector) is None
+    also_zone = {"spec": {"nodeSelector": {NODE_LABEL: NODE_LABEL_VALUE, "zone": "b"}}}
+    allowed = pod_nodes.node_filter(also_zone)
+    assert allowed is not None and allowed("n", {"zone": "b"}) and not allowed("n", {"zone": "a"})
+    expr = {"key": NODE_LABEL, "operator": "In", "values": [NODE_LABEL_VALUE]}
+    by_affinity = {
+        "spec": {
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchExpressions": [expr, {"key": "zone", "operator": "In", "values": ["a"]}]}
+                        ]
+                    }
+                }
+            }
+        }
+    }
+    allowed = pod_nodes.node_filter(by_affinity)
+    assert allowed is not None and allowed("n", {"zone": "a"}) and not allowed("n", {"zone": "b"})
+    only_label = {
+        "spec": {
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchExpressions": [expr]}]
+                    }
+                }
+            }
+        }
+    }
+    assert pod_nodes.node_filter(only_label) is None
 
 
 def test_the_steer_gate_is_steerings() -> None:

@@ -28,7 +28,7 @@ import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from gpuplane.api.mig_offer import Offer
+from gpuplane.api.mig_offer import NODE_LABEL, NODE_LABEL_VALUE, Offer
 from gpuplane.mig.models import model_for_product
 
 Allowed = Callable[[str, Mapping[str, str]], bool]
@@ -91,6 +91,18 @@ class Decision:
     explain: tuple[tuple[str, str], ...] = ()  # (claim key, message): an Event on each newly waiting claim
     grown: tuple[Key, ...] = ()
     withdrawn: tuple[Key, ...] = ()
+
+
+def node_labels(offer: Offer, labels: Mapping[str, Mapping[str, str]]) -> tuple[tuple[str, bool], ...]:
+    """(node, labelled) for every node whose ``gpuplane.dev/mig-offered`` label must change: on where the
+    offer names the node, off everywhere else (``labels``: each known node's labels now)."""
+    out = []
+    for node in sorted(labels):
+        has = labels[node].get(NODE_LABEL) == NODE_LABEL_VALUE
+        want = bool(offer.for_node(node))
+        if has != want:
+            out.append((node, want))
+    return tuple(out)
 
 
 def memory_slices(product: str) -> int:

@@ -4,7 +4,9 @@ Every ``INTERVAL_S`` while this replica leads (once the informers synced): one c
 (slices, nodes, claims, pending pods) becomes a snapshot (:mod:`.snapshot`), :func:`.decide.decide` sizes
 the offer, and the ConfigMap ``gpuplane-mig-offer`` is written only when the offer's text changed (one write;
 each driver whose GPUs changed republishes its own slices). A claim that starts waiting for an offer gets
-one Event saying on which node and pool. A new term first reads the ConfigMap back (what the last leader
+one Event saying on which node and pool. The nodes the offer names carry the label
+``gpuplane.dev/mig-offered=true`` and no other node does (at most ``MAX_LABEL_WRITES`` node patches a pass,
+each fenced; the rest the next pass). A new term first reads the ConfigMap back (what the last leader
 wrote). A failed pass is logged; the next one runs ``INTERVAL_S`` later; a lost leadership ends a pass at
 its write (fenced).
 """
@@ -30,6 +32,7 @@ from gpuplane.controller.node import slice_index
 
 log = structlog.get_logger(__name__)
 INTERVAL_S = 2.0
+MAX_LABEL_WRITES = 50  # node label patches per pass (an offer naming every node labels them over passes)
 CLAIM_API = "resource.k8s.io/v1"
 
 
@@ -81,6 +84,34 @@ class Pass:
         self.api = OfferApi(rt.writer)
         self.memory: decide.Memory | None = None
         self.writes = 0
+        self.label_writes = 0
+
+    def node_labels(self) -> dict[str, Mapping[str, str]]:
+        """Each indexed node's labels (``indexed.node`` keeps them all)."""
+        nodes = indexed.single(self.kw["node_idx"])
+        return {n: (v.get("metadata") or {}).get("labels") or {} for n, v in nodes.items()}
+
+    async def label(self, offer: mig_offer.Offer) -> None:
+        """The ``gpuplane.dev/mig-offered`` label on exactly the nodes ``offer`` names (a bounded batch a pass)."""
+        async with self.rt.lock():
+            changes = decide.node_labels(offer, self.node_labels())
+        for node, on in changes[:MAX_LABEL_WRITES]:
+            value = mig_offer.NODE_LABEL_VALUE if on else None
+            try:
+                await asyncio.to_thread(
+                    self.rt.writer.patch_node, node, {"metadata": {"labels": {mig_offer.NODE_LABEL: value}}}
+                )
+            except ApiException as exc:
+                if exc.status != 404:  # a node deleted meanwhile needs no label
+                    raise
+            self.label_writes += 1
+        if changes:
+            log.info(
+                "MIG-offer node labels written",
+                on=[n for n, on in changes[:MAX_LABEL_WRITES] if on][:20],
+                off=[n for n, on in changes[:MAX_LABEL_WRITES] if not on][:20],
+                left=max(0, len(changes) - MAX_LABEL_WRITES),
+            )
 
     def view(self) -> tuple[tuple[decide.Node, ...], tuple[decide.Waiting, ...], dict[str, Any]]:
         kw = self.kw
@@ -112,6 +143,7 @@ class Pass:
                 waiting=len(waiting),
             )
         self.memory = dataclasses.replace(d.memory, written=True)
+        await self.label(d.offer)
         for key, message in d.explain:
             claim = claims.get(key) or {}
             ref = events.ObjectRef.of(claim, api_version=CLAIM_API, kind="ResourceClaim")

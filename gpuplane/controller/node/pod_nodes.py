@@ -8,12 +8,18 @@
 Steering (which node to write into a gated pod) and the MIG offer (which GPUs a waiting claim's pod may
 use, and whether anyone will try the pod at all) read pods with these; both are fed pods a tenant wrote,
 so every reader is total or raises ValueError (an operator it cannot read).
+
+The label ``gpuplane.dev/mig-offered`` (``gpuplane.api.mig_offer.NODE_LABEL``) is the controller's own: it
+puts it on every node it offers MIG on. A pod that asks for it may use any node the offer could grow
+onto, so :func:`node_filter` reads that key as met everywhere (else the offer could never grow for it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from gpuplane.api.mig_offer import NODE_LABEL as MIG_OFFERED
 
 
 def gates_of(pod: Mapping[str, Any]) -> tuple[str, ...]:
@@ -23,13 +29,19 @@ def gates_of(pod: Mapping[str, Any]) -> tuple[str, ...]:
 
 def node_filter(pod: Mapping[str, Any]) -> Callable[[str, Mapping[str, str]], bool] | None:
     """A predicate (node name, node labels) -> may the pod go there, from its nodeSelector and required
-    node affinity; None when the pod constrains nothing. Raises ValueError on an operator it cannot read."""
+    node affinity; None when the pod constrains nothing. Raises ValueError on an operator it cannot read.
+    The ``gpuplane.dev/mig-offered`` label counts as met on every node (the controller sets it where it offers)."""
     spec = pod.get("spec") or {}
-    selector = dict(spec.get("nodeSelector") or {})
+    selector = {k: v for k, v in (spec.get("nodeSelector") or {}).items() if k != MIG_OFFERED}
     req = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
         "requiredDuringSchedulingIgnoredDuringExecution"
     ) or {}
-    terms = list(req.get("nodeSelectorTerms") or [])
+    terms = [
+        {**t, "matchExpressions": [e for e in t.get("matchExpressions") or [] if e.get("key") != MIG_OFFERED]}
+        for t in req.get("nodeSelectorTerms") or []
+    ]
+    if terms and all(not t["matchExpressions"] and not t.get("matchFields") for t in terms):
+        terms = []  # only the offer's label: anywhere
     if not selector and not terms:
         return None
     for t in terms:
