@@ -51,10 +51,26 @@ def published_by_offer(gpu: GpuCluster) -> mig_offer.Offer | None:
     return got if ok else None
 
 
+def labelled(gpu: GpuCluster) -> set[str]:
+    """Our nodes that carry the MIG-offered label."""
+    items = gpu.kubectl_json("get", "nodes", "-l", f"{mig_offer.NODE_LABEL}={mig_offer.NODE_LABEL_VALUE}")["items"]
+    ours = {n.name for n in gpu.nodes}
+    return {n["metadata"]["name"] for n in items} & ours
+
+
+def labelled_as_offered(gpu: GpuCluster) -> mig_offer.Offer | None:
+    got = offer(gpu)
+    ours = {n.name for n in gpu.nodes}
+    return got if got is not None and labelled(gpu) == {n for n in got.nodes if n in ours} else None
+
+
 def test_the_drivers_publish_mig_placements_by_the_controllers_offer(gpu_cluster: GpuCluster) -> None:
     got = eventually(lambda: published_by_offer(gpu_cluster), 90, "every node publishing MIG by the offer")
     capable = sum(8 if n.profile == "hgx-h100" else 4 for n in gpu_cluster.nodes)
     assert 0 < got.gpu_count() < capable, got  # the spare set (2 per pool), not every GPU
+    # Exactly the nodes the offer names carry the label (and at least one does not: the spare set is small).
+    got = eventually(lambda: labelled_as_offered(gpu_cluster), 30, "the MIG-offered label on the offer's nodes")
+    assert 0 < len(labelled(gpu_cluster)) < len(gpu_cluster.nodes), got
 
 
 def test_only_the_controller_writes_the_offer_and_each_driver_reads_only_it(gpu_cluster: GpuCluster) -> None:
@@ -164,10 +180,13 @@ def test_a_mig_request_only_an_unoffered_gpu_can_serve_waits_is_told_and_runs(
     gpu_cluster: GpuCluster, unoffered_node: str, tmp_path: Path
 ) -> None:
     """Deterministic: the pod may only use a node none of whose GPUs is offered, so it cannot be allocated
-    before the offer grows for its claim (after the grace), which tells the claim why it waits."""
+    before the offer grows for its claim (after the grace), which tells the claim why it waits. The pod also
+    asks for the MIG-offered label, which the node lacks until the offer grows onto it: kube-scheduler filters
+    every other node out before its DRA allocator looks at any device (docs/mig-offer.md)."""
     current = offer(gpu_cluster)
     assert current is not None and not current.for_node(unoffered_node), current
-    path = _manifest(tmp_path, 1, {WAIT_LABEL: "on"})
+    assert unoffered_node not in labelled(gpu_cluster)
+    path = _manifest(tmp_path, 1, {WAIT_LABEL: "on", mig_offer.NODE_LABEL: mig_offer.NODE_LABEL_VALUE})
     gpu_cluster.cluster.kubectl("apply", "-f", str(path))
     try:
 
@@ -182,5 +201,6 @@ def test_a_mig_request_only_an_unoffered_gpu_can_serve_waits_is_told_and_runs(
         assert pod["spec"]["nodeName"] == unoffered_node
         grown = offer(gpu_cluster)
         assert grown is not None and len(grown.for_node(unoffered_node)) >= 1
+        assert unoffered_node in labelled(gpu_cluster)
     finally:
         gpu_cluster.cluster.kubectl("delete", "-f", str(path), "--wait=true", timeout=120)

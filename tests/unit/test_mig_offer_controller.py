@@ -13,7 +13,7 @@ import pytest
 from gpuplane.api.mig_offer import NODE_LABEL, NODE_LABEL_VALUE, Offer
 from gpuplane.controller import indexed
 from gpuplane.controller.migoffer import snapshot
-from gpuplane.controller.migoffer.decide import Gpu, Memory, Node, Settings, Waiting, decide, node_labels
+from gpuplane.controller.migoffer.decide import Gpu, Memory, Node, Settings, Waiting, decide, node_labels, published
 from gpuplane.controller.node import pod_nodes, slice_index
 from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.inventory import discover
@@ -150,6 +150,13 @@ def test_exactly_the_nodes_the_offer_names_carry_the_mig_offered_label() -> None
     assert node_labels(offer, labels) == (("n0", True), ("n1", False))
     assert node_labels(offer, {"n0": on, "n2": on}) == ()  # in line: nothing to write
     assert node_labels(Offer(), {"n0": on}) == (("n0", False),)
+    # With the offer off, every node whose slices publish MIG placements is labelled.
+    nodes = (
+        Node("n0", "h100", True, {}, (Gpu("gpu-0", H100, mig_published=True), Gpu("gpu-1", H100))),
+        Node("n1", "h100", True, {}, (Gpu("gpu-0", H100),)),
+    )
+    assert published(nodes) == Offer({"n0": frozenset({"gpu-0"})})
+    assert node_labels(published(nodes), {"n0": {}, "n1": on}) == (("n0", True), ("n1", False))
 
 
 # --- the snapshot, from what users and drivers wrote ---------------------------------------------------------

@@ -93,6 +93,12 @@ class Decision:
     withdrawn: tuple[Key, ...] = ()
 
 
+def published(nodes: tuple[Node, ...]) -> Offer:
+    """The GPUs whose MIG placements the nodes' slices publish now, as an offer (what is labelled without one)."""
+    out = {n.name: frozenset(g.name for g in n.gpus if g.mig_published) for n in nodes}
+    return Offer({n: gpus for n, gpus in out.items() if gpus})
+
+
 def node_labels(offer: Offer, labels: Mapping[str, Mapping[str, str]]) -> tuple[tuple[str, bool], ...]:
     """(node, labelled) for every node whose ``gpuplane.dev/mig-offered`` label must change: on where the
     offer names the node, off everywhere else (``labels``: each known node's labels now)."""

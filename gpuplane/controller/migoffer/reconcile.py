@@ -150,15 +150,24 @@ class Pass:
             await asyncio.to_thread(self.rt.writer.event, ref, "Normal", "WaitingForMigOffer", message)
         return d
 
+    async def labels_only(self) -> None:
+        """With the offer off (``--no-mig-offer``): the label on every node whose slices publish MIG placements,
+        so that a pod asking for it still finds every node that can serve it."""
+        async with self.rt.lock():
+            fleet, _, _ = self.view()
+        await self.label(decide.published(fleet))
+
 
 def register(reg: kopf.OperatorRegistry, settings: decide.Settings, enabled: bool = True) -> None:
     """The loop's start on ``reg``: leader-only, like the controller's other loops."""
 
     @kopf.on.startup(registry=reg)
     async def start_mig_offer(memo: runtime.Runtime, **_: Any) -> None:
-        if not enabled:
-            return
         one = Pass(memo, memo.caches.indexes, settings)
+        if not enabled:
+            labels = periodic.every(INTERVAL_S, memo.leading, one.labels_only, "MIG-offered labels")
+            memo.shared.tasks.append(asyncio.create_task(runtime.after_sync(memo, labels)))
+            return
         term = [memo.leading()]
 
         def leading() -> bool:
