@@ -127,7 +127,7 @@ def indexes(
         "pod_idx": {f"{NS}/{p['metadata']['name']}": [p] for p in pods},
         "claim_idx": {f"{NS}/{c['metadata']['name']}": [c] for c in claims},
         "slice_idx": {},
-        "node_idx": {n: [{"schedulable": True}] for n in nodes},
+        "node_idx": {n: [indexed.NodeView(n, schedulable=True)] for n in nodes},
         "class_idx": {"gpu.gpuplane.dev": [{"metadata": {"name": "gpu.gpuplane.dev"}, "spec": dict(class_spec or {})}]},
     }
     for d in digests:

@@ -15,9 +15,10 @@ plain dict in the API's shape, so code that reads ``claim["status"]["allocation"
   class: a tier), whether it is allocated with the results of this driver only (request, pool,
   device, consumed share percent) and the pods it is reserved for (rebalancing reads the tier, the
   share and the pods of each claim on a noisy GPU);
-* a node: whether it is schedulable, its name and uid (for Events), every label (steering matches
-  a gated pod's nodeSelector and node affinity against them; the NVLink-domain label is one), and
-  the NVLink-domain annotation the controller maintains.
+* a node: a typed, frozen :class:`NodeView`: whether it is schedulable, its name and uid (for Events),
+  every label (steering and the MIG offer match a pod's nodeSelector and node affinity against them;
+  the NVLink-domain and MIG-offered labels are two), the NVLink-domain annotation the controller
+  maintains, and its InternalIP (the IMEX domain's daemon addresses).
 
 Pure functions of the object; ``single`` reads such an index back as a plain dict. What repeats
 from claim to claim is kept once: the short strings (namespace, driver, request, pool and device
@@ -33,6 +34,8 @@ import json
 import sys
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from gpuplane.api import imex, imex_group
@@ -141,7 +144,19 @@ def claim(body: Mapping[str, Any], driver: str = dn.DRIVER_NAME) -> dict[str, An
     return out
 
 
-def node(body: Mapping[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """A Node as the controller reads it: parsed once, at the informer, into what it uses; read-only."""
+
+    name: str
+    uid: str = ""
+    schedulable: bool = False  # Ready and not cordoned
+    labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # every label
+    nvlink_domains: str | None = None  # the annotation gpuplane.dev/nvlink-domains the controller maintains
+    address: str = ""  # its first InternalIP (its IMEX daemon's address); "" when it reports none
+
+
+def node(body: Mapping[str, Any]) -> NodeView:
     """The indexed form of a Node."""
     meta = body.get("metadata") or {}
     spec = body.get("spec") or {}
@@ -149,18 +164,17 @@ def node(body: Mapping[str, Any]) -> dict[str, Any]:
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in (body.get("status") or {}).get("conditions") or []
     )
-    labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
-    out_meta: dict[str, Any] = {"name": meta.get("name"), "uid": meta.get("uid")}
-    if labels:  # interned: a fleet's nodes share most label keys and values
-        out_meta["labels"] = {sys.intern(str(k)): sys.intern(str(v)) for k, v in labels.items()}
-    if names.ANNOTATION_NVLINK_DOMAINS in annotations:
-        out_meta["annotations"] = {names.ANNOTATION_NVLINK_DOMAINS: annotations[names.ANNOTATION_NVLINK_DOMAINS]}
-    out: dict[str, Any] = {"schedulable": ready and not spec.get("unschedulable"), "metadata": out_meta}
-    address = internal_ip(body)
-    if address:
-        out["address"] = address
-    return out
+    domains = annotations.get(names.ANNOTATION_NVLINK_DOMAINS)
+    labels = {sys.intern(str(k)): sys.intern(str(v)) for k, v in (meta.get("labels") or {}).items()}
+    return NodeView(
+        name=str(meta.get("name") or ""),
+        uid=str(meta.get("uid") or ""),
+        schedulable=bool(ready and not spec.get("unschedulable")),
+        labels=MappingProxyType(labels),  # interned: a fleet's nodes share most label keys and values
+        nvlink_domains=domains if isinstance(domains, str) else None,
+        address=internal_ip(body),
+    )
 
 
 def internal_ip(body: Mapping[str, Any]) -> str:

@@ -199,8 +199,8 @@ def make_world(
         pods=world.member_lists(pods),
         claims=indexed.single(claim_idx),
         slices=tuple(d for store in slice_idx.values() for d in store),
-        nodes={k: bool(v.get("schedulable")) for k, v in nodes_.items()},
-        addresses={k: str(v["address"]) for k, v in nodes_.items() if v.get("address")},
+        nodes={k: v.schedulable for k, v in nodes_.items()},
+        addresses={k: v.address for k, v in nodes_.items() if v.address},
         classes=indexed.single(class_idx),
         jobs={key: tuple(store) for key, store in (job_idx or {}).items()},
         leaderworkersets={key: tuple(store) for key, store in (lws_idx or {}).items()},
@@ -352,13 +352,13 @@ async def _reconcile_gang(rt: Runtime, key: str, w: world.World, now: float) -> 
 
 
 async def sync_node_label(
-    rt: Runtime, node: str, node_body: Mapping[str, Any] | None, slices: Iterable[Mapping[str, Any]]
+    rt: Runtime, node: str, node_body: indexed.NodeView | None, slices: Iterable[Mapping[str, Any]]
 ) -> None:
     """Bring one node's NVLink-domain label in line with its published GPUs."""
     if node_body is None or not rt.leading():
         return
     want = labels.desired(labels.domains_of_node(node, slices))
-    patch = labels.patch_for(node_body, want)
+    patch = labels.patch_for(node_body.labels, node_body.nvlink_domains, want)
     if patch is None:
         return
     await asyncio.to_thread(rt.writer.patch_node, node, patch)
@@ -370,6 +370,6 @@ async def sync_node_label(
         kind="Node",
         name=node,
         namespace="",
-        uid=str((node_body.get("metadata") or {}).get("uid", "")),
+        uid=node_body.uid,
     )
     await asyncio.to_thread(rt.writer.event, ref, "Normal", events.NODE_DOMAIN_LABELLED, msg)

@@ -14,7 +14,7 @@ from typing import Any
 
 import structlog
 
-from gpuplane.controller import kube
+from gpuplane.controller import indexed, kube
 from gpuplane.controller.gang import world
 from gpuplane.controller.node import snapshot_builder
 from gpuplane.controller.runtime import Runtime
@@ -24,9 +24,9 @@ from gpuplane.controller.steer import reconciler as steer_reconciler
 log = structlog.get_logger(__name__)
 
 
-def node_labels(nodes: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, str]]:
+def node_labels(nodes: Mapping[str, indexed.NodeView]) -> dict[str, Mapping[str, str]]:
     """Node -> its labels, from the node index (``indexed.node`` keeps every label for this)."""
-    return {n: dict(((v.get("metadata") or {}).get("labels")) or {}) for n, v in nodes.items()}
+    return {n: v.labels for n, v in nodes.items()}
 
 
 async def _opted_in(rt: Runtime, now: float) -> frozenset[str] | None:

@@ -56,10 +56,11 @@ def test_node_label_from_slices(cluster_slices: list[dict[str, Any]]) -> None:
     nvl = [labels.desired(labels.domains_of_node(f"nvl-{i}", cluster_slices)).label for i in range(4)]
     assert hgx.label == "hgx-0.nvl0"
     assert len(set(nvl)) == 1 and nvl[0] == f"{CLUSTER}.1"
-    node = {"metadata": {"name": "hgx-0", "labels": {names.NODE_LABEL_NVLINK_DOMAIN: "stale"}}}
-    assert labels.patch_for(node, hgx) == {"metadata": {"labels": {names.NODE_LABEL_NVLINK_DOMAIN: "hgx-0.nvl0"}}}
-    node["metadata"]["labels"][names.NODE_LABEL_NVLINK_DOMAIN] = "hgx-0.nvl0"
-    assert labels.patch_for(node, hgx) is None
+    stale = {names.NODE_LABEL_NVLINK_DOMAIN: "stale"}
+    assert labels.patch_for(stale, None, hgx) == {
+        "metadata": {"labels": {names.NODE_LABEL_NVLINK_DOMAIN: "hgx-0.nvl0"}}
+    }
+    assert labels.patch_for({names.NODE_LABEL_NVLINK_DOMAIN: "hgx-0.nvl0"}, None, hgx) is None
     assert labels.desired({"a", "b"}) == labels.NodeDomains(label=None, annotation="a,b")
 
 

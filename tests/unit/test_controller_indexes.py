@@ -180,18 +180,22 @@ class TestIndexedObjects:
             "spec": {"unschedulable": False},
             "status": {"conditions": [{"type": "Ready", "status": "True"}], "capacity": {"cpu": "224"}},
         }
-        assert indexed.node(body) == {
-            "schedulable": True,
-            "metadata": {
-                "name": "n1",
-                "uid": "u1",
-                "labels": {names.NODE_LABEL_NVLINK_DOMAIN: "d", "kubernetes.io/hostname": "n1"},
-            },
-        }
+        got = indexed.node(body)
+        assert got == indexed.NodeView(
+            name="n1",
+            uid="u1",
+            schedulable=True,
+            labels={names.NODE_LABEL_NVLINK_DOMAIN: "d", "kubernetes.io/hostname": "n1"},
+        )
+        with pytest.raises(TypeError):  # read-only: every reader shares the one view
+            got.labels["x"] = "y"  # type: ignore[index]
         cordoned = {**body, "spec": {"unschedulable": True}}
-        assert indexed.node(cordoned)["schedulable"] is False
+        assert indexed.node(cordoned).schedulable is False
+        assert indexed.node({"metadata": {"name": "n2"}}).schedulable is False  # no Ready condition
         want = nodelabels.desired({"d"})
-        assert nodelabels.patch_for(indexed.node(body), want) is None
+        assert nodelabels.patch_for(got.labels, got.nvlink_domains, want) is None
+        both = {**body, "metadata": {**body["metadata"], "annotations": {names.ANNOTATION_NVLINK_DOMAINS: "a,b"}}}
+        assert indexed.node(both).nvlink_domains == "a,b"
 
 
 def test_claim_index_keeps_what_template_gangs_read() -> None:

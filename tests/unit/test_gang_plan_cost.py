@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpuplane.controller import config, metrics, runtime
+from gpuplane.controller import config, indexed, metrics, runtime
 from gpuplane.controller.gang import queue_runner, reconciler, world
 from gpuplane.placement.policies import make as make_policy
 from tests.controllerkit import GB200, T0, gang_body, make_world, member_pod, run_pass
@@ -177,7 +177,7 @@ def test_gang_timers_share_one_copy_of_the_indexes_until_something_indexed_chang
         "pod_idx": {},
         "claim_idx": {"ns/c": [{"metadata": {"name": "c", "namespace": "ns"}}]},
         "slice_idx": {},
-        "node_idx": {"n": [{"schedulable": True}]},
+        "node_idx": {"n": [indexed.NodeView("n", schedulable=True)]},
         "class_idx": {},
     }
     first = runtime.make_world(rt, now=NOW, **idx)

@@ -298,7 +298,7 @@ def test_nodes_from_slices_and_allocations(slices: list[slice_index.SliceDigest]
             ]
         }
     }
-    nodes_index = {"n0": {"schedulable": True, "metadata": {"labels": {"gpuplane.dev/node-pool": "inference"}}}}
+    nodes_index = {"n0": indexed.NodeView("n0", schedulable=True, labels={"gpuplane.dev/node-pool": "inference"})}
     (node,) = snapshot.nodes(slices, nodes_index, [claim("a", [], alloc)])
     assert node.pool == "inference" and node.schedulable
     gpus = {g.name: g for g in node.gpus}

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from gpuplane.api.mig_offer import Offer
-from gpuplane.controller import kube, steering
+from gpuplane.controller import indexed, kube, steering
 from gpuplane.controller.gang import writes as gang_writes
 from gpuplane.controller.migoffer import decide as offer_decide
 from gpuplane.controller.migoffer import snapshot
@@ -114,7 +114,7 @@ def grow(
     """One pass of the MIG offer over the same objects (the gated pods are pending: their claims are demand)."""
     digests = [d for o in objs if (d := slice_index.digest(o["metadata"]["name"], o["spec"])) is not None]
     index = {
-        n: {"schedulable": True, "metadata": {"labels": {**labels, snapshot.POOL_LABEL: "h100"}}}
+        n: indexed.NodeView(n, schedulable=True, labels={**labels, snapshot.POOL_LABEL: "h100"})
         for n, labels in LABELS.items()
     }
     fleet = snapshot.nodes(digests, index, claims.values())

@@ -88,8 +88,7 @@ class Pass:
 
     def node_labels(self) -> dict[str, Mapping[str, str]]:
         """Each indexed node's labels (``indexed.node`` keeps them all)."""
-        nodes = indexed.single(self.kw["node_idx"])
-        return {n: (v.get("metadata") or {}).get("labels") or {} for n, v in nodes.items()}
+        return {n: v.labels for n, v in indexed.single(self.kw["node_idx"]).items()}
 
     async def label(self, offer: mig_offer.Offer) -> None:
         """The ``gpuplane.dev/mig-offered`` label on exactly the nodes ``offer`` names (a bounded batch a pass)."""

@@ -120,7 +120,7 @@ def _gpu_of(device: Any) -> str | None:
 
 
 def nodes(
-    digests: list[SliceDigest], node_index: Mapping[str, Mapping[str, Any]], claims: Iterable[Mapping[str, Any]]
+    digests: list[SliceDigest], node_index: Mapping[str, indexed.NodeView], claims: Iterable[Mapping[str, Any]]
 ) -> tuple[Node, ...]:
     """Every node with MIG-capable GPUs in its (newest) slices, with what is allocated on them."""
     mig_alloc: set[tuple[str, str]] = set()
@@ -142,8 +142,8 @@ def nodes(
                 published.add((d.node, f"gpu-{m.parent_minor}"))
     out: list[Node] = []
     for node_name, gpus in sorted(capable.items()):
-        entry = node_index.get(node_name) or {}
-        labels = (entry.get("metadata") or {}).get("labels") or {}
+        entry = node_index.get(node_name)
+        labels = entry.labels if entry is not None else {}
         pool = labels.get(POOL_LABEL)
         if not isinstance(pool, str) or not 0 < len(pool) <= MAX_POOL:
             pool = next(iter(sorted(gpus.values())), "")[:MAX_POOL] or "unknown"
@@ -151,7 +151,7 @@ def nodes(
             Node(
                 name=node_name,
                 pool=pool,
-                schedulable=bool(entry.get("schedulable")),
+                schedulable=entry is not None and entry.schedulable,
                 labels=labels,
                 gpus=tuple(
                     Gpu(

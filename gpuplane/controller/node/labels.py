@@ -55,14 +55,12 @@ def desired(domains: set[str]) -> NodeDomains:
     return NodeDomains(label=None, annotation=",".join(sorted(domains)))
 
 
-def patch_for(node: Mapping[str, Any], want: NodeDomains) -> dict[str, Any] | None:
-    """A merge patch bringing the node's label and annotation to ``want`` (None: already right)."""
-    meta = node.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    annotations = meta.get("annotations") or {}
+def patch_for(labels: Mapping[str, str], annotation: str | None, want: NodeDomains) -> dict[str, Any] | None:
+    """A merge patch bringing a node's label and annotation (``labels``, ``annotation`` now) to ``want``
+    (None: already right)."""
     patch: dict[str, dict[str, str | None]] = {}
     if labels.get(names.NODE_LABEL_NVLINK_DOMAIN) != want.label:
         patch.setdefault("labels", {})[names.NODE_LABEL_NVLINK_DOMAIN] = want.label
-    if annotations.get(names.ANNOTATION_NVLINK_DOMAINS) != want.annotation:
+    if annotation != want.annotation:
         patch.setdefault("annotations", {})[names.ANNOTATION_NVLINK_DOMAINS] = want.annotation
     return {"metadata": patch} if patch else None
