@@ -16,7 +16,7 @@ import structlog
 
 from gpuplane.controller import indexed, kube
 from gpuplane.controller.gang import world
-from gpuplane.controller.node import snapshot_builder
+from gpuplane.controller.node import slice_index, snapshot_builder
 from gpuplane.controller.runtime import Runtime
 from gpuplane.controller.steer import decide as steer_decide
 from gpuplane.controller.steer import reconciler as steer_reconciler
@@ -46,14 +46,17 @@ async def _opted_in(rt: Runtime, now: float) -> frozenset[str] | None:
 
 
 def republishing(slices: Iterable[Any]) -> frozenset[str]:
-    """Nodes whose slices carry more than one generation: their driver is rewriting them now, and kube-scheduler
-    (which uses only a pool's newest, complete generation) and this view see part of its devices."""
+    """Nodes whose driver is rewriting its slices now: they carry more than one generation, or the newest
+    generation lacks slices its ``resourceSliceCount`` promises. kube-scheduler uses only a pool's newest,
+    complete generation (none while it is incomplete), and this view sees part of the node's devices."""
+    slices = list(slices)
     generations: dict[str, set[int]] = {}
     for d in slices:
         node, generation = getattr(d, "node", None), getattr(d, "generation", None)
         if isinstance(node, str) and isinstance(generation, int):
             generations.setdefault(node, set()).add(generation)
-    return frozenset(n for n, g in generations.items() if len(g) > 1)
+    digests = [d for d in slices if isinstance(d, slice_index.SliceDigest)]
+    return frozenset(n for n, g in generations.items() if len(g) > 1) | slice_index.incomplete(digests)
 
 
 async def steer_pass(

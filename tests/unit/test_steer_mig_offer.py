@@ -277,3 +277,11 @@ def test_a_pod_nothing_fits_waits_while_a_node_it_may_use_republishes(
     assert steering.republishing(steady) == frozenset()
     half = [dataclasses.replace(d, generation=d.generation + 1) if i == 0 else d for i, d in enumerate(steady)]
     assert steering.republishing(half) == frozenset({steady[0].node})
+    # The old generation already gone, the new one not all written: incomplete (kube-scheduler's own rule).
+    first = steady[0]
+    assert first.slice_count >= 1
+    pool = [d for d in steady if d.pool == first.pool]
+    promised = dataclasses.replace(first, slice_count=len(pool) + 1)
+    started = [promised, *(d for d in steady if d is not first)]
+    assert steering.republishing(started) == frozenset({first.node})
+    assert slice_index.incomplete(steady) == frozenset()

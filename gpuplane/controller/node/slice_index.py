@@ -100,6 +100,7 @@ class SliceDigest:
     gpus: tuple[GpuInfo, ...] = ()
     mig: Mapping[str, MigDevice] = field(default_factory=dict)  # device name -> device
     noisy: tuple[tuple[str, Mapping[str, Any]], ...] = ()  # (device, noisy-neighbour taint as published)
+    slice_count: int = 0  # the pool's resourceSliceCount (0: not said)
 
 
 class Interner:
@@ -248,6 +249,7 @@ def digest(
         gpus=tuple(gpus),
         mig=interner.mig_map(mig) if mig else mig,
         noisy=tuple(noisy),
+        slice_count=max(0, _int(pool.get("resourceSliceCount")) or 0),
     )
 
 
@@ -295,6 +297,24 @@ def as_digest(obj: SliceDigest | Mapping[str, Any], driver: str = dn.DRIVER_NAME
         return None
     name = device_attrs.mapping(obj.get("metadata")).get("name")
     return digest(name if isinstance(name, str) else "", device_attrs.mapping(obj.get("spec")), None, driver)
+
+
+def incomplete(digests: list[SliceDigest]) -> frozenset[str]:
+    """Nodes whose pool's newest generation has fewer slices than its ``resourceSliceCount`` says: its driver is
+    writing it now, and kube-scheduler allocates nothing from such a pool until it is complete (its allocator
+    marks it incomplete), whatever an older generation still holds."""
+    newest_of: dict[str, int] = {}
+    for d in digests:
+        newest_of[d.pool] = max(newest_of.get(d.pool, 0), d.generation)
+    count: dict[str, int] = {}
+    want: dict[str, int] = {}
+    node: dict[str, str] = {}
+    for d in digests:
+        if d.generation == newest_of[d.pool]:
+            count[d.pool] = count.get(d.pool, 0) + 1
+            want[d.pool] = max(want.get(d.pool, 0), d.slice_count)
+            node[d.pool] = d.node
+    return frozenset(node[p] for p, n in count.items() if n < want[p])
 
 
 def newest(digests: list[SliceDigest]) -> list[SliceDigest]:
