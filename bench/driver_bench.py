@@ -35,7 +35,7 @@ from bench.placement_report import percentile as pct
 from gpuplane.api import names
 from gpuplane.driver.host import atomic_write
 from gpuplane.driver.prepare.checkpoint import CheckpointStore, decode
-from tests.driverkit import make_claim, ref
+from testing.driverkit import make_claim, ref
 
 GPUS = 8
 TARGET_RATIO = 1.5

@@ -24,7 +24,7 @@ from gpuplane.api import names
 from gpuplane.driver.host import proc_environ, proc_pids
 from gpuplane.driver.plugin.kubelet_client import KubeletPluginClient
 from gpuplane.driver.prepare.contract import ClaimRef
-from tests.driverkit import FakeClaims, start_worker
+from testing.driverkit import FakeClaims, start_worker
 
 REPO = Path(__file__).resolve().parent.parent
 NODE = "bench-node"
@@ -116,7 +116,7 @@ class ClaimStore:
 
 
 class FakeStore(ClaimStore):
-    mode = "in-memory fake API (tests.driverkit.FakeClaims, file-backed so the driver process reads the same claims)"
+    mode = "in-memory fake API (testing.driverkit.FakeClaims, file-backed so the driver process reads the same claims)"
 
     def __init__(self, root: Path) -> None:
         self.claims = FakeClaims(root / "claims.json")

@@ -32,7 +32,7 @@ from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.publish import slices, steering
 from gpuplane.driver.publish.publisher import Layout, SlicePublisher
 from gpuplane.placement import geometry, model
-from tests.slicekit import SliceStore
+from testing.slicekit import SliceStore
 
 NODE = "n"
 ONE_NODE = trace.Topology("HGX 1x8", 1, 1, 8)

@@ -1,9 +1,9 @@
 """gpuplane's tests: ``tests/unit`` (fast, always run) and ``tests/e2e`` (a real control plane, opt-in with ``--e2e``).
 
-What the test modules share lives here, one kit per subject:
+What the test modules share lives here, one kit per subject (what the benchmarks use as well lives in
+the top-level ``testing`` package, so that ``bench`` never imports ``tests``):
 
 - ``conftest``: the suite's switches (``--e2e`` / ``GPUPLANE_E2E=1``).
-- ``driverkit``: the node driver on the simulator, claim builders, an in-memory claim source.
 - ``crashkit``: the driver as its own process (``crash_worker``), a node seen from kubelet's side.
 - ``migkit``: the GPU models under test and prepare/unprepare with read-backs, for the MIG rules.
 - ``mpskit``: the stand-in MPS control binary (``tests/fakes``), ids, the leak-checking ``root`` fixture.
@@ -13,8 +13,7 @@ What the test modules share lives here, one kit per subject:
 - ``controllerkit``: the ResourceSlices the real driver publishes, DeviceClasses, gangs, pods, claims;
   ``templatekit`` gangs whose pods come from a template (Jobs); ``indexkit`` the controller's
   slice index over a small fleet.
-- ``slicerules``: resource.k8s.io/v1's ResourceSlice validation rules, restated; ``slicekit`` one node's
-  ResourceSlices in memory behind the publisher's slice API (also used by ``bench.steer_writes``).
+- ``slicerules``: resource.k8s.io/v1's ResourceSlice validation rules, restated.
 - ``hostile`` and ``strategies``: hostile inputs (deep JSON; hypothesis strategies for configs,
   claims, gangs); ``hostilekit`` what the hostile-input e2e modules share.
 - ``rbackit``: fixtures of the least-privilege e2e tests.

@@ -3,7 +3,7 @@
 Run ``python -m tests.crash_worker --root DIR``. It builds the production
 :class:`~gpuplane.driver.prepare.state.DeviceState` on the file-backed simulator (state under
 ``DIR/sim``, so MIG instances outlive this process like hardware), a
-file-backed :class:`~tests.driverkit.FakeClaims` (``DIR/claims.json``) or the
+file-backed :class:`~testing.driverkit.FakeClaims` (``DIR/claims.json``) or the
 real API (``--kubeconfig``), and the MPS manager with the stand-in binary;
 runs ``state.recover()`` as ``gpuplane-driver`` does at start; serves the real
 kubelet sockets (:class:`~gpuplane.driver.plugin.server.PluginServer`); prints one JSON
@@ -45,7 +45,7 @@ from gpuplane.driver.prepare.contract import ClaimRef, PrepareResult, UnprepareR
 from gpuplane.driver.prepare.state import ClaimSource, DeviceState
 from gpuplane.driver.sharing.mps import MpsControl
 from gpuplane.driver.sharing.mps_spec import MpsDaemon, MpsSpec
-from tests.driverkit import STANDIN_MPS, FakeClaims, state_settings
+from testing.driverkit import STANDIN_MPS, FakeClaims, state_settings
 
 
 class _TimedMps(MpsControl):

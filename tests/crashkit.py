@@ -26,7 +26,7 @@ from gpuplane.driver.prepare import cdi
 from gpuplane.driver.prepare.checkpoint import decode
 from gpuplane.driver.prepare.contract import PrepareResult
 from gpuplane.driver.sharing.mps import MpsControl
-from tests.driverkit import STANDIN_MPS, FakeClaims, make_claim, mps_processes_under, ref, short_tmpdir, start_worker
+from testing.driverkit import STANDIN_MPS, FakeClaims, make_claim, mps_processes_under, ref, short_tmpdir, start_worker
 
 REPO = Path(__file__).resolve().parents[1]
 NODE = "node-a"

@@ -14,7 +14,7 @@ from gpuplane.driver.hw import interface as hw
 from gpuplane.driver.inventory import mig_device_name
 from gpuplane.driver.prepare import cdi
 from gpuplane.mig import geometry, models
-from tests.driverkit import DriverUnderTest, driver_env, make_claim, ref
+from testing.driverkit import DriverUnderTest, driver_env, make_claim, ref
 
 GIB = 1024**3
 S1, S1ME, S1D, S2, S3, S4, S7 = (

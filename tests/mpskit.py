@@ -15,7 +15,7 @@ import pytest
 
 from gpuplane.driver.host import proc_running
 from gpuplane.driver.sharing import mps, mps_spec
-from tests.driverkit import mps_processes_under
+from testing.driverkit import mps_processes_under
 
 STANDIN = Path(__file__).resolve().parent / "fakes" / "nvidia-cuda-mps-control"
 GPU = "GPU-6f2a1e4c-3b7d-4e8a-9c1f-2d5b8a7e6c01"

@@ -17,7 +17,7 @@ import pytest
 from gpuplane.api import configs, names, quantity
 from gpuplane.controller.claim import checks as controller_claims
 from gpuplane.controller.node import selectors
-from tests.driverkit import DriverUnderTest, driver_env, make_claim, ref
+from testing.driverkit import DriverUnderTest, driver_env, make_claim, ref
 
 GPU = {"apiVersion": names.CONFIG_API_VERSION, "kind": "GpuConfig"}
 HUGE = "9" * 9800

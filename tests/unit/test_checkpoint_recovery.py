@@ -23,6 +23,7 @@ import grpc
 import pytest
 
 from gpuplane.driver.prepare.checkpoint import CheckpointStore, decode
+from testing.driverkit import build_driver, make_claim, mps_processes_under, ref, short_tmpdir
 from tests.crashkit import (
     KINDS,
     NODE,
@@ -35,7 +36,6 @@ from tests.crashkit import (
     node_env,
     start_with_mixed,
 )
-from tests.driverkit import build_driver, make_claim, mps_processes_under, ref, short_tmpdir
 
 
 @pytest.fixture

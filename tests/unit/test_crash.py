@@ -136,7 +136,7 @@ def test_kill_during_recovery_rollback(node: Node) -> None:
 _RECOVER_AND_DIE = """
 import os, signal, sys
 from pathlib import Path
-from tests.driverkit import FakeClaims, build_driver
+from testing.driverkit import FakeClaims, build_driver
 root = Path(sys.argv[1])
 def hook(step):
     if step == "undo:gi-destroyed":

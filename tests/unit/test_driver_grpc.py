@@ -15,7 +15,7 @@ import pytest
 from gpuplane.api import names
 from gpuplane.driver.plugin.kubelet_client import KubeletPluginClient
 from gpuplane.driver.prepare import cdi
-from tests.driverkit import DriverUnderTest, driver_env, make_claim, ref, serving
+from testing.driverkit import DriverUnderTest, driver_env, make_claim, ref, serving
 
 GPU_CONFIG = {"apiVersion": names.CONFIG_API_VERSION, "kind": "GpuConfig"}
 

@@ -19,7 +19,7 @@ from gpuplane.cli import fleetmap, kubectl_gpuplane
 from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.inventory import discover
 from gpuplane.driver.publish.slices import build_pool, render_slices
-from tests.driverkit import short_tmpdir
+from testing.driverkit import short_tmpdir
 
 NODE = "hgx-0"
 

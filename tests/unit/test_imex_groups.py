@@ -17,7 +17,7 @@ from gpuplane.controller.gang import world
 from gpuplane.controller.imex import decide, groups, reconcile
 from gpuplane.driver import config
 from gpuplane.driver.prepare import imex_claims
-from tests import driverkit
+from testing import driverkit
 
 CLIQUE = "cluster-1.0"
 TRAYS = [f"tray-{i}" for i in range(4)]

@@ -20,7 +20,7 @@ import pytest
 from gpuplane.api import imex
 from gpuplane.driver.hw import sim_devnodes
 from gpuplane.driver.prepare import imex_channel, imex_claims
-from tests import driverkit
+from testing import driverkit
 
 NODE = "tray-0"
 PEER = "tray-1"

@@ -89,7 +89,11 @@ CONTRACTS: tuple[Contract, ...] = (
     Forbidden(
         "placement and MIG geometry are pure: no Kubernetes client", ("gpuplane.placement", "gpuplane.mig"), KUBERNETES
     ),
-    Forbidden("the package never imports the harness, benchmarks or tests", ("gpuplane",), ("e2e", "bench", "tests")),
+    Forbidden(
+        "the package never imports the harness, benchmarks or tests",
+        ("gpuplane",),
+        ("e2e", "bench", "tests", "testing"),
+    ),
     Forbidden(
         "the controller's features never import its wiring",
         tuple(f"gpuplane.controller.{m}" for m in CONTROLLER_BELOW_WIRING),
@@ -264,7 +268,14 @@ def private_imports(found: Sequence[Import], root: Path) -> list[str]:
     return out
 
 
-SUPPORT_TREES = ("tests", "e2e", "bench", "scripts")
+SUPPORT_TREES = ("tests", "testing", "e2e", "bench", "scripts")
+SUPPORT_CONTRACTS = (
+    Forbidden(
+        "the benchmarks, the harness and the shared builders never import the tests",
+        ("bench", "e2e", "testing"),
+        ("tests",),
+    ),
+)
 
 
 def support_imports(root: Path) -> list[Import]:
@@ -276,6 +287,15 @@ def support_imports(root: Path) -> list[Import]:
         for path in sorted((root / tree).rglob("*.py"))
         for imp in imports_of(path, root)
     ]
+
+
+@pytest.mark.parametrize("contract", SUPPORT_CONTRACTS, ids=[c.name for c in SUPPORT_CONTRACTS])
+def test_support_contract_is_kept(contract: Contract) -> None:
+    """Issue 34: no bench <-> tests cycle; what both use lives in ``testing/``."""
+    found = support_imports(REPO)
+    assert any(imp.module.startswith("bench.") and imp.target.startswith("testing.") for imp in found)
+    problems = broken(contract, found, REPO)
+    assert problems == [], f"{contract.name}: broken by\n" + "\n".join(problems)
 
 
 def test_no_private_module_of_a_dependency_is_imported() -> None:

@@ -20,7 +20,7 @@ from gpuplane.driver.hw.sim import Simulator
 from gpuplane.driver.inventory import discover
 from gpuplane.driver.publish.slices import build_pool, render_slices
 from gpuplane.mig import models, rules
-from tests.driverkit import simulator
+from testing.driverkit import simulator
 from tests.migkit import (
     MODELS,
     OTHER_MIG_PROFILES,

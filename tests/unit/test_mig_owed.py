@@ -21,7 +21,7 @@ from gpuplane.driver.inventory import Inventory, mig_device_name
 from gpuplane.driver.metrics import DriverMetrics
 from gpuplane.driver.prepare import owed
 from gpuplane.driver.prepare.checkpoint import CheckpointStore
-from tests.driverkit import DriverUnderTest, build_driver, driver_env, make_claim, ref
+from testing.driverkit import DriverUnderTest, build_driver, driver_env, make_claim, ref
 
 MIG = mig_device_name(0, "1g.10gb", 0)
 

@@ -14,7 +14,7 @@ import pytest
 from gpuplane.api import names
 from gpuplane.driver.hw import interface as hw
 from gpuplane.driver.inventory import mig_device_name
-from tests.driverkit import make_claim, ref
+from testing.driverkit import make_claim, ref
 from tests.migkit import (
     GIB,
     MODELS,

@@ -25,7 +25,7 @@ from gpuplane.driver.metrics import DriverMetrics
 from gpuplane.driver.observe.health_watcher import HealthMetrics
 from gpuplane.driver.observe.telemetry import TelemetrySampler, TelemetrySettings
 from gpuplane.driver.observe.telemetry_metrics import TelemetryMetrics
-from tests.driverkit import driver_env
+from testing.driverkit import driver_env
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "manifests" / "monitoring" / "grafana" / "gpuplane.json"

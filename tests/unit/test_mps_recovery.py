@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.driverkit import mps_processes_under
+from testing.driverkit import mps_processes_under
 from tests.mpskit import (
     CLAIM_A,
     CLAIM_B,

@@ -18,7 +18,7 @@ from gpuplane.driver.publish import slices, steering
 from gpuplane.driver.publish.publisher import SlicePublisher
 from gpuplane.mig.geometry import HOPPER
 from gpuplane.placement import geometry
-from tests.slicekit import SliceStore
+from testing.slicekit import SliceStore
 
 SLOTS = geometry.slots_for(HOPPER)
 

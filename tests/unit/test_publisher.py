@@ -18,7 +18,7 @@ from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.inventory import Inventory, discover
 from gpuplane.driver.publish.publisher import Layout, SlicePublisher
 from gpuplane.driver.publish.slices import DeviceTaint, PoolContent, build_pool, slice_name, validate_pool
-from tests.slicekit import SliceStore
+from testing.slicekit import SliceStore
 
 NODE = "node-a"
 

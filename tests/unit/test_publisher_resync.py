@@ -13,7 +13,7 @@ from typing import Any
 from gpuplane.api import names
 from gpuplane.driver.publish import slices
 from gpuplane.driver.publish.publisher import SlicePublisher
-from tests.driverkit import driver_env
+from testing.driverkit import driver_env
 
 
 class MemorySlices:

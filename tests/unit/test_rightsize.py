@@ -21,7 +21,7 @@ from gpuplane.controller.rightsize.need import Need, NeedError, parse_need
 from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.inventory import discover
 from gpuplane.driver.publish.slices import build_pool, render_slices
-from tests.driverkit import short_tmpdir
+from testing.driverkit import short_tmpdir
 
 REPO = Path(__file__).resolve().parents[2]
 GIB = 2**30

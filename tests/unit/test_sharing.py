@@ -17,7 +17,7 @@ from gpuplane.driver.host import proc_running as running
 from gpuplane.driver.prepare import cdi
 from gpuplane.driver.sharing import mps_spec
 from gpuplane.mig import geometry
-from tests.driverkit import DriverUnderTest, driver_env, make_claim, ref
+from testing.driverkit import DriverUnderTest, driver_env, make_claim, ref
 
 GIB = 1024**3
 GPU = {"apiVersion": names.CONFIG_API_VERSION, "kind": "GpuConfig"}
@@ -329,7 +329,7 @@ def test_timeslicing_on_a_mig_device_is_refused(drv: DriverUnderTest) -> None:
 
 def test_timeslice_intervals_must_agree_on_one_gpu() -> None:
     """Two time-slicing claims on one GPU with different intervals: the second is refused, the first keeps its."""
-    from tests.driverkit import driver_env, make_claim, ref
+    from testing.driverkit import driver_env, make_claim, ref
 
     cfg = {"apiVersion": "gpu.gpuplane.dev/v1alpha1", "kind": "GpuConfig"}
     with driver_env("hgx-h100", "node-a") as drv:
@@ -348,7 +348,7 @@ def test_timeslice_intervals_must_agree_on_one_gpu() -> None:
 
 def test_partial_share_without_a_sharing_strategy_is_refused() -> None:
     """sharePercent < 100 on a plain exclusive claim would let a second claim land on the GPU: refuse it up front."""
-    from tests.driverkit import driver_env, make_claim, ref
+    from testing.driverkit import driver_env, make_claim, ref
 
     with driver_env("hgx-h100", "node-a") as drv:
         half = make_claim(

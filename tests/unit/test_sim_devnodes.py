@@ -18,7 +18,7 @@ import pytest
 
 from gpuplane.driver.hw import caps, sim_devnodes
 from gpuplane.driver.prepare import cdi
-from tests.driverkit import driver_env, make_claim, ref
+from testing.driverkit import driver_env, make_claim, ref
 
 needs_mknod = pytest.mark.skipif(os.geteuid() != 0, reason="making character devices needs CAP_MKNOD (root)")
 

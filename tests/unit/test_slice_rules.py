@@ -12,7 +12,7 @@ import pytest
 
 from gpuplane.driver.inventory import discover
 from gpuplane.driver.publish.slices import SliceLimitError, build_pool, render_slices, validate_pool
-from tests.driverkit import simulator
+from testing.driverkit import simulator
 from tests.slicerules import api_violations
 
 

@@ -20,7 +20,7 @@ from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.inventory import Inventory, discover
 from gpuplane.driver.publish.slices import DeviceTaint, build_pool, render_slices, validate_pool
 from gpuplane.mig import geometry, models
-from tests.driverkit import simulator
+from testing.driverkit import simulator
 from tests.slicerules import SEMVER, api_violations, dns_subdomain
 
 CLUSTER = "6f1c2d3e-4b5a-4978-8a9b-0c1d2e3f4a5b"

@@ -14,8 +14,8 @@ import pytest
 from gpuplane.api import configs
 from gpuplane.controller.claim import checks
 from gpuplane.driver.sharing import timeslice_tiers
+from testing.driverkit import driver_env, make_claim, ref
 from tests.controllerkit import CLASSES, claim_body, req
-from tests.driverkit import driver_env, make_claim, ref
 
 CFG = {"apiVersion": "gpu.gpuplane.dev/v1alpha1", "kind": "GpuConfig"}
 

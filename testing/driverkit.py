@@ -32,7 +32,7 @@ from gpuplane.driver.prepare.state import DeviceState, StateSettings
 from gpuplane.driver.sharing.mps import MpsControl
 
 REPO = Path(__file__).resolve().parents[1]
-STANDIN_MPS = str(Path(__file__).resolve().parent / "fakes" / "nvidia-cuda-mps-control")
+STANDIN_MPS = str(REPO / "tests" / "fakes" / "nvidia-cuda-mps-control")  # NVIDIA binaries stand-ins: tests/fakes
 
 
 def make_claim(

@@ -1,0 +1,8 @@
+"""Builders shared by the tests, the benchmarks and the e2e harness (``bench`` and ``tests`` both import this;
+``bench`` never imports ``tests``, a contract of ``tests/unit/test_imports.py``).
+
+- ``driverkit``: the node driver on the simulator, claim builders, an in-memory claim source
+  (``bench.driver_bench``, ``bench.driver_harness`` and the driver's unit tests).
+- ``slicekit``: one node's ResourceSlices in memory behind the publisher's slice API
+  (``bench.steer_writes`` and the publisher's unit tests).
+"""
