@@ -77,9 +77,25 @@ def test_a_waiting_claim_grows_the_offer_at_once_where_its_pod_may_go_and_is_tol
     assert again.explain == () and keys(again.offer) == keys(d.offer)  # served by the GPU offered for it
 
 
-def test_a_claim_in_its_first_seconds_is_the_schedulers_not_yet_waiting() -> None:
-    d = decide(fleet(), (Waiting("team/c", frozenset({"3g.40gb"}), None, age_s=0.5),), Memory(), S, now=0.0)
-    assert len(keys(d.offer)) == 2 and d.explain == ()
+def test_a_claim_in_its_first_seconds_takes_room_but_is_told_only_if_it_needed_a_new_gpu() -> None:
+    young = Waiting("team/c", frozenset({"3g.40gb"}), None, age_s=0.5)
+    spares = Offer({"n0": frozenset({"gpu-0", "gpu-1"})})
+    mem = Memory(offer=spares, written=True, needed_at={("n0", "gpu-0"): 0.0, ("n0", "gpu-1"): 0.0})
+    d = decide(fleet(), (young,), mem, S, now=1.0)
+    # Room on a spare already offered: the scheduler's first try places it; not told; the spare set refilled.
+    assert d.explain == () and len(keys(d.offer)) == 3
+    fresh = decide(fleet(), (young,), Memory(written=True), S, now=1.0)
+    assert [k for k, _ in fresh.explain] == ["team/c"] and "offered for MIG now" in fresh.explain[0][1]
+
+
+def test_a_new_claim_gets_room_of_its_own_beside_an_older_one_in_the_schedulers_back_off() -> None:
+    """Issue 36: two 7g claims, one waiting 20 s (its pod in kube-scheduler's back-off), one just made. Both get a
+    GPU: when the new pod takes the GPU offered for the old one, the old one's retry finds the other."""
+    old = Waiting("t/old", frozenset({"7g.80gb"}), None, age_s=20.0)
+    new = Waiting("t/new", frozenset({"7g.80gb"}), None, age_s=0.1)
+    none_spare = Settings(spare_per_pool=0, grace_s=2.0)
+    d = decide(fleet(), (old, new), Memory(written=True), none_spare, now=0.0)
+    assert len(d.grown) == 2 and len(keys(d.offer)) == 2
 
 
 def test_small_profiles_pack_onto_one_offered_gpu() -> None:

@@ -4,9 +4,14 @@ Per node pool (the ``gpuplane.dev/node-pool`` label, else the GPU product) the o
 
 - every GPU with an allocated MIG device (never withdrawn while one is allocated: the scheduler
   accounts it through the GPU's counters, which only an offered GPU publishes);
-- GPUs for the MIG claims that wait (unallocated, their pod pending, older than ``grace_s``): each
-  waiting claim is given room on an idle offered GPU its pod may use, or a new GPU is offered for it
-  at once (grow fast), on a node that already offers MIG where one fits;
+- GPUs for the MIG claims that wait (unallocated, their pod pending), the oldest first: each waiting
+  claim is given room on an idle offered GPU its pod may use, or a new GPU is offered for it at once
+  (grow fast), on a node that already offers MIG where one fits. A claim is counted from its first pass,
+  not only once it is older than ``grace_s``: room is accounted to every claim that waits, so a new pod
+  that the scheduler places on room given to an older one (whose pod sits out the scheduler's back-off)
+  leaves its own room for it instead of taking the only one (that race left requests waiting 30 s and
+  more, docs/benchmarks.md). ``grace_s`` only keeps a claim served by room already offered (the
+  scheduler's first try places it) from being told it waits;
 - ``spare_per_pool`` idle GPUs more, so that a MIG request is usually allocated without waiting.
 
 One namespace's waiting claims are given room on at most ``gpus_per_namespace`` GPUs at a time (counted
@@ -68,7 +73,7 @@ class Settings:
     spare_per_pool: int = 2
     shrink_after_s: float = 600.0
     withdraw_per_pass: int = 1
-    grace_s: float = 2.0  # a claim younger than this is the scheduler's first try, not yet waiting
+    grace_s: float = 2.0  # a claim younger than this, given room already offered, is not told it waits
     settle_s: float = 60.0  # a GPU withdrawn this recently may still be published: that is not a driver's own
     gpus_per_namespace: int = 16  # offered GPUs one namespace's waiting claims may be placed on at a time
 
@@ -169,7 +174,8 @@ def decide(nodes: tuple[Node, ...], waiting: tuple[Waiting, ...], memory: Memory
     explain: list[tuple[str, str]] = []
     served: set[Key] = set()
     held: dict[str, set[Key]] = {}  # namespace -> the offered GPUs its waiting claims are placed on
-    for w in sorted((w for w in waiting if w.age_s >= s.grace_s), key=lambda w: (-w.age_s, w.key)):
+    for w in sorted(waiting, key=lambda w: (-w.age_s, w.key)):
+        settled = w.age_s >= s.grace_s  # past the scheduler's first try on what is offered already
         mine = held.setdefault(w.key.partition("/")[0], set())
         at_limit = len(mine) >= s.gpus_per_namespace
         place = _room_for(w, by_key, room, within=mine if at_limit else None)
@@ -180,14 +186,14 @@ def decide(nodes: tuple[Node, ...], waiting: tuple[Waiting, ...], memory: Memory
                 place = more[0]
                 grow(place)
         if place is None:
-            if w.key not in memory.explained:
+            if settled and w.key not in memory.explained:
                 explain.append((w.key, _at_limit(w, s.gpus_per_namespace) if at_limit else _no_room(w)))
             continue
         mine.add(place)
         room[place] -= need(by_key[place][1].product, w.profiles) or 0
         needed_at[place] = now
         served.add(place)
-        if w.key not in memory.explained:
+        if w.key not in memory.explained and (fresh or settled):
             node, gpu = by_key[place]
             how = "offered for MIG now" if fresh else "offered for MIG"
             explain.append((w.key, f"waiting for a MIG offer on {node.name} (pool {node.pool}): {gpu.name} is {how}"))
