@@ -129,6 +129,7 @@ class DeviceState:
         self.on_claims_change: Callable[[], None] | None = None
         self.imex: imex_claims.Gate | imex_claims.NoImex = imex_claims.NoImex()  # a claim's IMEX channel, if any
         self.mig_offer: Callable[[], frozenset[str] | None] = lambda: None  # GPUs offered for MIG (None: all)
+        self.recovery = recovery.Recovery(self, self.store, claims, settings, mps)
 
     # ------------------------------------------------------------------ locking
     @contextlib.contextmanager
@@ -330,12 +331,12 @@ class DeviceState:
 
     # ----------------------------------------------------------------- recovery
     def recover(self) -> dict[str, int]:
-        """At start-up: roll back half-done claims, drop what no completed claim owns (:func:`.recovery.recover`)."""
-        return recovery.recover(self)
+        """At start-up: roll back half-done claims, drop what no completed claim owns (:class:`.recovery.Recovery`)."""
+        return self.recovery.recover()
 
     def cleanup(self) -> dict[str, int]:
-        """Periodic: unprepare claims whose ResourceClaim is gone or replaced (:func:`.recovery.cleanup`)."""
-        return recovery.cleanup(self)
+        """Periodic: unprepare claims whose ResourceClaim is gone or replaced (:class:`.recovery.Recovery`)."""
+        return self.recovery.cleanup()
 
     def report_hardware(self, cp: Checkpoint) -> None:
         """Tell the observer how many MIG instances (owed ones too), MPS daemons and prepared devices there are."""
