@@ -20,6 +20,7 @@ GANG_API_VERSION = f"{GROUP}/{VERSION}"
 # resourceClaims entry whose resourceClaimName is ``claim_name(gang, index)``.
 LABEL_GANG = "gpuplane.dev/gang"
 SCHEDULING_GATE = "gpuplane.dev/gang"
+STEER_GATE = "gpuplane.dev/steer"  # gate-and-steer's gate (steer.decide.Settings.gate, the admission policy's)
 LABEL_MEMBER_INDEX = "gpuplane.dev/member-index"  # written by the controller on claims, informational on pods
 NODE_LABEL_NVLINK_DOMAIN = driver_names.NODE_LABEL_NVLINK_DOMAIN
 ANNOTATION_NVLINK_DOMAINS = "gpuplane.dev/nvlink-domains"  # all domains of a node with more than one

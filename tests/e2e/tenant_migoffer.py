@@ -20,6 +20,7 @@ deleted after each attack. The offer keeps what it grew for the shrink delay (60
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tests.e2e.conftest import GpuCluster, eventually
@@ -62,16 +63,30 @@ def _clean(gc: GpuCluster, ns: str, prefix: str) -> None:
     gc.cluster.kubectl("delete", "resourceclaim", "-n", ns, "--ignore-not-found", "--wait=true", *names, timeout=120)
 
 
+def _flood(arena: Arena, prefix: str, shape: Callable[[dict[str, Any]], None]) -> None:
+    """As the attacker: ``PODS`` MIG claims ``<prefix><i>``, each with its pod, the pod shaped by ``shape``."""
+    a = arena.attacker
+    for i in range(PODS):
+        a.must_create(mig_claim(a.ns, f"{prefix}{i}"))
+        body = pod(a.ns, f"{prefix}{i}", claim_name=f"{prefix}{i}")
+        shape(body["spec"])
+        a.must_create(body)
+
+
+def _held(spec: dict[str, Any]) -> None:
+    spec["schedulingGates"] = [{"name": OWN_GATE}]
+
+
+def _unplaceable(spec: dict[str, Any]) -> None:
+    spec["containers"][0]["resources"]["requests"] = {"cpu": "100000"}  # no node has it
+
+
 def held_mig_flood(arena: Arena) -> str:
     a, gc = arena.attacker, arena.gc
     before = offered(gc)
     try:
-        for i in range(PODS):
-            a.must_create(mig_claim(a.ns, f"held-{i}"))
-            body = pod(a.ns, f"held-{i}", claim_name=f"held-{i}")
-            body["spec"]["schedulingGates"] = [{"name": OWN_GATE}]
-            a.must_create(body)
-        time.sleep(12)  # six passes of the offer, far past its 2 s grace
+        _flood(arena, "held-", _held)
+        time.sleep(12)  # six passes of the offer: each would grow it for a claim it counted
         after, events = offered(gc), told(gc, a.ns, "held-")
         assert after <= before and not events, (
             f"the offer grew {before} -> {after} GPUs for {PODS} pods held by the tenant's own gate; told {events}"
@@ -85,11 +100,7 @@ def unplaceable_mig_flood(arena: Arena) -> str:
     a, gc = arena.attacker, arena.gc
     before = offered(gc)
     try:
-        for i in range(PODS):
-            a.must_create(mig_claim(a.ns, f"never-{i}"))
-            body = pod(a.ns, f"never-{i}", claim_name=f"never-{i}")
-            body["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "100000"}  # no node has it
-            a.must_create(body)
+        _flood(arena, "never-", _unplaceable)
 
         def every_claim_told() -> dict[str, str] | None:
             got = told(gc, a.ns, "never-")

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gpuplane.api.mig_offer import NODE_LABEL, NODE_LABEL_VALUE, Offer
-from gpuplane.controller import indexed
+from gpuplane.controller import indexed, names
 from gpuplane.controller.migoffer import snapshot
 from gpuplane.controller.migoffer.decide import Gpu, Memory, Node, Settings, Waiting, decide, node_labels, published
 from gpuplane.controller.node import pod_nodes, slice_index
@@ -228,9 +228,9 @@ def test_a_pod_held_by_someone_elses_gate_is_not_demand() -> None:
         "none": [],
         "own": [{"name": "tenant.example/hold"}],
         "gang": [{"name": "gpuplane.dev/gang"}],
-        "steer": [{"name": snapshot.STEER_GATE}],
-        "both": [{"name": snapshot.STEER_GATE}, {"name": "tenant.example/hold"}],
-        "full": [{"name": snapshot.STEER_GATE}],  # annotations too full for steering to write: never lifted
+        "steer": [{"name": names.STEER_GATE}],
+        "both": [{"name": names.STEER_GATE}, {"name": "tenant.example/hold"}],
+        "full": [{"name": names.STEER_GATE}],  # annotations too full for steering to write: never lifted
     }
     claims = {f"t/{k}": claim(k, request) for k in gates}
     pods = {f"t/p{k}": {"metadata": {"namespace": "t"}, "spec": {"schedulingGates": g}} for k, g in gates.items()}
@@ -288,7 +288,7 @@ def test_the_mig_offered_label_a_pod_asks_for_is_met_on_every_node() -> None:
 def test_the_steer_gate_is_steerings() -> None:
     from gpuplane.controller.steer import decide as steer_decide
 
-    assert steer_decide.Settings().gate == snapshot.STEER_GATE
+    assert steer_decide.Settings().gate == names.STEER_GATE
 
 
 @pytest.fixture

@@ -94,7 +94,8 @@ class Pass:
         """The ``gpuplane.dev/mig-offered`` label on exactly the nodes ``offer`` names (a bounded batch a pass)."""
         async with self.rt.lock():
             changes = decide.node_labels(offer, self.node_labels())
-        for node, on in changes[:MAX_LABEL_WRITES]:
+        batch = changes[:MAX_LABEL_WRITES]
+        for node, on in batch:
             value = mig_offer.NODE_LABEL_VALUE if on else None
             try:
                 await asyncio.to_thread(
@@ -107,10 +108,15 @@ class Pass:
         if changes:
             log.info(
                 "MIG-offer node labels written",
-                on=[n for n, on in changes[:MAX_LABEL_WRITES] if on][:20],
-                off=[n for n, on in changes[:MAX_LABEL_WRITES] if not on][:20],
-                left=max(0, len(changes) - MAX_LABEL_WRITES),
+                on=[n for n, on in batch if on][:20],
+                off=[n for n, on in batch if not on][:20],
+                left=len(changes) - len(batch),
             )
+
+    def fleet(self, claims: Mapping[str, Mapping[str, Any]]) -> tuple[decide.Node, ...]:
+        """The nodes with MIG-capable GPUs, from the slice and node indexes and what ``claims`` hold."""
+        kw = self.kw
+        return snapshot.nodes(slice_index.every(kw["slice_idx"]), indexed.single(kw["node_idx"]), claims.values())
 
     def view(self) -> tuple[tuple[decide.Node, ...], tuple[decide.Waiting, ...], dict[str, Any]]:
         kw = self.kw
@@ -118,7 +124,7 @@ class Pass:
         consumers = {k: list(v) for k, v in kw["claim_consumer_idx"].items()}
         pods = indexed.single(kw["pending_pod_idx"])
         now = datetime.datetime.now(datetime.UTC)
-        fleet = snapshot.nodes(slice_index.every(kw["slice_idx"]), indexed.single(kw["node_idx"]), claims.values())
+        fleet = self.fleet(claims)
         steering = self.rt.shared.steer.opted_in  # what steering last read of the Namespaces (None: not yet)
         return fleet, snapshot.waiting(claims, consumers, pods, now, steering), claims
 
@@ -153,7 +159,7 @@ class Pass:
         """With the offer off (``--no-mig-offer``): the label on every node whose slices publish MIG placements,
         so that a pod asking for it still finds every node that can serve it."""
         async with self.rt.lock():
-            fleet, _, _ = self.view()
+            fleet = self.fleet(indexed.single(self.kw["claim_idx"]))
         await self.label(decide.published(fleet))
 
 

@@ -67,9 +67,6 @@ def _age_s(meta: Mapping[str, Any], now: datetime.datetime) -> float:
     return max(0.0, (now - created).total_seconds()) if created.tzinfo is not None else 0.0
 
 
-STEER_GATE = "gpuplane.dev/steer"  # gpuplane.controller.steer.decide.Settings.gate (a test checks)
-
-
 def tried(pod: Mapping[str, Any], steering: Collection[str] | None) -> bool:
     """Whether ``pod`` is one the scheduler, steering or the gang placement will try: no gate but gpuplane's own
     (the steer gate only in a namespace of ``steering``, those opted in, None: not known yet, none; and only
@@ -78,7 +75,8 @@ def tried(pod: Mapping[str, Any], steering: Collection[str] | None) -> bool:
     for name in pod_nodes.gates_of(pod):
         if name == names.SCHEDULING_GATE:
             continue
-        if name == STEER_GATE and steering is not None and namespace in steering and not indexed.annotations_full(pod):
+        steerable = steering is not None and namespace in steering and not indexed.annotations_full(pod)
+        if name == names.STEER_GATE and steerable:
             continue
         return False
     return True

@@ -303,17 +303,13 @@ def incomplete(digests: list[SliceDigest]) -> frozenset[str]:
     """Nodes whose pool's newest generation has fewer slices than its ``resourceSliceCount`` says: its driver is
     writing it now, and kube-scheduler allocates nothing from such a pool until it is complete (its allocator
     marks it incomplete), whatever an older generation still holds."""
-    newest_of: dict[str, int] = {}
-    for d in digests:
-        newest_of[d.pool] = max(newest_of.get(d.pool, 0), d.generation)
     count: dict[str, int] = {}
     want: dict[str, int] = {}
     node: dict[str, str] = {}
-    for d in digests:
-        if d.generation == newest_of[d.pool]:
-            count[d.pool] = count.get(d.pool, 0) + 1
-            want[d.pool] = max(want.get(d.pool, 0), d.slice_count)
-            node[d.pool] = d.node
+    for d in newest(digests):
+        count[d.pool] = count.get(d.pool, 0) + 1
+        want[d.pool] = max(want.get(d.pool, 0), d.slice_count)
+        node[d.pool] = d.node
     return frozenset(node[p] for p, n in count.items() if n < want[p])
 
 

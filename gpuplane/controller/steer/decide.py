@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gpuplane.controller import names
 from gpuplane.controller.node import pod_nodes, snapshot_builder
 from gpuplane.controller.steer import gate, offer_wait, shape
 from gpuplane.placement import fragmentation, model, place, snapshot
@@ -42,7 +43,7 @@ class Settings:
 
     mode: gate.Mode = "prefer"
     timeout_s: float = 30.0
-    gate: str = "gpuplane.dev/steer"
+    gate: str = names.STEER_GATE
 
 
 @dataclass(frozen=True)
