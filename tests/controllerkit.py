@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from gpuplane.controller import names
-from gpuplane.controller.gang import queue_runner, reconciler, status, world, writes
+from gpuplane.controller import names, steps
+from gpuplane.controller.gang import queue_runner, reconciler, status, world
 from gpuplane.controller.imex import hold
 from gpuplane.controller.node import snapshot_builder
 from gpuplane.driver import inventory
@@ -221,7 +221,7 @@ class FakeApi:
         self.writes: list[str] = []
         self.crash_after = crash_after
 
-    def run(self, step: writes.Step) -> None:
+    def run(self, step: steps.Step) -> None:
         if self.crash_after is not None and len(self.writes) >= self.crash_after:
             raise RuntimeError("crash")
         self.writes.append(f"{step.kind} {step.name}")
@@ -244,7 +244,7 @@ class FakeApi:
             raise RuntimeError(step.why)
 
 
-def apply_all(api: FakeApi, steps: Sequence[writes.Step]) -> bool:
+def apply_all(api: FakeApi, steps: Sequence[steps.Step]) -> bool:
     for step in steps:
         try:
             api.run(step)

@@ -33,11 +33,12 @@ The operator around them (these modules do I/O unless marked pure):
 - ``memdump``: ``kill -USR2``: a memory report (live objects by type; allocation sites when traced).
 - ``slim``: the informers' decode-time transform (a ResourceSlice as its digest, no managedFields).
 - ``rejects``: objects that decoder quarantined (nested too deeply), refused with an Event.
-- ``runtime``: the operator's memo (shared clients and state) and the orchestration each handler
-  delegates to.
+- ``runtime``: the operator's memo: the clients and configuration every handler shares, the process lock,
+  and each feature's own state reached by its type (``rt.state(GangState)``); imports no feature.
 - ``steering``: one gate-and-steer pass under the process lock (the handler's side of ``steer``).
 - ``failfast``: pods of a claim the node driver is sure to refuse are failed at once.
 - ``kube``: the API writes: one client built once, plain dicts, idempotent by construction.
+- ``steps``: those writes as values (``Step``, ``Eviction``), the vocabulary features decide in; pure.
 - ``events``: Kubernetes Events for every decision, what they refer to, how they are recorded.
 - ``names``: names the controller owns (the GpuGang API, labels, the gate, annotations, reasons); pure.
 - ``metrics``: Prometheus metrics (placement decisions, gang wait time, queue depth).

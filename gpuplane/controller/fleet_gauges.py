@@ -36,6 +36,7 @@ import structlog
 
 from gpuplane.controller import metrics, rejects, runtime
 from gpuplane.controller.claim import checks
+from gpuplane.controller.gang import run as gang_run
 from gpuplane.controller.gang import status, world
 from gpuplane.controller.node import snapshot_builder
 from gpuplane.placement import fragmentation
@@ -129,7 +130,7 @@ class Exporter:
 
 def current_view(rt: runtime.Runtime) -> snapshot_builder.ClusterView | None:
     """The last queue plan's view when nothing indexed has changed since it was built, else None."""
-    cached = rt.shared.plan
+    cached = rt.state(gang_run.GangState).plan
     return cached[2] if cached is not None and cached[0] == rt.shared.version else None
 
 

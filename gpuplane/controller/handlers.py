@@ -32,13 +32,15 @@ from gpuplane.controller import caches, config, heap, indexed, names, rejects, r
 from gpuplane.controller import fleet_gauges as gauges
 from gpuplane.controller.claim import checks, explainer, handling, review
 from gpuplane.controller.gang import handlers as gang_handlers
+from gpuplane.controller.gang import run as gang_run
 from gpuplane.controller.imex import reconcile as imex
-from gpuplane.controller.node import slice_index
+from gpuplane.controller.node import label_sync, slice_index
 from gpuplane.controller.rebalance import act, decide, loop
 from gpuplane.controller.rightsize import apply as rightsize
 from gpuplane.controller.rightsize import template as rs_template
 from gpuplane.controller.steer import decide as steer_decide
 from gpuplane.controller.steer import gate as steer_gate
+from gpuplane.controller.steer import reconciler as steer_reconciler
 from gpuplane.informer.cache import Caches, Event, Informer
 from gpuplane.informer.client import Client
 from gpuplane.informer.workqueue import WorkQueue
@@ -91,10 +93,10 @@ def make_reads(cfg: config.ControllerConfig, rt: runtime.Runtime, client: Client
 
     async def label(node: str, _: None) -> None:
         entry = next(iter(idx["node_idx"].get(node, ())), None)
-        await runtime.sync_node_label(rt, node, entry, list(idx["slice_idx"].get(node, ())))
+        await label_sync.sync_node_label(rt, node, entry, list(idx["slice_idx"].get(node, ())))
 
     async def gang(key: str, _: None) -> None:
-        await gang_handlers.reconcile(rt, key, runtime.world_now)
+        await gang_handlers.reconcile(rt, key, gang_run.world_now)
 
     claims = WorkQueue("claims", check_claim, ready=ready, workers=CLAIM_WORKERS)
     labels = WorkQueue("node-labels", label, ready=ready, workers=LABEL_WORKERS)
@@ -109,7 +111,7 @@ def make_reads(cfg: config.ControllerConfig, rt: runtime.Runtime, client: Client
         if names.LABEL_GANG in labels_ or any(i == "member_pod_idx" for i, _ in event.entries):
             rt.touched()
         if event.type != "DELETED" and steer_gate.held_by(event.obj, gate):
-            rt.shared.steer_wake.set()  # the steering loop coalesces any number of these
+            rt.state(steer_reconciler.SteerState).wake.set()  # the steering loop coalesces any number of these
 
     def claim_event(event: Event) -> None:
         rt.touched()
@@ -159,7 +161,7 @@ def make_reads(cfg: config.ControllerConfig, rt: runtime.Runtime, client: Client
     async def steer_loop() -> None:
         """A pass whenever a gated pod changed, and every resync period while any is gated."""
         await ready()
-        wake = rt.shared.steer_wake
+        wake = rt.state(steer_reconciler.SteerState).wake
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), timeout=cfg.resync_s)
@@ -174,7 +176,7 @@ def make_reads(cfg: config.ControllerConfig, rt: runtime.Runtime, client: Client
                 async with rt.lock():
                     await steering.steer_pass(
                         rt,
-                        runtime.world_now(rt),
+                        gang_run.world_now(rt),
                         pending=pending,
                         templates=indexed.single(idx["claim_template_idx"]),
                         now=time.time(),
@@ -208,7 +210,7 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
         settings.queueing.idle_timeout = WORKER_IDLE_S  # an object's worker exits this soon after its last event
 
     imex.register(reg)  # the leader's IMEX plan objects, from the placed gangs (issue 35)
-    gang_handlers.register(reg, runtime.world_now)  # release on deletion (kopf's finalizer holds it until then)
+    gang_handlers.register(reg, gang_run.world_now)  # release on deletion (kopf's finalizer holds it until then)
 
     # Pending claims are explained by a loop over the claim index. The fleet's gauges (pending claims,
     # the largest free block) have a loop of their own, on every replica: the operator's alerts read them.
@@ -217,7 +219,7 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
         idx = memo.caches.indexes
 
         def begin() -> explainer.Explain:  # once per pass: the classes and the world, copied once
-            classes, w = indexed.single(idx["class_idx"]), runtime.world_now(memo)
+            classes, w = indexed.single(idx["class_idx"]), gang_run.world_now(memo)
 
             async def explain(claim: Mapping[str, Any], now: float) -> None:
                 if rejects.rejected(claim) or not checks.is_ours(claim, classes):
@@ -229,7 +231,7 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
 
         _start(memo, explainer.run(idx["claim_idx"], begin, memo.leading, max(cfg.claim_explain_after_s, 5.0)))
         interval = cfg.fleet_gauges_interval_s
-        _start(memo, gauges.run(memo, lambda: runtime.world_now(memo), idx["claim_consumer_idx"], interval))
+        _start(memo, gauges.run(memo, lambda: gang_run.world_now(memo), idx["claim_consumer_idx"], interval))
 
     # --- GpuRequests (right-sizing) -----------------------------------------------------------
     async def gpu_request(body: kopf.Body, memo: runtime.Runtime) -> None:
@@ -239,15 +241,16 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
         plain = indexed.plain(body, "spec", "status")
         meta = plain.get("metadata") or {}
         key = f"{meta.get('namespace')}/{meta.get('name')}"
+        written = memo.state(rightsize.Templates)
         async with memo.lock():
             existing = indexed.single(idx["template_idx"]).get(key)
             await rightsize.reconcile(
                 memo.writer,
                 plain,
-                runtime.recent_template(memo, key, existing, time.time()),
+                written.recent(key, existing, time.time()),
                 slice_index.every(idx["slice_idx"]),  # keyed by node: every node's slices, not one each
                 indexed.single(idx["class_idx"]),
-                created=lambda t: runtime.remember_template(memo, key, t, time.time()),
+                created=lambda t: written.remember(key, t, time.time()),
             )
 
     @kopf.on.event(names.GROUP, names.VERSION, rs_template.PLURAL, registry=reg)

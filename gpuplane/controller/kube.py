@@ -22,8 +22,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from gpuplane.api import kuberesponse
-from gpuplane.controller import events, names
-from gpuplane.controller.gang import writes
+from gpuplane.controller import events, names, steps
 
 log = structlog.get_logger(__name__)
 
@@ -96,7 +95,7 @@ class KubeWriter:
         )
 
     # --- steps ------------------------------------------------------------------------------
-    def run(self, namespace: str, step: writes.Step) -> None:
+    def run(self, namespace: str, step: steps.Step) -> None:
         """Execute one step; raise StepFailed on an error that is not 'already done'."""
         if step.kind != "wait":
             self.fence()
@@ -147,10 +146,10 @@ class KubeWriter:
                 raise StepFailed(f"evict-pod {namespace}/{step.name} refused: {api_message(exc)}") from exc
             raise StepFailed(f"{step.kind} {namespace}/{step.name}: {exc.status} {exc.reason}") from exc
 
-    def _evict(self, namespace: str, step: writes.Step) -> Any:
+    def _evict(self, namespace: str, step: steps.Step) -> Any:
         """A gang preemption's eviction (Eviction API, PDBs apply), only of the pod with the step's uid."""
         ev = step.body
-        if not isinstance(ev, writes.Eviction) or not ev.uid:
+        if not isinstance(ev, steps.Eviction) or not ev.uid:
             raise StepFailed(f"evict-pod {namespace}/{step.name}: no uid to pin the eviction to")
         options = client.V1DeleteOptions(
             grace_period_seconds=ev.grace_seconds,

@@ -47,6 +47,7 @@ from gpuplane.controller import (
 )
 from gpuplane.controller.migoffer import decide as migoffer_decide
 from gpuplane.controller.migoffer import reconcile as migoffer
+from gpuplane.controller.steer import reconciler as steer_reconciler
 from gpuplane.httpauth.review import KubeReviewer
 from gpuplane.informer.client import Client, Endpoint
 
@@ -104,6 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             gpus_per_namespace=cfg.mig_offer_gpus_per_namespace,
         ),
         enabled=cfg.mig_offer,
+        opted_in=lambda rt: rt.state(steer_reconciler.SteerState).opted_in,
     )
     probes.add_probes(registry, elector)
 

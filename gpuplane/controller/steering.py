@@ -33,7 +33,7 @@ async def _opted_in(rt: Runtime, now: float) -> frozenset[str] | None:
     """The namespaces opted in to steering, re-read at most every ``OPTED_IN_TTL_S`` (the last good
     answer kept when a read fails). Read from the Namespaces, which tenants cannot label: a pod that
     carries the steer gate elsewhere put it there itself and is not gpuplane's to decide."""
-    state = rt.shared.steer
+    state = rt.state(steer_reconciler.SteerState)
     if now - state.opted_in_at < steer_reconciler.OPTED_IN_TTL_S:
         return state.opted_in
     try:
@@ -73,14 +73,14 @@ async def steer_pass(
         return
     pods = list(pending)
     settings = steer_decide.Settings(mode=rt.cfg.steer_mode, timeout_s=rt.cfg.steer_timeout_s)
-    opted_in = await _opted_in(rt, now)
-    if opted_in is None or not steer_reconciler.gated_pods(pods, rt.shared.steer, settings, now, opted_in):
+    opted_in, state = await _opted_in(rt, now), rt.state(steer_reconciler.SteerState)
+    if opted_in is None or not steer_reconciler.gated_pods(pods, state, settings, now, opted_in):
         return  # nothing gated that this replica may decide now: no view to build
     started = time.monotonic()
     base = snapshot_builder.build_view(w.slices, w.claims.values(), w.nodes)
     extra = [
         *world.reservations(w, base),
-        *steer_reconciler.reservations(pods, rt.shared.steer, w.claims.values(), now),
+        *steer_reconciler.reservations(pods, state, w.claims.values(), now),
     ]
     view = snapshot_builder.build_view(w.slices, w.claims.values(), w.nodes, reservations=extra)
     log.debug("steering view built", ms=round(1000 * (time.monotonic() - started), 1), pods=len(pods))
@@ -91,7 +91,7 @@ async def steer_pass(
                 rt.writer,
                 rt.policy,
                 rt.metrics,
-                rt.shared.steer,
+                state,
                 settings,
                 pending=pods,
                 view=view,

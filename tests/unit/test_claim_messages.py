@@ -21,6 +21,7 @@ import pytest
 
 from gpuplane.controller import config, events, kube, metrics, names, runtime
 from gpuplane.controller.claim import checks, handling
+from gpuplane.controller.gang import run as gang_run
 from gpuplane.controller.gang import world
 from gpuplane.controller.node import snapshot_builder
 from tests import controllerkit as kit
@@ -139,7 +140,7 @@ def test_an_explanation_is_written_again_when_its_wording_changes_not_its_counts
 ) -> None:
     writer = Recorder()
     rt = runtime.Runtime.create(config.parse_args(["--identity", "a"], {}), writer, metrics.ControllerMetrics())
-    monkeypatch.setattr(runtime, "plan_for", lambda *a, **k: (None, None))
+    monkeypatch.setattr(gang_run, "plan_for", lambda *a, **k: (None, None))
     answers = iter(
         [
             "request g needs 4 GPUs on one node; largest free block: 3 GPUs on one node, 120 free in all",
@@ -147,7 +148,7 @@ def test_an_explanation_is_written_again_when_its_wording_changes_not_its_counts
             "request g: no GPU matches the selectors of class gpu.gpuplane.dev (0 of 8 GPUs free)",
         ]
     )
-    monkeypatch.setattr(rt.shared.reasons, "reason", lambda *a: next(answers))
+    monkeypatch.setattr(rt.state(handling.ClaimState).reasons, "reason", lambda *a: next(answers))
     claim = kit.claim_body([kit.req("g", count=4)])
     claim["metadata"].update(uid="u-1", creationTimestamp="2026-01-01T00:00:00Z")
     w = world.World(gangs={}, pods={}, claims={}, slices=(), nodes={}, classes=kit.CLASSES)

@@ -7,9 +7,11 @@ from typing import Any
 
 import pytest
 
-from gpuplane.controller import caches, config, events, handlers, kube, metrics, names, runtime
+from gpuplane.controller import caches, config, events, handlers, kube, metrics, names, runtime, steps
 from gpuplane.controller.claim import handling
-from gpuplane.controller.gang import world, writes
+from gpuplane.controller.gang import run as gang_run
+from gpuplane.controller.gang import world
+from gpuplane.controller.node import label_sync
 from tests.controllerkit import Flag
 
 
@@ -64,11 +66,11 @@ def test_a_replica_that_is_not_the_leader_writes_nothing() -> None:
     with pytest.raises(kube.NotLeader):
         writer.patch_gang_status("ns", "g", {"phase": "Placing"})
     with pytest.raises(kube.NotLeader):
-        writer.run("ns", writes.Step("create-claim", "g-0", {}))
+        writer.run("ns", steps.Step("create-claim", "g-0", {}))
     with pytest.raises(kube.NotLeader):
         writer.patch_node("n", {"metadata": {}})
     with pytest.raises(kube.StepFailed):  # a wait step is not a write: it fails as before
-        writer.run("ns", writes.Step("wait", "g", why="blocked"))
+        writer.run("ns", steps.Step("wait", "g", why="blocked"))
     writer.event(events.ObjectRef("v1", "Pod", "p", "ns", "u"), "Normal", "R", "m")  # silently dropped
 
 
@@ -81,27 +83,27 @@ def test_standby_decides_nothing_and_a_new_term_drops_the_caches() -> None:
     rt = runtime.Runtime.create(config.parse_args(["--identity", "b"], {}), writer, metrics.ControllerMetrics(), flag)
     body = {"metadata": {"name": "g", "namespace": "ns"}, "spec": {"members": 1, "gpusPerMember": 1}}
     w = world.World(gangs={"ns/g": body}, pods={}, claims={}, slices=(), nodes={}, classes={})
-    asyncio.run(runtime.reconcile_gang(rt, "ns/g", w, 0.0))  # Boom would fail on any API call
+    asyncio.run(gang_run.reconcile_gang(rt, "ns/g", w, 0.0))  # Boom would fail on any API call
     bad = {
         "metadata": {"name": "c", "namespace": "ns", "uid": "u"},
         "spec": {"devices": {"config": [{"opaque": {"driver": "gpu.gpuplane.dev", "parameters": {"kind": "?"}}}]}},
     }
     asyncio.run(handling.check_claim(rt, bad, {}, ["p"]))
     node = {"metadata": {"name": "n", "uid": "n-uid", "labels": {names.NODE_LABEL_NVLINK_DOMAIN: "stale"}}}
-    asyncio.run(runtime.sync_node_label(rt, "n", node, []))
-    rt.shared.overlay["ns/old"] = (0.0, {"phase": "Placing"})
+    asyncio.run(label_sync.sync_node_label(rt, "n", node, []))
+    rt.state(gang_run.GangState).overlay["ns/old"] = (0.0, {"phase": "Placing"})
     flag.leading, flag.term = True, 1
-    assert rt.leading() and rt.shared.overlay == {} and rt.shared.term == 1
+    assert rt.leading() and rt.state(gang_run.GangState).overlay == {} and rt.shared.term == 1
 
 
 def test_the_write_overlay_keeps_the_placement_a_status_write_left_out() -> None:
     """Placed is written without ``placement``; a stale cached body (still Pending) must not lose it."""
     placement = {"id": "abc", "members": {"0": "n0", "1": "n1"}, "devices": {"0": "gpu-0", "1": "gpu-0"}}
     seen = {"metadata": {"name": "g", "namespace": "ns"}, "status": {"phase": "Placing", "placement": placement}}
-    entry = runtime.overlay_entry({"phase": "Placed", "reason": "GatesLifted"}, seen)
+    entry = gang_run.overlay_entry({"phase": "Placed", "reason": "GatesLifted"}, seen)
     assert entry == {"phase": "Placed", "placement": placement}
     released = {"phase": "Pending", "placement": None}
-    assert runtime.overlay_entry(released, seen) == released
+    assert gang_run.overlay_entry(released, seen) == released
     stale = {"metadata": {"name": "g", "namespace": "ns"}, "status": {"phase": "Pending"}}
     overlaid = world.overlay({"ns/g": stale}, {"ns/g": entry})["ns/g"]
     assert overlaid["status"]["phase"] == "Placed" and overlaid["status"]["placement"] == placement

@@ -15,6 +15,7 @@ from typing import Any, cast
 import pytest
 
 from gpuplane.controller import config, fleet_gauges, indexed, metrics, runtime
+from gpuplane.controller.gang import run as gang_run
 from gpuplane.controller.gang import status, world
 from gpuplane.driver.inventory import mig_device_name
 from tests import controllerkit as kit
@@ -127,7 +128,7 @@ def test_one_pass_reads_the_world_and_reuses_an_unchanged_plans_view(fleet: list
     # The last queue plan's view, built at the current index version, is used as it is (no second build).
     both = (claim("a", held=(("hgx-0", "gpu-0"),)), claim("b", held=(("hgx-1", "gpu-0"),)))
     busier = world.cluster_view(kit.make_world(fleet, [], claims_=both))
-    rt.shared.plan = (rt.shared.version, cast(Any, None), busier)
+    rt.state(gang_run.GangState).plan = (rt.shared.version, cast(Any, None), busier)
     asyncio.run(fleet_gauges.one_pass(rt, exporter, lambda: w, set()))
     assert _value(rt.metrics, "gpuplane_claims_pending") == 0
     assert _value(rt.metrics, "gpuplane_fleet_free_gpus", product=H100) == 14

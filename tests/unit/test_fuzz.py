@@ -37,6 +37,7 @@ from gpuplane.api import boundedjson, configs, names
 from gpuplane.controller import config, failfast, metrics, runtime
 from gpuplane.controller.claim import checks as controller_claims
 from gpuplane.controller.gang import reconciler as gang_reconciler
+from gpuplane.controller.gang import run as gang_run
 from gpuplane.controller.gang import spec as gangspec
 from gpuplane.controller.gang import world
 from gpuplane.driver import inventory
@@ -243,7 +244,7 @@ def test_fuzz_claims(cluster: dict[str, Any], capsys: pytest.CaptureFixture[str]
 def test_fuzz_gangs(cluster: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     tally = Tally()
     rt = runtime.Runtime.create(config.parse_args(["--identity", "fuzz"], {}), None, metrics.ControllerMetrics())  # type: ignore[arg-type]
-    gang_settings = rt.settings
+    gang_settings = gang_run.settings(rt.cfg)
 
     @_settings(1500)
     @given(spec=strategies.gang_spec, members=st.integers(0, 3))
@@ -292,8 +293,8 @@ def test_fuzz_gangs(cluster: dict[str, Any], capsys: pytest.CaptureFixture[str])
                 classes=CLASSES,
             )
             rt.touched()
-            rt.shared.plan = None  # a new world each case: no reuse of the last case's plan
-            plan, view = runtime.plan_for(rt, w, 1_800_000_000.0)
+            rt.state(gang_run.GangState).plan = None  # a new world each case: no reuse of the last case's plan
+            plan, view = gang_run.plan_for(rt, w, 1_800_000_000.0)
             outcome = gang_reconciler.decide(
                 "ns/g",
                 body,

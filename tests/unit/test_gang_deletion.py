@@ -15,7 +15,7 @@ import pytest
 from gpuplane.controller import events
 from gpuplane.controller.gang import deleted, owners, world
 from gpuplane.controller.gang.desired import GangRef
-from gpuplane.controller.gang.writes import Step
+from gpuplane.controller.steps import Step
 from tests.controllerkit import holding, member_pod
 from tests.templatekit import NS, indexed, job
 

@@ -15,6 +15,7 @@ import pytest
 
 from gpuplane.controller import config, indexed, metrics, runtime
 from gpuplane.controller.gang import queue_runner, reconciler, world
+from gpuplane.controller.gang import run as gang_run
 from gpuplane.placement.policies import make as make_policy
 from tests.controllerkit import GB200, T0, gang_body, make_world, member_pod, run_pass
 from tests.templatekit import cluster_slices_fixture  # noqa: F401
@@ -102,17 +103,17 @@ def test_a_slow_pass_is_reused_for_its_own_build_time_then_rebuilt(
         return real(w_)
 
     monkeypatch.setattr(world, "cluster_view", slow_view)
-    first, _ = runtime.plan_for(rt, w, NOW)
-    assert rt.shared.plan_build_s >= 0.3
+    first, _ = gang_run.plan_for(rt, w, NOW)
+    assert rt.state(gang_run.GangState).plan_build_s >= 0.3
     rt.touched()  # the index changed: before, this alone rebuilt the pass
-    again, _ = runtime.plan_for(rt, w, NOW)
+    again, _ = gang_run.plan_for(rt, w, NOW)
     assert again is first and len(builds) == 1
-    time.sleep(rt.shared.plan_build_s + 0.05)
-    rebuilt, _ = runtime.plan_for(rt, w, NOW)
+    time.sleep(rt.state(gang_run.GangState).plan_build_s + 0.05)
+    rebuilt, _ = gang_run.plan_for(rt, w, NOW)
     assert rebuilt is not first and len(builds) == 2
     # Nothing changed since: the pass stands however old it is.
-    time.sleep(rt.shared.plan_build_s + 0.05)
-    assert runtime.plan_for(rt, w, NOW)[0] is rebuilt and len(builds) == 2
+    time.sleep(rt.state(gang_run.GangState).plan_build_s + 0.05)
+    assert gang_run.plan_for(rt, w, NOW)[0] is rebuilt and len(builds) == 2
 
 
 def test_the_domain_map_is_reused_while_the_slices_and_nodes_stay_the_same(
@@ -180,11 +181,13 @@ def test_gang_timers_share_one_copy_of_the_indexes_until_something_indexed_chang
         "node_idx": {"n": [indexed.NodeView("n", schedulable=True)]},
         "class_idx": {},
     }
-    first = runtime.make_world(rt, now=NOW, **idx)
-    assert runtime.make_world(rt, now=NOW + 0.5, **idx) is first  # nothing changed: the same copy
+    first = gang_run.make_world(rt, now=NOW, **idx)
+    assert gang_run.make_world(rt, now=NOW + 0.5, **idx) is first  # nothing changed: the same copy
     rt.touched()  # an index handler saw a change
-    second = runtime.make_world(rt, now=NOW + 0.6, **idx)
+    second = gang_run.make_world(rt, now=NOW + 0.6, **idx)
     assert second is not first
-    assert runtime.make_world(rt, now=NOW + 0.6 + rt.shared.worlds.reuse_s, **idx) is not second  # too old
+    assert (
+        gang_run.make_world(rt, now=NOW + 0.6 + rt.state(gang_run.GangState).worlds.reuse_s, **idx) is not second
+    )  # too old
     other = {**idx, "claim_idx": {}}  # other index objects (another registry, a test): never shared
-    assert runtime.make_world(rt, now=NOW + 0.7, **other).claims == {}
+    assert gang_run.make_world(rt, now=NOW + 0.7, **other).claims == {}

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from gpuplane.controller import kube
-from gpuplane.controller.gang import membership, preemption, reconciler, world, writes
+from gpuplane.controller import kube, steps
+from gpuplane.controller.gang import membership, preemption, reconciler, world
 from tests import controllerkit
 from tests.controllerkit import GB200, T0, decide, gang_body, holding, make_world, member_pod, run_pass
 
@@ -108,7 +108,7 @@ def test_victim_is_evicted_by_uid_and_its_claims_go_only_after_its_pods(cluster_
     assert vo is not None and vo.status["phase"] == "Preempted"
     assert [s.kind for s in vo.steps] == ["evict-pod"] * 4  # no plain delete, no claim deleted under a pod
     first = vo.steps[0]
-    assert first.name == "low-pod-0" and first.body == writes.Eviction("pod-low-0", 5, dry_run=False)
+    assert first.name == "low-pod-0" and first.body == steps.Eviction("pod-low-0", 5, dry_run=False)
     # The victim's own reconcile: pods still running (the eviction not done yet) are evicted again ...
     seen = {**low[0], "status": {**low[0]["status"], **vo.status}}
     again = decide(make_world(cluster_slices, [seen], low[1], low[2]), "team-b/low")
@@ -129,7 +129,7 @@ class _Writer:
         self.refuse = refuse
         self.ran: list[tuple[str, str, bool]] = []
 
-    def run(self, namespace: str, step: writes.Step) -> None:
+    def run(self, namespace: str, step: steps.Step) -> None:
         assert step.kind == "evict-pod"
         self.ran.append((namespace, step.name, step.body.dry_run))
         if step.name in self.refuse:
@@ -192,19 +192,19 @@ def _kube_writer(core: _Core) -> kube.KubeWriter:
 
 def test_eviction_step_pins_the_uid_and_passes_dry_run() -> None:
     core = _Core()
-    _kube_writer(core).run("team-b", writes.Step("evict-pod", "low-pod-0", writes.Eviction("u-1", 5, dry_run=True)))
+    _kube_writer(core).run("team-b", steps.Step("evict-pod", "low-pod-0", steps.Eviction("u-1", 5, dry_run=True)))
     name, ns, body, kw = core.calls[0]
     assert (name, ns, kw.get("dry_run")) == ("low-pod-0", "team-b", "All")
     assert body.delete_options.preconditions.uid == "u-1" and body.delete_options.grace_period_seconds == 5
-    _kube_writer(core).run("team-b", writes.Step("evict-pod", "low-pod-0", writes.Eviction("u-1")))
+    _kube_writer(core).run("team-b", steps.Step("evict-pod", "low-pod-0", steps.Eviction("u-1")))
     assert "dry_run" not in core.calls[1][3]
 
 
 def test_eviction_step_refused_by_a_budget_says_which() -> None:
-    step = writes.Step("evict-pod", "low-pod-0", writes.Eviction("u-1"))
+    step = steps.Step("evict-pod", "low-pod-0", steps.Eviction("u-1"))
     with pytest.raises(kube.StepFailed, match=r"refused: Cannot evict pod .* \(The disruption budget b-pdb"):
         _kube_writer(_Core(429)).run("team-b", step)
     for done in (404, 409):  # gone, or another pod of the name: not the one meant
         _kube_writer(_Core(done)).run("team-b", step)
     with pytest.raises(kube.StepFailed, match="no uid"):
-        _kube_writer(_Core()).run("team-b", writes.Step("evict-pod", "low-pod-0", writes.Eviction("")))
+        _kube_writer(_Core()).run("team-b", steps.Step("evict-pod", "low-pod-0", steps.Eviction("")))

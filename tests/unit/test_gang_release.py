@@ -18,8 +18,9 @@ import kopf
 import pytest
 
 from gpuplane.api import boundedjson
-from gpuplane.controller import caches, config, events, kube, metrics, runtime
-from gpuplane.controller.gang import deleted, handlers, world, writes
+from gpuplane.controller import caches, config, events, kube, metrics, runtime, steps
+from gpuplane.controller.gang import deleted, handlers, world
+from gpuplane.controller.gang import run as gang_run
 from gpuplane.informer.cache import Caches, Informer
 from tests.controllerkit import Flag, holding
 from tests.templatekit import NS
@@ -35,7 +36,7 @@ class Recorder:
     fail: dict[str, Exception] = field(default_factory=dict)
     calls: list[tuple[str, ...]] = field(default_factory=list)
 
-    def run(self, namespace: str, step: writes.Step) -> None:
+    def run(self, namespace: str, step: steps.Step) -> None:
         if step.name in self.fail:
             raise self.fail[step.name]
         self.calls.append((step.kind, namespace, step.name))
@@ -142,7 +143,7 @@ def test_losing_the_lease_mid_release_leaves_the_rest_to_the_next_leader() -> No
     body, w = running_gang()
 
     class Lost(Recorder):
-        def run(self, namespace: str, step: writes.Step) -> None:
+        def run(self, namespace: str, step: steps.Step) -> None:
             flag.leading = False  # the Lease lapsed after the first write: the writer's fence refuses the rest
             if self.calls and self.calls[-1][0] != "event":
                 raise kube.NotLeader("not the leader: write skipped")
@@ -163,9 +164,9 @@ def test_an_unreadable_gang_is_let_go_at_once() -> None:
 
 def test_the_deleted_event_only_drops_this_replicas_caches() -> None:
     rt, rec, _ = setup()
-    rt.shared.overlay[KEY] = (0.0, {"phase": "Placed"})
+    rt.state(gang_run.GangState).overlay[KEY] = (0.0, {"phase": "Placed"})
     handlers.gang_gone(rt, KEY)
-    assert KEY not in rt.shared.overlay and rec.calls == []
+    assert KEY not in rt.state(gang_run.GangState).overlay and rec.calls == []
 
 
 def test_a_terminating_gang_is_not_reconciled_meanwhile() -> None:
@@ -180,4 +181,4 @@ def test_a_terminating_gang_is_not_reconciled_meanwhile() -> None:
     body, w = running_gang()
     body["metadata"]["deletionTimestamp"] = "2026-12-06T00:00:00Z"
     body["status"] = {"phase": "Pending"}  # would be queued and placed, were it alive
-    asyncio.run(runtime.reconcile_gang(rt, KEY, w(), 0.0))
+    asyncio.run(gang_run.reconcile_gang(rt, KEY, w(), 0.0))

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from gpuplane.controller import events, kube
-from gpuplane.controller.gang import desired, membership, owners, release, writes
+from gpuplane.controller import events, kube, steps
+from gpuplane.controller.gang import desired, membership, owners, release
 from tests.controllerkit import GB200, gang_body
 from tests.templatekit import (
     NS,
@@ -133,14 +133,14 @@ class FakeCustom:
 def test_the_writer_suspends_a_job_or_jobset_by_merge_patch_and_a_gone_one_is_done() -> None:
     writer = kube.KubeWriter.__new__(kube.KubeWriter)
     writer.custom, writer.component, writer.guard = FakeCustom(), "x", lambda: True
-    writer.run(NS, writes.Step("suspend-job", "j"))
-    writer.run(NS, writes.Step("suspend-jobset", "js"))
+    writer.run(NS, steps.Step("suspend-job", "j"))
+    writer.run(NS, steps.Step("suspend-jobset", "js"))
     assert writer.custom.calls == [
         ("batch", "v1", NS, "jobs", "j", {"spec": {"suspend": True}}, kube.MERGE),
         ("jobset.x-k8s.io", "v1alpha2", NS, "jobsets", "js", {"spec": {"suspend": True}}, kube.MERGE),
     ]
     writer.custom = FakeCustom(404)
-    writer.run(NS, writes.Step("suspend-job", "gone"))  # nothing left to stop
+    writer.run(NS, steps.Step("suspend-job", "gone"))  # nothing left to stop
     writer.custom = FakeCustom(403)
     with pytest.raises(kube.StepFailed, match="403"):
-        writer.run(NS, writes.Step("suspend-job", "j"))
+        writer.run(NS, steps.Step("suspend-job", "j"))

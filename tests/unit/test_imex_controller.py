@@ -11,7 +11,8 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuplane.api import imex
 from gpuplane.api import names as dn
-from gpuplane.controller import kube, names, runtime
+from gpuplane.controller import config, kube, metrics, names, runtime
+from gpuplane.controller.gang import run as gang_run
 from gpuplane.controller.gang import world
 from gpuplane.controller.imex import gangs, objects, reconcile
 from gpuplane.controller.imex.api import ImexApi
@@ -232,32 +233,17 @@ class FakeCustom:
         return b"{}"
 
 
-class FakeRt:
-    """What a Pass reads of the memo: the shared state, the process lock and the writer."""
-
-    def __init__(self, writer: kube.KubeWriter) -> None:
-        self.writer = writer
-        self.shared = runtime.Shared()
-        self._lock = asyncio.Lock()
-
-    def lock(self) -> asyncio.Lock:
-        return self._lock
-
-    def touched(self) -> None:
-        self.shared.version += 1
-
-
 def rt_with(custom: FakeCustom, leader: list[bool]) -> Any:
     writer = kube.KubeWriter.__new__(kube.KubeWriter)
     writer.custom = custom  # type: ignore[assignment]
     writer.guard = lambda: leader[0]
-    return FakeRt(writer)
+    return runtime.Runtime.create(config.parse_args(["--identity", "t"], {}), writer, metrics.ControllerMetrics())
 
 
 def test_a_pass_creates_then_updates_then_deletes_and_is_quiet_when_nothing_changed() -> None:
     custom, state = FakeCustom(), {"gangs": [gang("a", ["tray-0", "tray-1"])]}
     rt = rt_with(custom, [True])
-    rt.shared.domains.of = lambda w: GPU_DOMAINS
+    rt.state(gang_run.GangState).domains.of = lambda w: GPU_DOMAINS
     one = reconcile.Pass(rt, lambda: make_world(state["gangs"]), ImexApi(rt.writer))
 
     asyncio.run(one.once(0.0))
@@ -298,7 +284,7 @@ def test_a_create_that_finds_the_object_replaces_its_spec_and_a_failure_is_retri
     assert [f.split(":")[0] for f in failed] == ["delete imex-uid-a", "delete imex-other"]  # every write tried
 
     rt = rt_with(custom, [True])
-    rt.shared.domains.of = lambda w: GPU_DOMAINS
+    rt.state(gang_run.GangState).domains.of = lambda w: GPU_DOMAINS
     one = reconcile.Pass(rt, lambda: make_world([]), ImexApi(rt.writer))
     asyncio.run(one.once(10.0))
     assert not one.due(11.0) and one.due(10.0 + reconcile.RETRY_S)
@@ -307,7 +293,7 @@ def test_a_create_that_finds_the_object_replaces_its_spec_and_a_failure_is_retri
 def test_a_replica_that_lost_the_lease_writes_nothing() -> None:
     custom = FakeCustom()
     rt = rt_with(custom, [False])
-    rt.shared.domains.of = lambda w: GPU_DOMAINS
+    rt.state(gang_run.GangState).domains.of = lambda w: GPU_DOMAINS
     one = reconcile.Pass(rt, lambda: make_world([gang("a", ["tray-0", "tray-1"])]), ImexApi(rt.writer))
     with pytest.raises(kube.NotLeader):
         asyncio.run(one.once(0.0))

@@ -16,6 +16,7 @@ import pytest
 
 from gpuplane.controller import kube
 from gpuplane.controller.gang import reconciler, status, world
+from gpuplane.controller.gang import run as gang_run
 from gpuplane.controller.imex import hold
 from gpuplane.controller.imex import reconcile as imex_reconcile
 from gpuplane.controller.imex.api import ImexApi
@@ -244,10 +245,10 @@ def test_each_pass_leaves_what_the_api_holds_in_the_shared_state() -> None:
 
     custom = FakeCustom()
     rt = rt_with(custom, [True])
-    rt.shared.domains.of = lambda w: GPU_DOMAINS
+    rt.state(gang_run.GangState).domains.of = lambda w: GPU_DOMAINS
     one = imex_reconcile.Pass(rt, lambda: imex_world([gang("a", ["tray-0", "tray-1"])]), ImexApi(rt.writer))
     asyncio.run(one.once(0.0))
-    got = rt.shared.imex
+    got = rt.state(hold.ImexState).written
     assert got is not None and got.served and got.failed == ""
     assert got.listed == {"uid-a": frozenset({"cuid-a-0", "cuid-a-1"})} and got.refused == {}
 
@@ -255,12 +256,15 @@ def test_each_pass_leaves_what_the_api_holds_in_the_shared_state() -> None:
     custom.fail["create"] = 404  # the namespace does not exist
     rt.touched()
     asyncio.run(one.once(10.0))
-    assert rt.shared.imex is not None and "could not be written: create imex-uid-a: 404" in rt.shared.imex.failed
+    assert (
+        rt.state(hold.ImexState).written is not None
+        and "could not be written: create imex-uid-a: 404" in rt.state(hold.ImexState).written.failed
+    )
 
     custom.fail = {"list": 404}  # the CRD is gone
     rt.touched()
     asyncio.run(one.once(20.0))
-    assert rt.shared.imex is not None and not rt.shared.imex.served
+    assert rt.state(hold.ImexState).written is not None and not rt.state(hold.ImexState).written.served
 
 
 def test_a_refused_gang_is_left_in_the_shared_state_as_refused() -> None:
@@ -278,7 +282,7 @@ def test_a_new_leadership_term_forgets_the_last_pass() -> None:
     cfg = config.parse_args(["--identity", "x"], {})
     rt = runtime.Runtime.create(cfg, kube.KubeWriter.__new__(kube.KubeWriter), metrics.ControllerMetrics())
     assert rt.leading()
-    rt.shared.imex = fresh()
-    assert rt.leading() and rt.shared.imex is not None  # the same term keeps it
+    rt.state(hold.ImexState).written = fresh()
+    assert rt.leading() and rt.state(hold.ImexState).written is not None  # the same term keeps it
     rt.leadership = leader.AlwaysLeader(term=2)
-    assert rt.leading() and rt.shared.imex is None
+    assert rt.leading() and rt.state(hold.ImexState).written is None

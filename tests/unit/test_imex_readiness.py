@@ -18,6 +18,7 @@ import pytest
 from gpuplane.api import imex
 from gpuplane.controller import events
 from gpuplane.controller.gang import reconciler, status, world
+from gpuplane.controller.gang import run as gang_run
 from gpuplane.controller.imex import hold, readiness
 from gpuplane.controller.imex import reconcile as imex_reconcile
 from gpuplane.controller.imex.api import ImexApi
@@ -156,7 +157,7 @@ def test_a_gang_whose_domain_stays_not_ready_is_released_with_the_reason(slices:
 def test_the_pass_looks_at_the_status_between_passes_and_tells_each_gang() -> None:
     custom = FakeCustom()
     rt = rt_with(custom, [True])
-    rt.shared.domains.of = lambda w: GPU_DOMAINS
+    rt.state(gang_run.GangState).domains.of = lambda w: GPU_DOMAINS
     told: list[tuple[str, events.EventType, str, str]] = []
     one = imex_reconcile.Pass(
         rt, lambda: make_world([gang("a", ["tray-0", "tray-1"])]), ImexApi(rt.writer), events.ListRecorder(told)
@@ -169,7 +170,7 @@ def test_the_pass_looks_at_the_status_between_passes_and_tells_each_gang() -> No
     obj["status"] = {"nodes": [{"node": n, "ready": True, "observedGeneration": generation} for n in NODES]}
     assert one.watch_due(imex_reconcile.WATCH_S)
     asyncio.run(one.look(imex_reconcile.WATCH_S))
-    assert rt.shared.imex is not None and rt.shared.imex.unready == {"uid-a": {}}
+    assert rt.state(hold.ImexState).written is not None and rt.state(hold.ImexState).written.unready == {"uid-a": {}}
     assert [(g, r) for g, _, r, _ in told] == [("a", readiness.DOMAIN_READY)]  # created by this pass, now ready
     told.clear()
 
@@ -184,10 +185,10 @@ def test_the_pass_looks_at_the_status_between_passes_and_tells_each_gang() -> No
             f"{name} wait for it; running members' cross-node memory with tray-1 may fail until it is back",
         )
     ]
-    assert rt.shared.imex.unready == {"uid-a": {"tray-1": "peer lost"}}
-    assert rt.shared.imex.listed  # the status-only look kept what the pass wrote
+    assert rt.state(hold.ImexState).written.unready == {"uid-a": {"tray-1": "peer lost"}}
+    assert rt.state(hold.ImexState).written.listed  # the status-only look kept what the pass wrote
 
     custom.fail["list"] = 500  # a failed look changes nothing and releases no gang's gates
-    before = rt.shared.imex
+    before = rt.state(hold.ImexState).written
     asyncio.run(one.look(3 * imex_reconcile.WATCH_S))
-    assert rt.shared.imex is before and before.failed == ""
+    assert rt.state(hold.ImexState).written is before and before.failed == ""

@@ -35,6 +35,26 @@ SHARED = (
 PROGRAMS = ("gpuplane.driver", "gpuplane.controller")
 KUBERNETES = ("kubernetes", "kopf", "grpc")
 CONTROLLER_FEATURES = ("claim", "gang", "imex", "migoffer", "node", "rebalance", "rightsize", "steer")
+# What every feature may use: the memo (runtime, each feature's state reached by its type), the writer and its
+# vocabulary (kube, steps), names, configuration, metrics. Not here: the read side's helpers for the wiring
+# (slim digests slices with node.slice_index; rejects asks claim.checks whether a claim is ours).
+CONTROLLER_BASE = (
+    "runtime",
+    "kube",
+    "steps",
+    "events",
+    "indexed",
+    "periodic",
+    "leader",
+    "probes",
+    "supervisor",
+    "config",
+    "names",
+    "metrics",
+    "failfast",
+    "heap",
+    "memdump",
+)
 # Everything in the controller but its wiring (main, handlers, caches): features, runtime, clients.
 CONTROLLER_BELOW_WIRING = (
     "claim",
@@ -108,6 +128,11 @@ CONTRACTS: tuple[Contract, ...] = (
         "the MIG offer never imports steering", ("gpuplane.controller.migoffer",), ("gpuplane.controller.steer",)
     ),
     Forbidden("gangs never import the claim review", ("gpuplane.controller.gang",), ("gpuplane.controller.claim",)),
+    Forbidden(
+        "the runtime and the controller's base modules import no feature",
+        tuple(f"gpuplane.controller.{m}" for m in CONTROLLER_BASE),
+        tuple(f"gpuplane.controller.{f}" for f in (*CONTROLLER_FEATURES, "steering", "fleet_gauges")),
+    ),
     Layers(
         "the driver's layers",
         "gpuplane.driver",

@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 
 from gpuplane.api import names as dn
-from gpuplane.controller import indexed, steering
-from gpuplane.controller.gang import writes as gang_writes
+from gpuplane.controller import indexed, steering, steps
 from gpuplane.controller.node import slice_index, snapshot_builder
 from gpuplane.controller.steer import decide as steer_decide
 from gpuplane.controller.steer import reconciler as steer_reconciler
@@ -118,7 +117,7 @@ class PodWriter:
     def __init__(self) -> None:
         self.steps: list[tuple[str, str, Any]] = []
 
-    def run(self, namespace: str, step: gang_writes.Step) -> None:
+    def run(self, namespace: str, step: steps.Step) -> None:
         self.steps.append((namespace, step.name, step.body))
 
 

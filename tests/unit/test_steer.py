@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpuplane.controller.gang import writes as gang_writes
+from gpuplane.controller import steps
 from gpuplane.controller.node import snapshot_builder
 from gpuplane.controller.steer import decide, gate, reconciler, shape
 from gpuplane.driver import inventory
@@ -141,9 +141,9 @@ def test_every_3g_slot_4_taken_means_released_not_held(pool: list[dict[str, Any]
 
 class Writer:
     def __init__(self) -> None:
-        self.steps: list[tuple[str, gang_writes.Step]] = []
+        self.steps: list[tuple[str, steps.Step]] = []
 
-    def run(self, namespace: str, step: gang_writes.Step) -> None:
+    def run(self, namespace: str, step: steps.Step) -> None:
         self.steps.append((namespace, step))
 
 
@@ -223,7 +223,7 @@ def test_a_failed_patch_is_decided_again(pool: list[dict[str, Any]], classes: di
     from gpuplane.controller import kube
 
     class Failing(Writer):
-        def run(self, namespace: str, step: gang_writes.Step) -> None:
+        def run(self, namespace: str, step: steps.Step) -> None:
             raise kube.StepFailed("422 the test op failed")
 
     templates = {"ns/t3g": template("ns", "t3g", MIG3)}

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuplane.controller import indexed, kube
-from gpuplane.controller.gang import writes as gang_writes
+from gpuplane.controller import indexed, kube, steps
 from gpuplane.controller.node import snapshot_builder
 from gpuplane.controller.steer import decide, gate, reconciler
 from gpuplane.placement import model
@@ -32,7 +31,7 @@ class FailingFor(Writer):
         super().__init__()
         self.prefix = prefix
 
-    def run(self, namespace: str, step: gang_writes.Step) -> None:
+    def run(self, namespace: str, step: steps.Step) -> None:
         if step.name.startswith(self.prefix):
             raise kube.StepFailed("413 request entity too large")
         super().run(namespace, step)

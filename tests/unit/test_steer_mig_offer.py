@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 
 from gpuplane.api.mig_offer import Offer
-from gpuplane.controller import indexed, kube, steering
-from gpuplane.controller.gang import writes as gang_writes
+from gpuplane.controller import indexed, kube, steering, steps
 from gpuplane.controller.migoffer import decide as offer_decide
 from gpuplane.controller.migoffer import snapshot
 from gpuplane.controller.node import slice_index, snapshot_builder
@@ -206,9 +205,9 @@ class FailingFor:
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
-        self.steps: list[gang_writes.Step] = []
+        self.steps: list[steps.Step] = []
 
-    def run(self, namespace: str, step: gang_writes.Step) -> None:
+    def run(self, namespace: str, step: steps.Step) -> None:
         if step.name.startswith(self.prefix):
             raise kube.StepFailed("413 request entity too large")
         self.steps.append(step)

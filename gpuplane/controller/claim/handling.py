@@ -12,14 +12,32 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Self
 
-from gpuplane.controller import events, failfast, names, runtime
+from gpuplane.controller import config, events, failfast, names, runtime
 from gpuplane.controller.claim import checks, review
-from gpuplane.controller.gang import status, world
+from gpuplane.controller.gang import run, status, world
 
 EXPLAIN_VIEW_AGE_S = 5.0  # an unallocated claim's explanation may use a view this old (one per claim timer otherwise)
 EXPLAINED_MAX = 250  # characters of the reason kept in the claim's annotation
+
+
+@dataclass
+class ClaimState:
+    """The claim review's per-process state (``rt.state(ClaimState)``)."""
+
+    notes: dict[str, dict[str, str | None]] = field(default_factory=dict)  # uid -> annotations written
+    reasons: checks.ReasonCache = field(default_factory=checks.ReasonCache)  # unallocated claims' explanations
+
+    @classmethod
+    def create(cls, cfg: config.ControllerConfig) -> Self:
+        """Nothing written yet."""
+        return cls()
+
+    def new_term(self) -> None:
+        """An earlier term's writes are read back from the API."""
+        self.notes.clear()
 
 
 async def check_claim(
@@ -29,14 +47,14 @@ async def check_claim(
     if not rt.leading():
         return
     consumers = list(consumers)
-    claim = review.with_notes(claim, rt.shared.claim_notes)  # what this replica wrote counts, if not seen yet
+    claim = review.with_notes(claim, rt.state(ClaimState).notes)  # what this replica wrote counts, if not seen yet
     found = review.decide(claim, classes, consumers, status.now_rfc3339())
     if found is None:
         return
     for finding in found.findings:
         rt.metrics.claim_findings.labels(finding=finding).inc()
     await asyncio.to_thread(review.apply, rt.writer, found)
-    review.remember(rt.shared.claim_notes, found, str((claim.get("metadata") or {}).get("uid") or ""))
+    review.remember(rt.state(ClaimState).notes, found, str((claim.get("metadata") or {}).get("uid") or ""))
     if found.error:
         await failfast.fail_pending_consumers(rt, claim, consumers, found.error)
 
@@ -71,8 +89,8 @@ async def explain_claim(
     age = now - (status.parse_time(meta.get("creationTimestamp")) or now)
     if age < rt.cfg.claim_explain_after_s or _gang_member_claim(claim, w):
         return
-    _, view = runtime.plan_for(rt, w, now, max_age_s=EXPLAIN_VIEW_AGE_S)
-    reason = rt.shared.reasons.reason(claim, classes, view)
+    _, view = run.plan_for(rt, w, now, max_age_s=EXPLAIN_VIEW_AGE_S)
+    reason = rt.state(ClaimState).reasons.reason(claim, classes, view)
     said = reason[:EXPLAINED_MAX]  # as the annotation holds it
     if not reason or same_reason((meta.get("annotations") or {}).get(names.ANNOTATION_EXPLAINED), said):
         return

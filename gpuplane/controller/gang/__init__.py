@@ -23,6 +23,9 @@
 - ``preemption``: a victim gang's release and the Eviction API dry run that refuses a preemption a
   PodDisruptionBudget would stop (API reads through :mod:`gpuplane.controller.kube`).
 - ``deleted``: a deleted GpuGang: its placement released and every member pod told (API writes).
+- ``run``: a gang's reconcile in the running controller (I/O): the World copied from the indexes with the
+  write overlay, the queue plan reused while nothing changed, decide in a thread, apply, the victims; and
+  :class:`~.run.GangState`, what the feature keeps per process (``rt.state(GangState)``).
 - ``handlers``: the kopf registrations (reconcile on change and resync; release on deletion, kopf's
   finalizer holding the gang until the leader has released it).
 - ``status``: gang status as merge patches of changed fields, coalesced per gang; pure.

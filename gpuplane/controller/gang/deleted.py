@@ -26,7 +26,7 @@ from typing import Any
 from gpuplane.controller import events
 from gpuplane.controller.gang import membership, owners, release
 from gpuplane.controller.gang.desired import GangRef
-from gpuplane.controller.gang.writes import Step
+from gpuplane.controller.steps import Step
 
 REASON = "GangDeleted"
 ABANDONED = "GangReleaseAbandoned"  # on the gang: its release kept failing and it was let go

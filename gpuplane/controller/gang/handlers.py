@@ -1,6 +1,6 @@
 """GpuGangs: reconciled from the gang work queue (every change and every resync), released on deletion by kopf.
 
-Thin: each entry point translates its arguments and calls :mod:`gpuplane.controller.runtime`. The
+Thin: each entry point translates its arguments and calls :mod:`.run`. The
 gang informer (:mod:`gpuplane.controller.caches`) queues a gang's key on every event and the resync
 loop queues every gang every ``--resync`` seconds; :func:`reconcile` is the queue's worker.
 
@@ -30,14 +30,14 @@ import kopf
 import structlog
 
 from gpuplane.controller import events, indexed, names, rejects, runtime
-from gpuplane.controller.gang import deleted, desired, world
+from gpuplane.controller.gang import deleted, desired, run, world
 
 log = structlog.get_logger(__name__)
 
 RETRY_S = 2.0  # a standby's (or a replica's still indexing) "ask again in"
 GIVE_UP_S = 300.0  # a release whose writes keep failing lets the gang go after this long
 
-WorldOf = Callable[[runtime.Runtime], world.World]  # the caches' World now (runtime.make_world)
+WorldOf = Callable[[runtime.Runtime], world.World]  # the caches' World now (run.world_now)
 
 
 async def reconcile(rt: runtime.Runtime, key: str, world_of: WorldOf) -> None:
@@ -45,7 +45,7 @@ async def reconcile(rt: runtime.Runtime, key: str, world_of: WorldOf) -> None:
     if not rt.leading():  # a standby only keeps its caches warm
         return
     async with rt.lock():
-        await runtime.reconcile_gang(rt, key, world_of(rt), time.time())
+        await run.reconcile_gang(rt, key, world_of(rt), time.time())
 
 
 def register(reg: kopf.OperatorRegistry, world_of: WorldOf) -> None:
@@ -79,8 +79,9 @@ async def release(
 
 def gang_gone(rt: runtime.Runtime, key: str) -> None:
     """A GpuGang left the API (released first, :func:`release_deleted_gang`): drop what this replica caches of it."""
-    rt.coalescer.forget(key)
-    rt.shared.overlay.pop(key, None)
+    gs = rt.state(run.GangState)
+    gs.coalescer.forget(key)
+    gs.overlay.pop(key, None)
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ async def release_deleted_gang(rt: runtime.Runtime, key: str, body: Mapping[str,
     ref = desired.GangRef(ns, name, (body.get("metadata") or {}).get("uid", ""))
     phase = str((body.get("status") or {}).get("phase", ""))
     owned = [c for c, e in w.gang_claims(key).items() if e.owned]
-    grace = rt.settings.eviction_grace_s
+    grace = rt.cfg.eviction_grace_s
     d = deleted.deletion(ref, phase, w.pods.get(key, ()), owned, w.jobs.get(key, ()), grace_seconds=grace)
     if not d.steps and not d.told:
         return Released()

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuplane.controller import events
+from gpuplane.controller import events, steps
 from gpuplane.controller.gang import leaderworkersets, membership, owners, status, world, writes
 from gpuplane.controller.gang.desired import GangRef
 from gpuplane.controller.gang.spec import GangSpec
@@ -29,7 +29,7 @@ class Outcome:
     """What to write for one gang."""
 
     status: dict[str, Any]
-    steps: tuple[writes.Step, ...] = ()
+    steps: tuple[steps.Step, ...] = ()
     events: tuple[EventTuple, ...] = ()
     victims: tuple[str, ...] = ()
     placed_after_s: float | None = None  # set when this outcome places the gang (wait-time metric)
@@ -84,7 +84,7 @@ def finish(
     message: str,
     extra: Mapping[str, Any] | None = None,
     *,
-    steps: Sequence[writes.Step] = (),
+    steps: Sequence[steps.Step] = (),
     etype: events.EventType = "Normal",
     victims: tuple[str, ...] = (),
     placed_after: float | None = None,

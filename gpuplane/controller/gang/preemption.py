@@ -24,7 +24,7 @@ from typing import Any
 
 import structlog
 
-from gpuplane.controller import events
+from gpuplane.controller import events, steps
 from gpuplane.controller.gang import membership, world, writes
 from gpuplane.controller.gang.outcome import EventTuple, Outcome
 
@@ -47,13 +47,13 @@ def priority_ignored_note(spec_priority: int, members: membership.Members) -> st
     )
 
 
-def preflight_steps(victim: membership.Members, grace_seconds: int | None, why: str) -> tuple[writes.Step, ...]:
+def preflight_steps(victim: membership.Members, grace_seconds: int | None, why: str) -> tuple[steps.Step, ...]:
     """The victim's evictions as dry runs: what the API server (and every PodDisruptionBudget) would say."""
     return writes.eviction_steps(victim.by_index.values(), grace_seconds, why, dry_run=True)
 
 
 def preflight(
-    run: Callable[[str, writes.Step], None],
+    run: Callable[[str, steps.Step], None],
     victims: Iterable[tuple[str, membership.Members]],
     grace_seconds: int | None,
     failed: type[Exception],
@@ -88,7 +88,7 @@ def leftover_steps(
     pods_left: bool,
     grace_seconds: int | None,
     why: str,
-) -> tuple[writes.Step, ...]:
+) -> tuple[steps.Step, ...]:
     """What is left of a preemption on the victim: evict its pods still running under the old placement
     (not the gated ones its owner made again), and once no pod of it is left, delete its own claims."""
     old = [p for p in members.by_index.values() if not p.gated]
@@ -97,7 +97,7 @@ def leftover_steps(
     if pods_left:
         return ()
     return tuple(
-        writes.Step("delete-claim", c, why=why) for c, e in sorted(claims.items()) if e.owned and not e.deleting
+        steps.Step("delete-claim", c, why=why) for c, e in sorted(claims.items()) if e.owned and not e.deleting
     )
 
 
@@ -126,7 +126,7 @@ def victim_outcome(victim_key: str, preemptor: str, w: world.World, grace_second
 
 
 def checked(
-    run: Callable[[str, writes.Step], None],
+    run: Callable[[str, steps.Step], None],
     body: Mapping[str, Any],
     outcome: Outcome,
     w: world.World,

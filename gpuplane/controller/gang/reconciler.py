@@ -53,6 +53,7 @@ from gpuplane.controller.gang.outcome import EventTuple, GangRead, Outcome, fini
 from gpuplane.controller.gang.spec import SpecError, parse_gang_spec
 from gpuplane.controller.imex import hold, readiness
 from gpuplane.controller.node import snapshot_builder
+from gpuplane.controller.steps import Step
 
 __all__ = ["Outcome", "Settings", "apply", "checked_preemption", "decide", "victim_outcome"]
 
@@ -251,7 +252,7 @@ def _waiting_for_members(g: GangRead, w: world.World, settings: Settings) -> Out
     preempted = g.prev_phase == "Preempted" and message.startswith(world.PREEMPTED_BY)
     if g.prev_phase in ("Preempted", "Released") and (g.present < spec.members or preempted):
         # Stay in whichever of the two it is until its pods come back (then it queues again).
-        steps: tuple[writes.Step, ...] = ()
+        steps: tuple[Step, ...] = ()
         if preempted:
             left = preemption.terminating(w.pods.get(g.key, ()))
             steps = preemption.leftover_steps(members, g.claims, left, settings.eviction_grace_s, message)

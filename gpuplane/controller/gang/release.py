@@ -43,7 +43,8 @@ from gpuplane.controller import events
 from gpuplane.controller.gang import membership, owners
 from gpuplane.controller.gang import spec as gangspec
 from gpuplane.controller.gang.desired import GangRef
-from gpuplane.controller.gang.writes import Step, release_steps
+from gpuplane.controller.gang.writes import release_steps
+from gpuplane.controller.steps import Step
 
 STARTED = ("Scheduled", "Running")
 RESUME_PATCH = '{"spec":{"suspend":false}}'

@@ -3,7 +3,7 @@
 Members come from :mod:`gpuplane.controller.gang.membership`; the objects written from
 :mod:`gpuplane.controller.gang.desired`.
 
-Applying a placement is a list of :class:`Step` computed from what the API
+Applying a placement is a list of :class:`~gpuplane.controller.steps.Step` computed from what the API
 shows now, in this order: the decision is already in the gang's status (the
 caller writes it first), then every member's claim is created (deterministic
 name, ownerReference to the gang, the decision id in an annotation; none for a
@@ -22,37 +22,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from gpuplane.controller import names
 from gpuplane.controller.gang.desired import GangRef, desired_claim, narrowed_affinity, pinned_elsewhere
 from gpuplane.controller.gang.membership import MemberPod, Members
 from gpuplane.controller.gang.placement_record import decision_id
 from gpuplane.controller.gang.spec import GangSpec
+from gpuplane.controller.steps import Eviction, Step
 from gpuplane.placement import model
 
 LIFT = "lift the gang gate"
-
-
-@dataclass(frozen=True)
-class Step:
-    """One idempotent API write. ``kind``: create-claim, delete-claim, patch-pod, delete-pod, evict-pod,
-    suspend-job, suspend-jobset, wait. An evict-pod's ``body`` is an :class:`Eviction`."""
-
-    kind: str
-    name: str
-    body: Any = None
-    why: str = ""
-
-
-@dataclass(frozen=True)
-class Eviction:
-    """An eviction through the Eviction API (PodDisruptionBudgets apply) of the pod with ``uid`` only;
-    ``dry_run``: the API server checks it (the budgets included) and changes nothing."""
-
-    uid: str
-    grace_seconds: int | None = None
-    dry_run: bool = False
 
 
 @dataclass(frozen=True)

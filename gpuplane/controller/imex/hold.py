@@ -3,8 +3,8 @@
 kubelet prepares a member's claim as soon as its pod is scheduled, and the driver gives the claim a channel
 only when an ``ImexDomain`` names it then (:mod:`gpuplane.driver.prepare.imex_claims`). A gang's gates are
 therefore held until the leader's IMEX pass (:mod:`.reconcile`) has written a domain listing every member
-claim of the gang. What the pass last left in the API is a :class:`Written`, kept in the runtime's shared
-state and read here; nothing polls.
+claim of the gang. What the pass last left in the API is a :class:`Written`, kept in :class:`ImexState`
+(the runtime's state for IMEX) and read here; nothing polls.
 
 The rule (:func:`decide`): a gang is held only when all of these hold:
 
@@ -29,9 +29,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
-from gpuplane.controller import events, names
+from gpuplane.controller import config, events, names
 from gpuplane.controller.gang import writes
 from gpuplane.controller.gang.membership import Members
 from gpuplane.controller.gang.outcome import GangRead
@@ -63,6 +63,22 @@ class Written:
 
 NOT_SERVED = Written(at=0.0, served=False)
 """No IMEX in the cluster (no CRD): no gang waits. ``None`` instead means nothing is known yet: gangs wait."""
+
+
+@dataclass
+class ImexState:
+    """The runtime's record of the last IMEX pass (``rt.state(ImexState)``): written by the pass, read by gangs."""
+
+    written: Written | None = None  # None until this term's first pass
+
+    @classmethod
+    def create(cls, cfg: config.ControllerConfig) -> Self:
+        """Nothing known at start."""
+        return cls()
+
+    def new_term(self) -> None:
+        """An earlier term's pass says nothing of what is written now."""
+        self.written = None
 
 
 @dataclass(frozen=True)

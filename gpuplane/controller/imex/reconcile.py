@@ -14,7 +14,7 @@ a few dicts per placed gang) and writes in a thread. A failed pass is logged and
 later; a lost leadership ends it at its next write. Without the CRD (an older install) it logs once and
 writes nothing.
 
-Each pass leaves what it wrote in the runtime's shared state (:class:`gpuplane.controller.imex.hold.Written`:
+Each pass leaves what it wrote in IMEX's runtime state (:class:`.hold.ImexState` holding a :class:`.hold.Written`:
 the claims each gang's domain lists, the gangs refused, whether a write failed or the CRD is not served, each
 gang's domain nodes not ready), which the gang reconcile reads to hold a gang's gates until its domain lists
 every member claim (:mod:`.hold`) and to release a gang whose domain stays not ready (:mod:`.readiness`).
@@ -22,7 +22,7 @@ every member claim (:mod:`.hold`) and to release a gang whose domain stays not r
 **Readiness.** Every pass, and while any domain exists a status-only look every ``WATCH_S`` (one list; the
 drivers' status writes are not indexed), reads the drivers' reports (:mod:`.readiness`): the Events of what
 changed go to every gang of the domain (a node no longer ready, ready again, the domain ready on every node),
-and the nodes not ready per gang go into the shared state.
+and the nodes not ready per gang go into that state.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuplane.api import imex, imex_group
 from gpuplane.controller import events, kube, runtime
+from gpuplane.controller.gang import run as gang_run
 from gpuplane.controller.gang import world
 from gpuplane.controller.imex import decide, gangs, groups, hold, objects, readiness
 from gpuplane.controller.imex.api import ImexApi
@@ -153,7 +154,7 @@ class Pass:
             log.info("IMEX readiness told", gang=f"{e.gang.namespace}/{e.gang.name}", reason=e.reason, why=e.message)
 
     async def look(self, now: float) -> None:
-        """Between passes: the status only (one list), into the shared state's ``unready``. A failure is logged and
+        """Between passes: the status only (one list), into the IMEX state's ``unready``. A failure is logged and
         changes nothing else (the plan the last pass wrote still holds)."""
         try:
             existing = await asyncio.to_thread(self.api.existing)
@@ -162,9 +163,9 @@ class Pass:
             log.warning("IMEX status look failed; retrying", status=exc.status, reason=exc.reason)
             self.looked_at = now
             return
-        current = self.rt.shared.imex
+        current = self.rt.state(hold.ImexState).written
         if current is not None:
-            self.rt.shared.imex = dataclasses.replace(current, unready=unready)
+            self.rt.state(hold.ImexState).written = dataclasses.replace(current, unready=unready)
 
     async def once(self, now: float) -> objects.Diff | None:
         """One pass (None: the API does not serve ImexDomains to this controller)."""
@@ -177,14 +178,14 @@ class Pass:
             if not self.unserved:
                 log.warning("ImexDomains not served or not readable; no IMEX plan is written", status=exc.status)
             self.unserved = True
-            self.rt.shared.imex = hold.Written(at=time.time(), served=False)
+            self.rt.state(hold.ImexState).written = hold.Written(at=time.time(), served=False)
             self.version, self.at = version, now
             return None
         self.unserved = False
         unready = await self.read_status(existing, now)
         async with self.rt.lock():
             w = self.world_of()
-            outcome = desired(w, self.rt.shared.domains.of(w), existing)
+            outcome = desired(w, self.rt.state(gang_run.GangState).domains.of(w), existing)
         if outcome.claim_events or self.claims_told:
             await asyncio.to_thread(self.tell_claims, outcome.claim_events)
         d = outcome.diff
@@ -200,10 +201,10 @@ class Pass:
             )
             if failed:  # tried again after RETRY_S; meanwhile no gang waits for a plan the API does not hold
                 why = f"the IMEX plan could not be written: {failed[0]}"
-                self.rt.shared.imex = outcome.written(time.time(), why, unready)
+                self.rt.state(hold.ImexState).written = outcome.written(time.time(), why, unready)
                 self.retry_at = now + RETRY_S
                 return d
-        self.rt.shared.imex = outcome.written(time.time(), unready=unready)
+        self.rt.state(hold.ImexState).written = outcome.written(time.time(), unready=unready)
         self.domains = len(existing) + len(d.create) - len(d.delete)  # what the status looks will find
         for created in d.create:  # seen with nothing reported: its first report (ready) is told
             self.states.setdefault(objects_name(created), {})
@@ -245,13 +246,14 @@ async def run(rt: runtime.Runtime, world_of: Callable[[], world.World], tick_s: 
             raise
         except Exception as exc:
             log.exception("IMEX pass failed; the next one runs in a moment")
-            rt.shared.imex = hold.Written(at=time.time(), failed=f"the IMEX pass failed: {type(exc).__name__}")
+            failed = f"the IMEX pass failed: {type(exc).__name__}"
+            rt.state(hold.ImexState).written = hold.Written(at=time.time(), failed=failed)
             one.retry_at = now + RETRY_S
 
 
 def register(reg: kopf.OperatorRegistry) -> None:
-    """The loop's start on ``reg`` (the World from the informers' indexes, ``runtime.world_now``)."""
+    """The loop's start on ``reg`` (the World from the informers' indexes, ``gang.run.world_now``)."""
 
     @kopf.on.startup(registry=reg)
     async def start_imex(memo: runtime.Runtime, **_: Any) -> None:
-        memo.shared.tasks.append(asyncio.create_task(run(memo, lambda: runtime.world_now(memo))))
+        memo.shared.tasks.append(asyncio.create_task(run(memo, lambda: gang_run.world_now(memo))))

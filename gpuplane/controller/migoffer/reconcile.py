@@ -17,7 +17,7 @@ import asyncio
 import dataclasses
 import datetime
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
@@ -79,8 +79,14 @@ class OfferApi:
 
 
 class Pass:
-    def __init__(self, rt: runtime.Runtime, kw: Mapping[str, Any], settings: decide.Settings) -> None:
-        self.rt, self.kw, self.settings = rt, kw, settings
+    def __init__(
+        self,
+        rt: runtime.Runtime,
+        kw: Mapping[str, Any],
+        settings: decide.Settings,
+        opted_in: Callable[[], frozenset[str] | None] = lambda: None,
+    ) -> None:
+        self.rt, self.kw, self.settings, self.opted_in = rt, kw, settings, opted_in
         self.api = OfferApi(rt.writer)
         self.memory: decide.Memory | None = None
         self.writes = 0
@@ -125,7 +131,7 @@ class Pass:
         pods = indexed.single(kw["pending_pod_idx"])
         now = datetime.datetime.now(datetime.UTC)
         fleet = self.fleet(claims)
-        steering = self.rt.shared.steer.opted_in  # what steering last read of the Namespaces (None: not yet)
+        steering = self.opted_in()  # what steering last read of the Namespaces (None: not yet)
         return fleet, snapshot.waiting(claims, consumers, pods, now, steering), claims
 
     async def once(self) -> decide.Decision:
@@ -163,12 +169,19 @@ class Pass:
         await self.label(decide.published(fleet))
 
 
-def register(reg: kopf.OperatorRegistry, settings: decide.Settings, enabled: bool = True) -> None:
-    """The loop's start on ``reg``: leader-only, like the controller's other loops."""
+def register(
+    reg: kopf.OperatorRegistry,
+    settings: decide.Settings,
+    enabled: bool = True,
+    opted_in: Callable[[runtime.Runtime], frozenset[str] | None] = lambda rt: None,
+) -> None:
+    """The loop's start on ``reg``: leader-only, like the controller's other loops. ``opted_in``: the
+    namespaces opted in to steering as steering last read them (the wiring's; the offer never imports steering).
+    """
 
     @kopf.on.startup(registry=reg)
     async def start_mig_offer(memo: runtime.Runtime, **_: Any) -> None:
-        one = Pass(memo, memo.caches.indexes, settings)
+        one = Pass(memo, memo.caches.indexes, settings, lambda: opted_in(memo))
         if not enabled:
             labels = periodic.every(INTERVAL_S, memo.leading, one.labels_only, "MIG-offered labels")
             memo.shared.tasks.append(asyncio.create_task(runtime.after_sync(memo, labels)))

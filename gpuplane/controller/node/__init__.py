@@ -1,7 +1,7 @@
 """What the nodes offer, read from the driver's ResourceSlices.
 
-- ``labels``: the node -> NVLink-domain label and annotation; pure (the write is in
-  :mod:`gpuplane.controller.runtime`).
+- ``labels``: the node -> NVLink-domain label and annotation; pure (the write is ``label_sync``).
+- ``label_sync``: that label written on a node, leader only (the fleet view's one write).
 - ``snapshot_builder``: ResourceSlices, allocated claims and Nodes -> the placement module's
   immutable snapshot; pure.
 - ``slice_index``: a ResourceSlice as the controller indexes it (a digest of the fields it reads,

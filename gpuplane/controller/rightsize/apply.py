@@ -11,15 +11,57 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Self
 
 import structlog
 from kubernetes.client.exceptions import ApiException
 
-from gpuplane.controller import events, kube
+from gpuplane.controller import config, events, kube
 from gpuplane.controller.rightsize import decide, template
 
 log = structlog.get_logger(__name__)
+
+TEMPLATE_TTL_S = 30.0  # a template this replica created counts until its index shows it, at most this long
+
+
+@dataclass
+class Templates:
+    """ResourceClaimTemplates this replica just created, until the index shows them (``rt.state(Templates)``).
+
+    Without this a replaced template read back stale (old plan) would be replaced again.
+    """
+
+    written: dict[str, tuple[dict[str, Any], float]] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, cfg: config.ControllerConfig) -> Self:
+        """None written yet."""
+        return cls()
+
+    def new_term(self) -> None:
+        """An earlier term's writes are read back from the API."""
+        self.written.clear()
+
+    def remember(self, key: str, body: Mapping[str, Any], now: float) -> None:
+        """A template this replica just created."""
+        self.written[key] = (dict(body), now)
+
+    def recent(self, key: str, indexed: Mapping[str, Any] | None, now: float) -> Mapping[str, Any] | None:
+        """The template as the index shows it, or the one just created when the index still lags behind."""
+        entry = self.written.get(key)
+        if entry is None:
+            return indexed
+        body, when = entry
+        ann = template.ANNOTATION_HASH
+        if now - when > TEMPLATE_TTL_S or (
+            indexed is not None
+            and ((indexed.get("metadata") or {}).get("annotations") or {}).get(ann)
+            == ((body.get("metadata") or {}).get("annotations") or {}).get(ann)
+        ):
+            del self.written[key]
+            return indexed
+        return body
 
 
 class Writer(Protocol):

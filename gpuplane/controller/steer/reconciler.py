@@ -14,6 +14,7 @@ and the namespaces an administrator opted in.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import dataclasses
 import json
@@ -21,12 +22,11 @@ import threading
 import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 import structlog
 
-from gpuplane.controller import kube
-from gpuplane.controller.gang import writes as gang_writes
+from gpuplane.controller import config, kube, steps
 from gpuplane.controller.indexed import annotations_full
 from gpuplane.controller.node import snapshot_builder
 from gpuplane.controller.steer import decide, gate, shape, writes
@@ -56,7 +56,7 @@ SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease", 
 class PodWriter(Protocol):
     """The one write steering makes (``KubeWriter.run`` satisfies it)."""
 
-    def run(self, namespace: str, step: gang_writes.Step) -> None:
+    def run(self, namespace: str, step: steps.Step) -> None:
         """Apply one step; raise on failure."""
         ...
 
@@ -106,6 +106,7 @@ class SteerState:
     writers: concurrent.futures.ThreadPoolExecutor | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     inflight: list[concurrent.futures.Future[None]] = field(default_factory=list)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)  # the steering loop's: a gated pod changed
 
     def drain(self, timeout: float = 30.0) -> None:
         """Wait for the patches in flight (tests; shutdown)."""
@@ -118,7 +119,12 @@ class SteerState:
             self.writers = concurrent.futures.ThreadPoolExecutor(max_workers=WRITERS, thread_name_prefix="steer")
         return self.writers
 
-    def clear(self) -> None:
+    @classmethod
+    def create(cls, cfg: config.ControllerConfig) -> Self:
+        """Nothing seen yet."""
+        return cls()
+
+    def new_term(self) -> None:
         """Forget everything (a new term)."""
         with self.lock:
             self._clear()
@@ -314,7 +320,7 @@ def _write(writer: PodWriter, meter: Meter | None, state: SteerState, patch: _Pa
     action, g, uid, body, started = patch.action, patch.gated, patch.uid, patch.body, patch.started
     ns, name = action.key.split("/", 1)
     try:
-        writer.run(ns, gang_writes.Step("patch-pod", name, body, why=action.outcome))
+        writer.run(ns, steps.Step("patch-pod", name, body, why=action.outcome))
     except (kube.StepFailed, kube.NotLeader) as exc:  # pod gone or changed, or no longer leader
         with state.lock:
             failures = _failed(state, uid, patch.now)
