@@ -18,8 +18,8 @@ index                  stream                  key -> value
 ``class_idx``          DeviceClasses           name -> metadata and spec
 ``claim_template_idx`` ResourceClaimTemplates  ``ns/name`` -> the template (spec)
 ``template_idx``       ... right-sizing label  ``ns/name`` -> the template (spec)
-``gang_job_idx``       Jobs making members     ``ns/gang`` -> the Job (spec, status)
-``gang_lws_idx``       LeaderWorkerSets        ``ns/gang`` -> the LeaderWorkerSet (spec, status)
+``gang_job_idx``       Jobs making members     ``ns/gang`` -> :class:`gang.owners.JobView`
+``gang_lws_idx``       LeaderWorkerSets        ``ns/gang`` -> :class:`gang.leaderworkersets.LwsView`
 =====================  ======================  ===================================================
 
 An object the bounded decoder quarantined (nested too deeply) is in no index: no decision may see it
@@ -118,13 +118,13 @@ def rightsized_template(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def gang_job(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    key = None if rejects.rejected(obj) else owners.gang_of_job(obj)
-    return NOT_INDEXED if key is None else {key: indexed.plain(obj, "spec", "status")}
+    job = None if rejects.rejected(obj) else owners.job_view(obj)
+    return NOT_INDEXED if job is None or job.gang is None else {job.gang: job}
 
 
 def gang_lws(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    key = None if rejects.rejected(obj) else leaderworkersets.gang_of(obj)
-    return NOT_INDEXED if key is None else {key: indexed.plain(obj, "spec", "status")}
+    lws = None if rejects.rejected(obj) else leaderworkersets.view(obj)
+    return NOT_INDEXED if lws is None or lws.gang is None else {lws.gang: lws}
 
 
 class SliceIndexer:

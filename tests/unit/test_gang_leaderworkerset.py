@@ -104,23 +104,25 @@ class TestOwner:
             return item
 
         grouped = leaderworkersets.by_gang([named("g", "b"), named("h", "c"), named("g", "a"), lws("")])
-        assert {k: [o["metadata"]["name"] for o in v] for k, v in grouped.items()} == {
+        assert {k: [o.name for o in v] for k, v in grouped.items()} == {
             f"{NS}/g": ["a", "b"],
             f"{NS}/h": ["c"],
         }
-        assert grouped == owners.group_by_gang(grouped[f"{NS}/g"] + grouped[f"{NS}/h"], leaderworkersets.gang_of)
+        assert grouped == owners.group_by_gang(grouped[f"{NS}/g"] + grouped[f"{NS}/h"])
 
     def test_an_lws_that_exists_keeps_the_gang_one_being_deleted_gives_it_up(self) -> None:
         assert leaderworkersets.verdict([]) == owners.STILL_TRYING
-        assert leaderworkersets.verdict([lws("g")]) == owners.Verdict(False, active=True)
-        gone = leaderworkersets.verdict([lws("g", deleting=True)])
+        assert leaderworkersets.verdict([leaderworkersets.view(lws("g"))]) == owners.Verdict(False, active=True)
+        gone = leaderworkersets.verdict([leaderworkersets.view(lws("g", deleting=True))])
         assert gone.gave_up and gone.reason == leaderworkersets.OWNER_DELETED and gone.severity == "Normal"
         assert f"LeaderWorkerSet {LWS} is being deleted" in gone.message
 
     def test_a_failed_job_still_ends_a_gang_that_also_has_an_lws(self) -> None:
-        failed = owners.verdict([job("j", "g", failed=True)])
-        assert leaderworkersets.combined(failed, leaderworkersets.verdict([lws("g")])) == failed
-        both = leaderworkersets.combined(owners.STILL_TRYING, leaderworkersets.verdict([lws("g")]))
+        failed = owners.verdict([owners.job_view(job("j", "g", failed=True))])
+        assert leaderworkersets.combined(failed, leaderworkersets.verdict([leaderworkersets.view(lws("g"))])) == failed
+        both = leaderworkersets.combined(
+            owners.STILL_TRYING, leaderworkersets.verdict([leaderworkersets.view(lws("g"))])
+        )
         assert both.active and not both.gave_up
 
 

@@ -107,15 +107,15 @@ class TestApplySteps:
 
 class TestOwners:
     def test_failed_or_suspended_job_gives_the_gang_up(self) -> None:
-        assert owners.verdict([job("j", "g")]) == owners.Verdict(False, active=True)
-        failed = owners.verdict([job("j", "g", failed=True)])
+        assert owners.verdict([owners.job_view(job("j", "g"))]) == owners.Verdict(False, active=True)
+        failed = owners.verdict([owners.job_view(job("j", "g", failed=True))])
         assert failed.gave_up and failed.reason == events.GANG_OWNER_FAILED and "BackoffLimitExceeded" in failed.message
-        assert owners.verdict([job("j", "g", suspend=True)]).reason == events.GANG_OWNER_SUSPENDED
+        assert owners.verdict([owners.job_view(job("j", "g", suspend=True))]).reason == events.GANG_OWNER_SUSPENDED
 
     def test_jobs_are_grouped_by_their_template_and_events_reach_the_jobset(self) -> None:
         jobs = [job("js-w-1", "g", jobset="js"), job("js-w-0", "g", jobset="js"), job("other", "h")]
         grouped = owners.jobs_by_gang(jobs)
-        assert [j["metadata"]["name"] for j in grouped[f"{NS}/g"]] == ["js-w-0", "js-w-1"]
+        assert [j.name for j in grouped[f"{NS}/g"]] == ["js-w-0", "js-w-1"]
         targets = owners.event_targets(grouped[f"{NS}/g"])
         assert [(t.kind, t.name) for t in targets] == [("Job", "js-w-0"), ("JobSet", "js"), ("Job", "js-w-1")]
 

@@ -71,7 +71,9 @@ class TestTimedOutTemplateGang:
         bare = indexed("g", 1, controlled=False)
         members = membership.members_of("g", 2, [indexed("g", 0), bare])
         ref = desired.GangRef(NS, "g", "u")
-        stop = release.timeout_steps(ref, members, ["g-0"], [job("g", "g")], grace_seconds=0, why="late")
+        stop = release.timeout_steps(
+            ref, members, ["g-0"], [owners.job_view(job("g", "g"))], grace_seconds=0, why="late"
+        )
         assert [(s.kind, s.name) for s in stop.steps] == [
             ("suspend-job", "g"),
             ("delete-pod", bare["metadata"]["name"]),
@@ -112,7 +114,7 @@ class TestAllPodsGoneWhileTheJobIsActive:
     def test_a_completed_job_ends_the_gang(self, cluster_slices: list[dict[str, Any]]) -> None:
         done = job("g", "g")
         done["status"]["conditions"] = [{"type": "Complete", "status": "True"}]
-        assert owners.verdict([done]) == owners.STILL_TRYING
+        assert owners.verdict([owners.job_view(done)]) == owners.STILL_TRYING
         out = decide(world_of(cluster_slices, running_gang(), [], [], [done]))
         assert (out.status["phase"], out.status["reason"]) == ("Released", "MembersGone")
 

@@ -51,7 +51,7 @@ def deletion(
     phase: str,
     pods: Iterable[Mapping[str, Any]],
     claims: Iterable[str],
-    jobs: Sequence[Mapping[str, Any]],
+    jobs: Sequence[owners.JobView],
     *,
     grace_seconds: int | None,
 ) -> Deletion:

@@ -21,12 +21,13 @@ A timed-out gang's LWS pods are deleted as main does for any pod nobody can
 suspend (LWS has no ``suspend``); the LWS makes them again, gated, and they wait
 while the gang stays ``TimedOut`` until the user deletes the LWS or re-creates the
 gang. :func:`event_targets` names each LWS for Events such as "this gang can never
-fit". Pure: LWS dicts in, a verdict and object references out.
+fit". Pure: LeaderWorkerSets as indexed (:class:`LwsView`) in, a verdict and object references out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gpuplane.controller import events, names
@@ -41,13 +42,16 @@ OWNER_DELETED = "OwnerDeleted"
 def _template_gang(template: Any) -> str:
     if not isinstance(template, Mapping):
         return ""
-    labels = (template.get("metadata") or {}).get("labels") or {}
-    return str(labels.get(names.LABEL_GANG) or "") if isinstance(labels, Mapping) else ""
+    meta = template.get("metadata")
+    labels = meta.get("labels") if isinstance(meta, Mapping) else None
+    gang = labels.get(names.LABEL_GANG) if isinstance(labels, Mapping) else None
+    return gang if isinstance(gang, str) else ""
 
 
 def gang_of(lws: Mapping[str, Any]) -> str | None:
     """The gang ("ns/gang") the LWS's worker template (or, failing that, its leader template) joins."""
-    template = (lws.get("spec") or {}).get("leaderWorkerTemplate") or {}
+    spec = lws.get("spec")
+    template = spec.get("leaderWorkerTemplate") if isinstance(spec, Mapping) else None
     if not isinstance(template, Mapping):
         return None
     gang = _template_gang(template.get("workerTemplate")) or _template_gang(template.get("leaderTemplate"))
@@ -56,17 +60,44 @@ def gang_of(lws: Mapping[str, Any]) -> str | None:
     return f"{(lws.get('metadata') or {}).get('namespace', '')}/{gang}"
 
 
-def by_gang(items: Iterable[Mapping[str, Any]]) -> dict[str, tuple[Mapping[str, Any], ...]]:
-    """Group LeaderWorkerSets by the gang their templates join."""
-    return owners.group_by_gang(items, gang_of)
+@dataclass(frozen=True, slots=True)
+class LwsView:
+    """A LeaderWorkerSet as the controller reads it (parsed once, at the informer); its templates are not kept."""
+
+    name: str
+    namespace: str = ""
+    uid: str = ""
+    gang: str | None = None  # "ns/gang" its templates join
+    deleting: bool = False  # deletionTimestamp set
+
+    def ref(self) -> events.ObjectRef:
+        """The LeaderWorkerSet as an Event target."""
+        return events.ObjectRef(API_VERSION, KIND, self.name, self.namespace, self.uid)
 
 
-def verdict(items: Sequence[Mapping[str, Any]]) -> owners.Verdict:
+def view(lws: Mapping[str, Any]) -> LwsView:
+    """The indexed form of a LeaderWorkerSet (total on any body)."""
+    meta = lws.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    return LwsView(
+        name=str(meta.get("name", "")),
+        namespace=str(meta.get("namespace") or ""),
+        uid=str(meta.get("uid", "")),
+        gang=gang_of(lws),
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+def by_gang(items: Iterable[Mapping[str, Any]]) -> dict[str, tuple[LwsView, ...]]:
+    """Group LeaderWorkerSet bodies, as indexed, by the gang their templates join."""
+    return owners.group_by_gang(view(i) for i in items)
+
+
+def verdict(items: Sequence[LwsView]) -> owners.Verdict:
     """Given up when an LWS is being deleted; else active while one exists (rules in the module docstring)."""
     for lws in items:
-        meta = lws.get("metadata") or {}
-        if meta.get("deletionTimestamp"):
-            why = f"{KIND} {meta.get('name', '')} is being deleted"
+        if lws.deleting:
+            why = f"{KIND} {lws.name} is being deleted"
             return owners.Verdict(True, OWNER_DELETED, why, severity="Normal")
     return owners.Verdict(False, active=True) if items else owners.STILL_TRYING
 
@@ -80,6 +111,6 @@ def combined(jobs: owners.Verdict, lws: owners.Verdict) -> owners.Verdict:
     return owners.Verdict(False, active=jobs.active or lws.active)
 
 
-def event_targets(items: Sequence[Mapping[str, Any]]) -> tuple[events.ObjectRef, ...]:
+def event_targets(items: Sequence[LwsView]) -> tuple[events.ObjectRef, ...]:
     """Each LeaderWorkerSet, as an Event target."""
-    return tuple(events.ObjectRef.of(lws, API_VERSION, KIND) for lws in items)
+    return tuple(lws.ref() for lws in items)

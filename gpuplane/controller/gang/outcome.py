@@ -50,8 +50,8 @@ class GangRead:
     created: float
     base: Mapping[str, Any]  # the status fields every outcome carries (counts, problems)
     events: tuple[EventTuple, ...] = ()  # raised before the phase is known (new member problems)
-    jobs: tuple[Mapping[str, Any], ...] = ()  # the Jobs whose pod template joins the gang
-    leaderworkersets: tuple[Mapping[str, Any], ...] = ()  # the LeaderWorkerSets whose templates join it
+    jobs: tuple[owners.JobView, ...] = ()  # the Jobs whose pod template joins the gang
+    leaderworkersets: tuple[leaderworkersets.LwsView, ...] = ()  # the LeaderWorkerSets whose templates join it
     owner: owners.Verdict = owners.STILL_TRYING  # whether those Jobs gave the gang up
     shape: tuple[str, ...] = ()  # template members whose claim does not ask what the gang places
 

@@ -15,14 +15,15 @@ inherit the template's labels, and is named in each Job's controller reference.
   alone would be undone by the JobSet controller). Their own controllers then
   delete the pods, so a Job does not count them as failures.
 
-Pure: Job dicts in, a verdict and object references out.
+Pure: Jobs as indexed (:class:`JobView`, parsed once from the body by :func:`job_view`) in, a verdict
+and object references out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from gpuplane.controller import events, names
 
@@ -52,105 +53,151 @@ class Owner:
         return f"{self.kind} {self.name}"
 
 
-def gang_of_job(job: Mapping[str, Any]) -> str | None:
-    """The gang a Job's pod template joins ("ns/gang"), if any."""
-    template = ((job.get("spec") or {}).get("template") or {}).get("metadata") or {}
-    gang = (template.get("labels") or {}).get(names.LABEL_GANG)
-    if not gang:
-        return None
-    return f"{(job.get('metadata') or {}).get('namespace', '')}/{gang}"
+class Owned(Protocol):
+    """An owner object as indexed: its name and the gang its template joins."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def gang(self) -> str | None: ...
 
 
-def group_by_gang(
-    items: Iterable[Mapping[str, Any]], gang_of: Callable[[Mapping[str, Any]], str | None]
-) -> dict[str, tuple[Mapping[str, Any], ...]]:
-    """Group owner objects by the gang ("ns/gang") ``gang_of`` finds in them, each group sorted by name."""
-    out: dict[str, list[Mapping[str, Any]]] = {}
-    for item in items:
-        key = gang_of(item)
-        if key:
-            out.setdefault(key, []).append(item)
-    return {k: tuple(sorted(v, key=lambda o: (o.get("metadata") or {}).get("name", ""))) for k, v in out.items()}
+OwnedT = TypeVar("OwnedT", bound=Owned)
 
 
-def jobs_by_gang(jobs: Iterable[Mapping[str, Any]]) -> dict[str, tuple[Mapping[str, Any], ...]]:
-    """Group Jobs by the gang their template joins."""
-    return group_by_gang(jobs, gang_of_job)
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """A Job as the controller reads it: parsed once, at the informer, into what the gang decisions use.
+
+    Nothing of the pod template is kept but the gang it joins (a tenant's template may be large)."""
+
+    name: str
+    namespace: str = ""
+    uid: str = ""
+    gang: str | None = None  # "ns/gang" its pod template joins
+    suspend: bool = False  # spec.suspend is set
+    ever_suspended: bool = False  # spec.suspend is true, or the Job controller recorded a Suspended condition
+    failed: str | None = None  # Failed or FailureTarget True: "reason: message" (either may be empty)
+    complete: bool = False  # Complete or SuccessCriteriaMet True
+    finished: bool = False  # Complete or Failed True (a Job nobody needs to suspend)
+    jobset: events.ObjectRef | None = None  # the JobSet that controls it
+
+    def ref(self) -> events.ObjectRef:
+        """The Job as an Event target."""
+        return events.ObjectRef("batch/v1", "Job", self.name, self.namespace, self.uid)
 
 
-def _condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
-    conditions: list[Mapping[str, Any]] = (job.get("status") or {}).get("conditions") or []
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Mapping[str, Any]]:
+    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
+
+
+def _true(conditions: Sequence[Mapping[str, Any]], *kinds: str) -> Mapping[str, Any] | None:
     for c in conditions:
-        if c.get("type") == kind and c.get("status") == "True":
+        if c.get("type") in kinds and c.get("status") == "True":
             return c
     return None
 
 
-def verdict(jobs: Sequence[Mapping[str, Any]]) -> Verdict:
+def gang_of_job(job: Mapping[str, Any]) -> str | None:
+    """The gang a Job's pod template joins ("ns/gang"), if any."""
+    template = _map(_map(_map(job.get("spec")).get("template")).get("metadata"))
+    gang = _map(template.get("labels")).get(names.LABEL_GANG)
+    if not gang or not isinstance(gang, str):
+        return None
+    return f"{_map(job.get('metadata')).get('namespace', '')}/{gang}"
+
+
+def job_view(job: Mapping[str, Any]) -> JobView:
+    """The indexed form of a Job (total on any body)."""
+    meta, spec = _map(job.get("metadata")), _map(job.get("spec"))
+    conditions = _list(_map(job.get("status")).get("conditions"))
+    failed = _true(conditions, "Failed", "FailureTarget")
+    jobset = next(
+        (
+            events.ObjectRef(
+                str(r.get("apiVersion", "")),
+                "JobSet",
+                str(r.get("name", "")),
+                str(meta.get("namespace") or ""),
+                str(r.get("uid", "")),
+            )
+            for r in _list(meta.get("ownerReferences"))
+            if r.get("controller") and r.get("kind") == "JobSet"
+        ),
+        None,
+    )
+    return JobView(
+        name=str(meta.get("name", "")),
+        namespace=str(meta.get("namespace") or ""),
+        uid=str(meta.get("uid", "")),
+        gang=gang_of_job(job),
+        suspend=bool(spec.get("suspend")),
+        ever_suspended=spec.get("suspend") is True or any(c.get("type") == "Suspended" for c in conditions),
+        failed=None
+        if failed is None
+        else ": ".join(str(p) for p in (failed.get("reason"), failed.get("message")) if p),
+        complete=_true(conditions, "Complete", "SuccessCriteriaMet") is not None,
+        finished=_true(conditions, "Complete") is not None or _true(conditions, "Failed") is not None,
+        jobset=jobset,
+    )
+
+
+def group_by_gang(items: Iterable[OwnedT]) -> dict[str, tuple[OwnedT, ...]]:
+    """Group owner objects by the gang ("ns/gang") their template joins, each group sorted by name."""
+    out: dict[str, list[OwnedT]] = {}
+    for item in items:
+        if item.gang:
+            out.setdefault(item.gang, []).append(item)
+    return {k: tuple(sorted(v, key=lambda o: o.name)) for k, v in out.items()}
+
+
+def jobs_by_gang(jobs: Iterable[Mapping[str, Any]]) -> dict[str, tuple[JobView, ...]]:
+    """Group Job bodies, as indexed, by the gang their template joins."""
+    return group_by_gang(job_view(j) for j in jobs)
+
+
+def verdict(jobs: Sequence[JobView]) -> Verdict:
     """Given up when any Job failed (or is about to: FailureTarget) or is suspended; else still trying.
 
     ``active`` while a Job has not completed: its pods may all be gone for a moment (a Job about to fail
     deletes the others before this replica's Job watch shows it failed; deleted pods are replaced).
     """
     for job in jobs:
-        name = (job.get("metadata") or {}).get("name", "")
-        failed = _condition(job, "Failed") or _condition(job, "FailureTarget")
-        if failed is not None:
-            why = ": ".join(str(p) for p in (failed.get("reason"), failed.get("message")) if p)
-            return Verdict(True, events.GANG_OWNER_FAILED, f"Job {name} failed" + (f" ({why})" if why else ""))
-        if (job.get("spec") or {}).get("suspend"):
-            return Verdict(True, events.GANG_OWNER_SUSPENDED, f"Job {name} is suspended")
-    if any(not (_condition(j, "Complete") or _condition(j, "SuccessCriteriaMet")) for j in jobs):
+        if job.failed is not None:
+            why = f" ({job.failed})" if job.failed else ""
+            return Verdict(True, events.GANG_OWNER_FAILED, f"Job {job.name} failed{why}")
+        if job.suspend:
+            return Verdict(True, events.GANG_OWNER_SUSPENDED, f"Job {job.name} is suspended")
+    if any(not j.complete for j in jobs):
         return Verdict(False, active=True)
     return STILL_TRYING
 
 
-def _jobset_of(job: Mapping[str, Any]) -> str:
-    """The name of the JobSet that controls the Job ('' when none does)."""
-    for ref in (job.get("metadata") or {}).get("ownerReferences") or []:
-        if ref.get("controller") and ref.get("kind") == "JobSet":
-            return str(ref.get("name", ""))
-    return ""
-
-
-def ever_suspended(job: Mapping[str, Any]) -> bool:
-    """Whether the Job controller has recorded a suspension (condition Suspended, True or False once resumed)."""
-    conditions: list[Mapping[str, Any]] = (job.get("status") or {}).get("conditions") or []
-    return (job.get("spec") or {}).get("suspend") is True or any(c.get("type") == "Suspended" for c in conditions)
-
-
-def to_suspend(jobs: Iterable[Mapping[str, Any]]) -> tuple[Owner, ...]:
+def to_suspend(jobs: Iterable[JobView]) -> tuple[Owner, ...]:
     """Each Job not yet suspended nor finished, as itself or as the JobSet that controls it (once each)."""
     out: list[Owner] = []
     for job in jobs:
-        if (job.get("spec") or {}).get("suspend") or _condition(job, "Complete") or _condition(job, "Failed"):
+        if job.suspend or job.finished:
             continue
-        jobset = _jobset_of(job)
-        owner = Owner("JobSet", jobset) if jobset else Owner("Job", (job.get("metadata") or {}).get("name", ""))
+        owner = Owner("JobSet", job.jobset.name) if job.jobset else Owner("Job", job.name)
         if owner.name and owner not in out:
             out.append(owner)
     return tuple(out)
 
 
-def event_targets(jobs: Sequence[Mapping[str, Any]]) -> tuple[events.ObjectRef, ...]:
+def event_targets(jobs: Sequence[JobView]) -> tuple[events.ObjectRef, ...]:
     """Each Job, then each JobSet that controls one (once), as Event targets."""
     out: list[events.ObjectRef] = []
-    seen: set[tuple[str, str]] = set()
+    seen: set[str] = set()
     for job in jobs:
-        meta = job.get("metadata") or {}
-        out.append(events.ObjectRef.of(job, "batch/v1", "Job"))
-        for ref in meta.get("ownerReferences") or []:
-            if ref.get("controller") and ref.get("kind") == "JobSet" and ("JobSet", ref.get("name", "")) not in seen:
-                seen.add(("JobSet", ref.get("name", "")))
-                out.append(
-                    events.ObjectRef(
-                        api_version=str(ref.get("apiVersion", "")),
-                        kind="JobSet",
-                        name=str(ref.get("name", "")),
-                        namespace=str(meta.get("namespace", "")),
-                        uid=str(ref.get("uid", "")),
-                    )
-                )
+        out.append(job.ref())
+        if job.jobset is not None and job.jobset.name not in seen:
+            seen.add(job.jobset.name)
+            out.append(job.jobset)
     return tuple(out)
 
 

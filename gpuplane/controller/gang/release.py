@@ -111,7 +111,7 @@ def timeout_steps(
     gang: GangRef,
     members: membership.Members,
     claims: Iterable[str],
-    jobs: Sequence[Mapping[str, Any]],
+    jobs: Sequence[owners.JobView],
     *,
     grace_seconds: int | None,
     why: str,
@@ -122,12 +122,12 @@ def timeout_steps(
     ``again``: the gang is already ``TimedOut``; only Jobs never suspended are suspended (nothing is deleted).
     """
     if again:
-        stop = owners.to_suspend(j for j in jobs if not owners.ever_suspended(j))
+        stop = owners.to_suspend(j for j in jobs if not j.ever_suspended)
         return Stop(tuple(Step(f"suspend-{o.kind.lower()}", o.name, why=why) for o in stop), stop)
     stop = owners.to_suspend(jobs)
     if not stop:
         return Stop(release_steps(gang, members, claims, grace_seconds, why))
-    suspended_jobs = {(j.get("metadata") or {}).get("name", "") for j in jobs}
+    suspended_jobs = {j.name for j in jobs}
     steps = [Step(f"suspend-{o.kind.lower()}", o.name, why=why) for o in stop]
     steps += [
         Step("delete-pod", p.name, grace_seconds, why=why)

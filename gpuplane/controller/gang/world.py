@@ -18,7 +18,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuplane.controller import names
-from gpuplane.controller.gang import membership, placement_record, queue_runner, status, writes
+from gpuplane.controller.gang import (
+    leaderworkersets,
+    membership,
+    owners,
+    placement_record,
+    queue_runner,
+    status,
+    writes,
+)
 from gpuplane.controller.gang.spec import GangSpec, SpecError, parse_gang_spec
 from gpuplane.controller.node import selectors, snapshot_builder
 from gpuplane.controller.node.selectors import class_selectors
@@ -39,8 +47,8 @@ class World:
     slices: tuple[Mapping[str, Any], ...]
     nodes: Mapping[str, bool]  # node -> schedulable
     classes: Mapping[str, Mapping[str, Any]]  # DeviceClass name -> body
-    jobs: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)  # gang key -> its Jobs
-    leaderworkersets: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)  # gang key -> LWSs
+    jobs: Mapping[str, tuple[owners.JobView, ...]] = field(default_factory=dict)  # gang key -> its Jobs
+    leaderworkersets: Mapping[str, tuple[leaderworkersets.LwsView, ...]] = field(default_factory=dict)  # gang -> LWSs
     addresses: Mapping[str, str] = field(default_factory=dict)  # node -> its InternalIP (IMEX node files)
 
     @functools.cached_property
