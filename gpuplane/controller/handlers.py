@@ -110,7 +110,9 @@ def make_reads(cfg: config.ControllerConfig, rt: runtime.Runtime, client: Client
         labels_ = (event.obj.get("metadata") or {}).get("labels") or {}
         if names.LABEL_GANG in labels_ or any(i == "member_pod_idx" for i, _ in event.entries):
             rt.touched()
-        if event.type != "DELETED" and steer_gate.held_by(event.obj, gate):
+        if event.type != "DELETED" and any(
+            steer_gate.held_by(p, gate) for p in idx["pending_pod_idx"].get(event.key, ())
+        ):  # the pod as just indexed
             rt.state(steer_reconciler.SteerState).wake.set()  # the steering loop coalesces any number of these
 
     def claim_event(event: Event) -> None:

@@ -1,4 +1,4 @@
-"""What the controller's indexes keep of a ResourceClaim and of a Node: the fields it reads, nothing else.
+"""What the controller's indexes keep of a ResourceClaim, a Node and a pending Pod: the fields it reads, nothing else.
 
 The indexes are the controller's cache of the cluster. Keeping whole objects (managed fields,
 specs, conditions) made the controller's memory grow with everything users and kubelets write;
@@ -18,7 +18,10 @@ plain dict in the API's shape, so code that reads ``claim["status"]["allocation"
 * a node: a typed, frozen :class:`NodeView`: whether it is schedulable, its name and uid (for Events),
   every label (steering and the MIG offer match a pod's nodeSelector and node affinity against them;
   the NVLink-domain and MIG-offered labels are two), the NVLink-domain annotation the controller
-  maintains, and its InternalIP (the IMEX domain's daemon addresses).
+  maintains, and its InternalIP (the IMEX domain's daemon addresses);
+* an unbound pod with a claim: a typed, frozen :class:`PodView`: its identity, gates, claims, node
+  selector, the affinity as written (steering writes it back whole), gpuplane's own annotation keys and
+  the size of all of them (steering and the MIG offer read it).
 
 Pure functions of the object; ``single`` reads such an index back as a plain dict. What repeats
 from claim to claim is kept once: the short strings (namespace, driver, request, pool and device
@@ -185,9 +188,7 @@ def internal_ip(body: Mapping[str, Any]) -> str:
     return ""
 
 
-POD_SPEC_KEYS = ("nodeName", "resourceClaims", "schedulingGates", "nodeSelector", "affinity")
 MAX_OWN_ANNOTATION = 1024  # longer values of a gpuplane.dev/ key are not gpuplane's and are dropped
-ANNOTATION_BYTES = "annotationBytes"  # a pending pod's entry: the size the API counts of all its annotations
 # The API's limit on all of a pod's annotations (keys and values, bytes), less room for steering's own two
 # (the result is cut to 250 characters, a placement is a few dozen): a pod above it cannot be steered.
 ANNOTATIONS_FULL = 256 * 1024 - 2048
@@ -200,38 +201,96 @@ def annotation_bytes(annotations: Any) -> int:
     return sum(len(str(k).encode()) + len(v.encode() if isinstance(v, str) else b"") for k, v in annotations.items())
 
 
-def annotations_full(entry: Mapping[str, Any]) -> bool:
-    """Whether a pending pod's entry (:func:`pending_pod`) has no room left for steering's annotations."""
-    size = entry.get(ANNOTATION_BYTES)
-    return isinstance(size, int) and size > ANNOTATIONS_FULL
+@dataclass(frozen=True, slots=True)
+class PodClaimRef:
+    """One entry of a pod's ``spec.resourceClaims``: a claim by name, or a template its claim is made from."""
+
+    name: str
+    claim: str = ""  # resourceClaimName
+    template: str = ""  # resourceClaimTemplateName
 
 
-def pending_pod(body: Mapping[str, Any]) -> dict[str, Any]:
+_NO_LABELS: Mapping[str, str] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    """An unbound pod with a claim as steering and the MIG offer read it: parsed once, at the informer.
+
+    Nothing a tenant can inflate: gpuplane's own annotation keys only (each at most ``MAX_OWN_ANNOTATION``
+    characters) and the size of all of them; the affinity as written, because steering writes it back whole.
+    """
+
+    name: str
+    namespace: str = ""
+    uid: str = ""
+    created: str = ""  # creationTimestamp as written
+    node_name: str = ""
+    gates: tuple[str, ...] = ()  # spec.schedulingGates, in order
+    claims: tuple[PodClaimRef, ...] = ()  # spec.resourceClaims
+    node_selector: Mapping[str, str] = field(default_factory=lambda: _NO_LABELS)
+    affinity: Mapping[str, Any] | None = None  # spec.affinity as written (read-only; steering copies it)
+    annotations: Mapping[str, str] | None = None  # gpuplane's keys; None when the pod has no annotation at all
+    annotation_bytes: int = 0  # the size the API counts of all its annotations
+
+    @property
+    def key(self) -> str:
+        """``namespace/name``."""
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def annotations_full(self) -> bool:
+        """Whether the pod has no room left for steering's annotations."""
+        return self.annotation_bytes > ANNOTATIONS_FULL
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _entries(value: Any) -> list[Mapping[str, Any]]:
+    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
+
+
+def pending_pod(body: Mapping[str, Any]) -> PodView:
     """The indexed form of an unbound pod with a claim: what steering reads, nothing a tenant can inflate.
 
     Its identity, the spec fields steering decides and patches on (the claims, the gates, the node
     selector and the affinity it rewrites), the size of all its annotations (steering leaves alone a
     pod whose annotations leave no room for its own), and only gpuplane's own annotation keys, each at
     most ``MAX_OWN_ANNOTATION`` characters: a pod's owner may write 256 KiB of annotations and a large
-    spec (containers, volumes, env), and every pending pod is held here until it is bound.
+    spec (containers, volumes, env), and every pending pod is held here until it is bound. Total on any body.
     """
-    meta = body.get("metadata") or {}
-    out_meta: dict[str, Any] = {k: meta[k] for k in ("name", "namespace", "uid", "creationTimestamp") if k in meta}
+    meta, spec = _map(body.get("metadata")), _map(body.get("spec"))
+    annotations = meta.get("annotations")
     own = {
-        str(k): str(v)
-        for k, v in (meta.get("annotations") or {}).items()
+        str(k): v
+        for k, v in _map(annotations).items()
         if str(k).startswith(names.GROUP + "/") and isinstance(v, str) and len(v) <= MAX_OWN_ANNOTATION
     }
-    if meta.get("annotations"):  # present even when none is ours: a patch then adds keys, not the map
-        out_meta["annotations"] = own
-    spec = body.get("spec") or {}
-    return {
-        "apiVersion": body.get("apiVersion"),
-        "kind": body.get("kind"),
-        "metadata": out_meta,
-        "spec": {k: copy.deepcopy(spec[k]) for k in POD_SPEC_KEYS if k in spec},
-        ANNOTATION_BYTES: annotation_bytes(meta.get("annotations")),
-    }
+    selector = {str(k): str(v) for k, v in _map(spec.get("nodeSelector")).items()}
+    affinity = spec.get("affinity")
+    return PodView(
+        name=str(meta.get("name") or ""),
+        namespace=_i(str(meta.get("namespace") or "")),
+        uid=str(meta.get("uid") or ""),
+        created=str(meta.get("creationTimestamp") or ""),
+        node_name=str(spec.get("nodeName") or ""),
+        gates=tuple(str(g.get("name", "")) for g in _entries(spec.get("schedulingGates"))),
+        claims=tuple(
+            PodClaimRef(
+                str(r.get("name") or ""),
+                str(r.get("resourceClaimName") or ""),
+                str(r.get("resourceClaimTemplateName") or ""),
+            )
+            for r in _entries(spec.get("resourceClaims"))
+        ),
+        node_selector=MappingProxyType(selector) if selector else _NO_LABELS,
+        affinity=copy.deepcopy(dict(affinity)) if isinstance(affinity, Mapping) else None,
+        # present even when none is ours: a patch then adds keys, not the map
+        annotations=MappingProxyType(own) if annotations else None,
+        annotation_bytes=annotation_bytes(annotations),
+    )
 
 
 def plain(body: Mapping[str, Any], *keys: str) -> dict[str, Any]:

@@ -63,7 +63,7 @@ async def steer_pass(
     rt: Runtime,
     w: world.World,
     *,
-    pending: Iterable[Mapping[str, Any]],
+    pending: Iterable[indexed.PodView],
     templates: Mapping[str, Mapping[str, Any]],
     now: float,
     node_labels: Mapping[str, Mapping[str, str]] | None = None,

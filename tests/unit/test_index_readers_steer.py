@@ -72,7 +72,7 @@ def _gated(name: str, claim: str = "", template: str = "", **spec: Any) -> dict[
     }
 
 
-def _steering_inputs(raw: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+def _steering_inputs(raw: list[dict[str, Any]]) -> tuple[list[indexed.PodView], dict[str, dict[str, Any]]]:
     """Gated pods (and one steered pod whose claim is allocated) and the claims they name, as the API has them."""
     uuid = next(
         d["attributes"][dn.ATTR_UUID]["string"]
@@ -110,7 +110,7 @@ def _steering_inputs(raw: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], d
         _gated("p-3g", template="t3g"),
         landed,
     ]
-    return pods, claims
+    return [indexed.pending_pod(p) for p in pods], claims  # a pending pod is read only as indexed
 
 
 class PodWriter:
@@ -135,7 +135,7 @@ def _steer(
     slices_: list[Any],
     claims: Mapping[str, Mapping[str, Any]],
     labels: Mapping[str, Mapping[str, str]],
-    pods: list[dict[str, Any]],
+    pods: list[indexed.PodView],
 ) -> tuple[list[tuple[str, str, str, Any]], list[Any], list[tuple[str, str, Any]]]:
     """One steering pass as ``steering.steer_pass`` runs it: the view with the reservations, then decide."""
     reserved = steer_reconciler.reservations(pods, None, claims.values(), 1.0)

@@ -208,7 +208,9 @@ def test_waiting_claims_read_from_claims_and_pending_pods() -> None:
         "t/g": claim("g", [mig_request("true")]),  # no pending pod
     }
     pods = {
-        f"t/p{k}": {"spec": {"nodeSelector": {"zone": "b"}} if k == "a" else {"affinity": {"nodeAffinity": 3}}}
+        f"t/p{k}": indexed.pending_pod(
+            {"spec": {"nodeSelector": {"zone": "b"}} if k == "a" else {"affinity": {"nodeAffinity": 3}}}
+        )
         for k in "abcdef"
     }
     consumers = {f"t/{k}": [f"p{k}"] for k in "abcdefg"}
@@ -233,8 +235,9 @@ def test_a_pod_held_by_someone_elses_gate_is_not_demand() -> None:
         "full": [{"name": names.STEER_GATE}],  # annotations too full for steering to write: never lifted
     }
     claims = {f"t/{k}": claim(k, request) for k in gates}
-    pods = {f"t/p{k}": {"metadata": {"namespace": "t"}, "spec": {"schedulingGates": g}} for k, g in gates.items()}
-    pods["t/pfull"][indexed.ANNOTATION_BYTES] = indexed.ANNOTATIONS_FULL + 1
+    bodies = {f"t/p{k}": {"metadata": {"namespace": "t"}, "spec": {"schedulingGates": g}} for k, g in gates.items()}
+    bodies["t/pfull"]["metadata"]["annotations"] = {"tenant/blob": "x" * indexed.ANNOTATIONS_FULL}
+    pods = {k: indexed.pending_pod(b) for k, b in bodies.items()}
     consumers = {f"t/{k}": [f"p{k}"] for k in gates}
     opted = {w.key for w in snapshot.waiting(claims, consumers, pods, NOW, steering={"t"})}
     assert opted == {"t/none", "t/gang", "t/steer"}
@@ -251,9 +254,9 @@ def test_the_mig_offered_label_a_pod_asks_for_is_met_on_every_node() -> None:
     """The controller labels the nodes it offers MIG on; a pod asking for the label may use any node the offer
     could grow onto, so the offer and steering read it as met (the pod's other constraints still count)."""
     by_selector = {"spec": {"nodeSelector": {NODE_LABEL: NODE_LABEL_VALUE}}}
-    assert pod_nodes.node_filter(by_selector) is None
+    assert pod_nodes.node_filter(indexed.pending_pod(by_selector)) is None
     also_zone = {"spec": {"nodeSelector": {NODE_LABEL: NODE_LABEL_VALUE, "zone": "b"}}}
-    allowed = pod_nodes.node_filter(also_zone)
+    allowed = pod_nodes.node_filter(indexed.pending_pod(also_zone))
     assert allowed is not None and allowed("n", {"zone": "b"}) and not allowed("n", {"zone": "a"})
     expr = {"key": NODE_LABEL, "operator": "In", "values": [NODE_LABEL_VALUE]}
     by_affinity = {
@@ -269,7 +272,7 @@ def test_the_mig_offered_label_a_pod_asks_for_is_met_on_every_node() -> None:
             }
         }
     }
-    allowed = pod_nodes.node_filter(by_affinity)
+    allowed = pod_nodes.node_filter(indexed.pending_pod(by_affinity))
     assert allowed is not None and allowed("n", {"zone": "a"}) and not allowed("n", {"zone": "b"})
     only_label = {
         "spec": {
@@ -282,7 +285,7 @@ def test_the_mig_offered_label_a_pod_asks_for_is_met_on_every_node() -> None:
             }
         }
     }
-    assert pod_nodes.node_filter(only_label) is None
+    assert pod_nodes.node_filter(indexed.pending_pod(only_label)) is None
 
 
 def test_the_steer_gate_is_steerings() -> None:

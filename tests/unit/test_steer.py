@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpuplane.controller import steps
+from gpuplane.controller import indexed, steps
 from gpuplane.controller.node import snapshot_builder
 from gpuplane.controller.steer import decide, gate, reconciler, shape
 from gpuplane.driver import inventory
@@ -56,15 +57,18 @@ MIG3 = {
 }
 
 
-def pod(name: str, tmpl: str = "t3g", gates: tuple[str, ...] = (GATE,), **spec: Any) -> dict[str, Any]:
-    return {
-        "metadata": {"namespace": "ns", "name": name, "uid": f"uid-{name}"},
-        "spec": {
-            "resourceClaims": [{"name": "g", "resourceClaimTemplateName": tmpl}],
-            "schedulingGates": [{"name": g} for g in gates],
-            **spec,
-        },
-    }
+def pod(name: str, tmpl: str = "t3g", gates: tuple[str, ...] = (GATE,), **spec: Any) -> indexed.PodView:
+    """A pending pod as the index holds it."""
+    return indexed.pending_pod(
+        {
+            "metadata": {"namespace": "ns", "name": name, "uid": f"uid-{name}"},
+            "spec": {
+                "resourceClaims": [{"name": "g", "resourceClaimTemplateName": tmpl}],
+                "schedulingGates": [{"name": g} for g in gates],
+                **spec,
+            },
+        }
+    )
 
 
 def test_patches_lift_only_our_gate_and_write_the_node() -> None:
@@ -167,8 +171,7 @@ def test_run_pass_writes_once_and_reserves(pool: list[dict[str, Any]], classes: 
     )
     # Once the patch lands, the pod is a reservation until its claim is allocated: from this replica's
     # memory, never from the annotation (which the pod's owner can write: issue 32, defect 3).
-    landed = {**pending[0], "metadata": {**pending[0]["metadata"], "annotations": {reconciler.ANNOTATION_STEERED: ann}}}
-    landed["spec"] = {**landed["spec"], "schedulingGates": []}
+    landed = dataclasses.replace(pending[0], annotations={reconciler.ANNOTATION_STEERED: ann}, gates=())
     got = reconciler.reservations([landed], state, [], 2.0)
     assert [r.placement for r in got] == [a.placement for a in acts]
     assert reconciler.reservations([landed]) == []  # the annotation alone reserves nothing

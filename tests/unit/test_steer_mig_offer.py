@@ -72,16 +72,19 @@ def mig3() -> dict[str, Any]:
     return spec({"deviceClassName": "mig.gpuplane.dev", "selectors": [{"cel": {"expression": MIG3}}]})
 
 
-def pod(name: str, **spec: Any) -> dict[str, Any]:
-    return {
-        "metadata": {"namespace": "ns", "name": name, "uid": f"uid-{name}"},
-        "spec": {
-            "resourceClaims": [{"name": "g", "resourceClaimName": f"{name}-g"}],
-            "schedulingGates": [{"name": GATE}],
-            "nodeSelector": {"pool": "b"},
-            **spec,
-        },
-    }
+def pod(name: str, **spec: Any) -> indexed.PodView:
+    """A gated pod as the pending-pod index holds it."""
+    return indexed.pending_pod(
+        {
+            "metadata": {"namespace": "ns", "name": name, "uid": f"uid-{name}"},
+            "spec": {
+                "resourceClaims": [{"name": "g", "resourceClaimName": f"{name}-g"}],
+                "schedulingGates": [{"name": GATE}],
+                "nodeSelector": {"pool": "b"},
+                **spec,
+            },
+        }
+    )
 
 
 def claim(name: str, device: str | None = None) -> dict[str, Any]:
@@ -98,17 +101,17 @@ def claim(name: str, device: str | None = None) -> dict[str, Any]:
 
 
 def steer(
-    objs: list[dict[str, Any]], claims: Mapping[str, dict[str, Any]], pods: list[dict[str, Any]], classes: Any
+    objs: list[dict[str, Any]], claims: Mapping[str, dict[str, Any]], pods: list[indexed.PodView], classes: Any
 ) -> dict[str, decide.Action]:
     view = snapshot_builder.build_view(objs, claims.values())
-    gated = [decide.Gated(f"ns/{p['metadata']['name']}", p, float(i)) for i, p in enumerate(pods)]
+    gated = [decide.Gated(p.key, p, float(i)) for i, p in enumerate(pods)]
     inputs = decide.Inputs(view, claims, {}, classes, node_labels=LABELS)
     actions = decide.decide(gated, inputs, gpuplane.GpuPlane(), now=10.0, settings=decide.Settings())
     return {a.key: a for a in actions}
 
 
 def grow(
-    objs: list[dict[str, Any]], claims: Mapping[str, dict[str, Any]], pods: list[dict[str, Any]], memory: Any
+    objs: list[dict[str, Any]], claims: Mapping[str, dict[str, Any]], pods: list[indexed.PodView], memory: Any
 ) -> offer_decide.Decision:
     """One pass of the MIG offer over the same objects (the gated pods are pending: their claims are demand)."""
     digests = [d for o in objs if (d := slice_index.digest(o["metadata"]["name"], o["spec"])) is not None]
@@ -117,8 +120,8 @@ def grow(
         for n, labels in LABELS.items()
     }
     fleet = snapshot.nodes(digests, index, claims.values())
-    pending = {f"ns/{p['metadata']['name']}": p for p in pods}
-    consumers = {f"ns/{p['metadata']['name']}-g": [p["metadata"]["name"]] for p in pods}
+    pending = {p.key: p for p in pods}
+    consumers = {f"{p.key}-g": [p.name] for p in pods}
     waiting = snapshot.waiting(claims, consumers, pending, NOW, steering={"ns"})  # opted in to steering
     return offer_decide.decide(fleet, waiting, memory, offer_decide.Settings(spare_per_pool=2), now=100.0)
 

@@ -58,8 +58,7 @@ def mig_profiles(claim: Mapping[str, Any], mig_class: str = names.DEFAULT_MIG_DE
     return frozenset(found) if asks else None
 
 
-def _age_s(meta: Mapping[str, Any], now: datetime.datetime) -> float:
-    stamp = meta.get("creationTimestamp")
+def _age_s(stamp: Any, now: datetime.datetime) -> float:
     try:
         created = datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
     except ValueError:
@@ -67,15 +66,15 @@ def _age_s(meta: Mapping[str, Any], now: datetime.datetime) -> float:
     return max(0.0, (now - created).total_seconds()) if created.tzinfo is not None else 0.0
 
 
-def tried(pod: Mapping[str, Any], steering: Collection[str] | None) -> bool:
+def tried(pod: indexed.PodView, steering: Collection[str] | None) -> bool:
     """Whether ``pod`` is one the scheduler, steering or the gang placement will try: no gate but gpuplane's own
     (the steer gate only in a namespace of ``steering``, those opted in, None: not known yet, none; and only
     while steering can write to the pod)."""
-    namespace = (pod.get("metadata") or {}).get("namespace")
-    for name in pod_nodes.gates_of(pod):
+    namespace = pod.namespace
+    for name in pod.gates:
         if name == names.SCHEDULING_GATE:
             continue
-        steerable = steering is not None and namespace in steering and not indexed.annotations_full(pod)
+        steerable = steering is not None and namespace in steering and not pod.annotations_full
         if name == names.STEER_GATE and steerable:
             continue
         return False
@@ -85,7 +84,7 @@ def tried(pod: Mapping[str, Any], steering: Collection[str] | None) -> bool:
 def waiting(
     claims: Mapping[str, Mapping[str, Any]],
     consumers: Mapping[str, Iterable[str]],
-    pending_pods: Mapping[str, Mapping[str, Any]],
+    pending_pods: Mapping[str, indexed.PodView],
     now: datetime.datetime,
     steering: Collection[str] | None = None,
 ) -> tuple[Waiting, ...]:
@@ -108,7 +107,9 @@ def waiting(
             allowed = pod_nodes.node_filter(pods[0])
         except (ValueError, TypeError, AttributeError):
             allowed = None
-        out.append(Waiting(key=key, profiles=profiles, allowed=allowed, age_s=_age_s(meta, now)))
+        out.append(
+            Waiting(key=key, profiles=profiles, allowed=allowed, age_s=_age_s(meta.get("creationTimestamp"), now))
+        )
     return tuple(out)
 
 

@@ -20,22 +20,20 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuplane.api.mig_offer import NODE_LABEL as MIG_OFFERED
+from gpuplane.controller.indexed import PodView
 
 
-def gates_of(pod: Mapping[str, Any]) -> tuple[str, ...]:
+def gates_of(pod: PodView) -> tuple[str, ...]:
     """The names of a pod's scheduling gates, in order."""
-    return tuple(str(g.get("name", "")) for g in (pod.get("spec") or {}).get("schedulingGates") or [])
+    return pod.gates
 
 
-def node_filter(pod: Mapping[str, Any]) -> Callable[[str, Mapping[str, str]], bool] | None:
+def node_filter(pod: PodView) -> Callable[[str, Mapping[str, str]], bool] | None:
     """A predicate (node name, node labels) -> may the pod go there, from its nodeSelector and required
     node affinity; None when the pod constrains nothing. Raises ValueError on an operator it cannot read.
     The ``gpuplane.dev/mig-offered`` label counts as met on every node (the controller sets it where it offers)."""
-    spec = pod.get("spec") or {}
-    selector = {k: v for k, v in (spec.get("nodeSelector") or {}).items() if k != MIG_OFFERED}
-    req = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ) or {}
+    selector = {k: v for k, v in pod.node_selector.items() if k != MIG_OFFERED}
+    req = ((pod.affinity or {}).get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {}
     terms = [
         {**t, "matchExpressions": [e for e in t.get("matchExpressions") or [] if e.get("key") != MIG_OFFERED]}
         for t in req.get("nodeSelectorTerms") or []

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gpuplane.controller import names
+from gpuplane.controller.indexed import PodView
 from gpuplane.controller.node import pod_nodes, snapshot_builder
 from gpuplane.controller.steer import gate, offer_wait, shape
 from gpuplane.placement import fragmentation, model, place, snapshot
@@ -51,7 +52,7 @@ class Gated:
     """A pod held by the steering gate, with the time this controller first saw it gated."""
 
     key: str  # "ns/name"
-    pod: Mapping[str, Any]
+    pod: PodView
     first_seen: float
     failures: int = 0  # its patches that failed so far: it is placed after the pods whose did not
 
@@ -201,17 +202,16 @@ def _restricted(
     return got
 
 
-def reservation_of(pod: Mapping[str, Any], annotation: str) -> snapshot_builder.Reservation | None:
+def reservation_of(pod: PodView, annotation: str) -> snapshot_builder.Reservation | None:
     """The placement a steered, not yet bound pod holds (from its annotation), for the next passes' view."""
-    meta = pod.get("metadata") or {}
-    text = (meta.get("annotations") or {}).get(annotation)
-    if not text or (pod.get("spec") or {}).get("nodeName"):
+    text = (pod.annotations or {}).get(annotation)
+    if not text or pod.node_name:
         return None
     try:
         mp = decode_placement(text)
     except ValueError:
         return None
-    return snapshot_builder.Reservation(f"{RESERVATION_PREFIX}{meta.get('namespace')}/{meta.get('name')}", mp)
+    return snapshot_builder.Reservation(f"{RESERVATION_PREFIX}{pod.key}", mp)
 
 
 def encode_placement(m: model.MemberPlacement) -> str:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from gpuplane.controller.node.pod_nodes import gates_of
+from gpuplane.controller.indexed import PodView
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 PREFERRED_WEIGHT = 100
@@ -35,9 +35,9 @@ PREFERRED_WEIGHT = 100
 Mode = Literal["prefer", "require"]
 
 
-def held_by(pod: Mapping[str, Any], gate: str) -> bool:
+def held_by(pod: PodView, gate: str) -> bool:
     """Whether ``pod`` is unbound and carries ``gate``."""
-    return gate in gates_of(pod) and not (pod.get("spec") or {}).get("nodeName")
+    return gate in pod.gates and not pod.node_name
 
 
 def _host_expr(node: str) -> dict[str, Any]:
@@ -76,16 +76,15 @@ def _gate_ops(gates: Sequence[str], gate: str) -> list[dict[str, Any]]:
     ]
 
 
-def steer_patch(pod: Mapping[str, Any], node: str, mode: Mode, gate: str) -> list[dict[str, Any]]:
+def steer_patch(pod: PodView, node: str, mode: Mode, gate: str) -> list[dict[str, Any]]:
     """One JSON patch: write ``node`` into the affinity and lift ``gate`` (other gates stay)."""
-    spec = pod.get("spec") or {}
-    aff = steered_affinity(spec.get("affinity"), node, mode)
-    return [*_gate_ops(gates_of(pod), gate), {"op": "add", "path": "/spec/affinity", "value": aff}]
+    aff = steered_affinity(pod.affinity, node, mode)
+    return [*_gate_ops(pod.gates, gate), {"op": "add", "path": "/spec/affinity", "value": aff}]
 
 
-def release_patch(pod: Mapping[str, Any], gate: str) -> list[dict[str, Any]]:
+def release_patch(pod: PodView, gate: str) -> list[dict[str, Any]]:
     """One JSON patch that lifts ``gate`` and changes nothing else (fail-open: the scheduler decides)."""
-    return _gate_ops(gates_of(pod), gate)
+    return _gate_ops(pod.gates, gate)
 
 
 def annotation_ops(had: Mapping[str, Any] | None, mine: Mapping[str, str | None]) -> list[dict[str, Any]]:
@@ -110,15 +109,12 @@ def annotation_ops(had: Mapping[str, Any] | None, mine: Mapping[str, str | None]
     return ops
 
 
-def pinned_node(pod: Mapping[str, Any]) -> str | None:
+def pinned_node(pod: PodView) -> str | None:
     """The single node a pod's required affinity or nodeSelector already allows, if exactly one; else None."""
-    spec = pod.get("spec") or {}
-    sel = (spec.get("nodeSelector") or {}).get(HOSTNAME_LABEL)
+    sel = pod.node_selector.get(HOSTNAME_LABEL)
     if sel:
         return str(sel)
-    req = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ) or {}
+    req = ((pod.affinity or {}).get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {}
     nodes: set[str] = set()
     for t in req.get("nodeSelectorTerms") or []:
         for e in t.get("matchExpressions") or []:

@@ -27,7 +27,7 @@ from typing import Any, Protocol, Self
 import structlog
 
 from gpuplane.controller import config, kube, steps
-from gpuplane.controller.indexed import annotations_full
+from gpuplane.controller.indexed import PodView
 from gpuplane.controller.node import snapshot_builder
 from gpuplane.controller.steer import decide, gate, shape, writes
 from gpuplane.placement import fragmentation, model
@@ -139,15 +139,6 @@ class SteerState:
         self.told.clear()
 
 
-def _uid(pod: Mapping[str, Any]) -> str:
-    return str((pod.get("metadata") or {}).get("uid", ""))
-
-
-def _key(pod: Mapping[str, Any]) -> str:
-    meta = pod.get("metadata") or {}
-    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-
-
 def allocated_owners(claims: Iterable[Mapping[str, Any]]) -> set[str]:
     """UIDs of the pods that own an allocated claim (a steered pod's reservation ends there)."""
     out: set[str] = set()
@@ -160,7 +151,7 @@ def allocated_owners(claims: Iterable[Mapping[str, Any]]) -> set[str]:
 
 
 def reservations(
-    pending: Iterable[Mapping[str, Any]],
+    pending: Iterable[PodView],
     state: SteerState | None = None,
     claims: Iterable[Mapping[str, Any]] = (),
     now: float = 0.0,
@@ -187,12 +178,8 @@ def reservations(
     return out
 
 
-def _namespace(pod: Mapping[str, Any]) -> str:
-    return str((pod.get("metadata") or {}).get("namespace", ""))
-
-
 def gated_pods(
-    pending: Iterable[Mapping[str, Any]],
+    pending: Iterable[PodView],
     state: SteerState,
     settings: decide.Settings,
     now: float,
@@ -211,15 +198,15 @@ def gated_pods(
     live: set[str] = set()
     with state.lock:
         for pod in pending:
-            uid = _uid(pod)
+            uid = pod.uid
             live.add(uid)
-            ns = _namespace(pod)
+            ns = pod.namespace
             if ns in SYSTEM_NAMESPACES or (opted_in is not None and ns not in opted_in):
                 continue
             if not gate.held_by(pod, settings.gate):
                 state.decided.pop(uid, None)
                 continue
-            if annotations_full(pod):  # no patch of ours could be written
+            if pod.annotations_full:  # no patch of ours could be written
                 continue
             if uid in state.decided and now - state.decided[uid] < DECIDED_TTL_S:
                 continue
@@ -227,7 +214,7 @@ def gated_pods(
             if failed is not None and now < failed[1]:
                 continue
             first = state.first_seen.setdefault(uid, now)
-            out.append(decide.Gated(_key(pod), pod, first, failed[0] if failed is not None else 0))
+            out.append(decide.Gated(pod.key, pod, first, failed[0] if failed is not None else 0))
         for gone in [u for u in state.first_seen if u not in live]:
             state.first_seen.pop(gone, None)
             state.decided.pop(gone, None)
@@ -238,14 +225,14 @@ def gated_pods(
     return out
 
 
-def waiting_shapes(pending: Iterable[Mapping[str, Any]], state: SteerState) -> dict[fragmentation.Shape, int]:
+def waiting_shapes(pending: Iterable[PodView], state: SteerState) -> dict[fragmentation.Shape, int]:
     """Shapes of released pods still waiting for the scheduler (what the policy's queue view should hold)."""
     out: dict[fragmentation.Shape, int] = {}
     with state.lock:
         shapes = dict(state.shapes)
     for pod in pending:
-        s = shapes.get(_uid(pod))
-        if s is not None and not (pod.get("spec") or {}).get("nodeName"):
+        s = shapes.get(pod.uid)
+        if s is not None and not pod.node_name:
             out[s] = out.get(s, 0) + 1
     return out
 
@@ -257,7 +244,7 @@ def run_pass(
     state: SteerState,
     settings: decide.Settings,
     *,
-    pending: Sequence[Mapping[str, Any]],
+    pending: Sequence[PodView],
     view: snapshot_builder.ClusterView,
     claims: Mapping[str, Mapping[str, Any]],
     templates: Mapping[str, Mapping[str, Any]],
@@ -280,11 +267,11 @@ def run_pass(
     )
     by_key = {g.key: g for g in gated}
     with state.lock:  # a wait for the MIG offer is written once (its reason), then only decided again
-        fresh = [a for a in actions if a.kind != "wait" or _uid(by_key[a.key].pod) not in state.told]
+        fresh = [a for a in actions if a.kind != "wait" or by_key[a.key].pod.uid not in state.told]
     todo = writes_of(fresh, {g.key: g.failures for g in gated})
     for action in todo:
         g = by_key[action.key]
-        uid = _uid(g.pod)
+        uid = g.pod.uid
         with state.lock:
             if action.kind == "wait":
                 state.told.add(uid)

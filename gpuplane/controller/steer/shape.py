@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuplane.api import names as dn
+from gpuplane.controller.indexed import PodView
 from gpuplane.controller.node import selectors, snapshot_builder
 from gpuplane.controller.node.selectors import class_selectors
 from gpuplane.placement import model
@@ -36,24 +37,22 @@ class Shape:
 
 
 def claim_spec_of(
-    pod: Mapping[str, Any],
+    pod: PodView,
     claims: Mapping[str, Mapping[str, Any]],
     templates: Mapping[str, Mapping[str, Any]],
 ) -> tuple[Mapping[str, Any], str] | str:
     """The pod's one claim spec and a label for it, or the reason there is not exactly one to steer."""
-    meta = pod.get("metadata") or {}
-    ns = meta.get("namespace", "")
-    refs = (pod.get("spec") or {}).get("resourceClaims") or []
-    if len(refs) != 1:
-        return f"the pod has {len(refs)} resource claims; steering handles pods with one"
-    ref = refs[0]
-    if ref.get("resourceClaimTemplateName"):
-        name = str(ref["resourceClaimTemplateName"])
+    ns = pod.namespace
+    if len(pod.claims) != 1:
+        return f"the pod has {len(pod.claims)} resource claims; steering handles pods with one"
+    ref = pod.claims[0]
+    if ref.template:
+        name = ref.template
         tmpl = templates.get(f"{ns}/{name}")
         if tmpl is None:
             return f"ResourceClaimTemplate {ns}/{name} is not known (yet)"
         return ((tmpl.get("spec") or {}).get("spec") or {}), f"template {name}"
-    name = str(ref.get("resourceClaimName") or "")
+    name = ref.claim
     claim = claims.get(f"{ns}/{name}")
     if claim is None:
         return f"ResourceClaim {ns}/{name} is not known (yet)"
@@ -72,7 +71,7 @@ def _mig_attributes(view: snapshot_builder.ClusterView, info: snapshot_builder.M
 
 
 def shape_of(
-    pod: Mapping[str, Any],
+    pod: PodView,
     spec: Mapping[str, Any],
     label: str,
     classes: Mapping[str, Mapping[str, Any]],
@@ -110,19 +109,14 @@ def shape_of(
             mig_profiles.setdefault(info.profile, set()).add(info.parent)
     ident = f"{label} (class {cls_name})"
     if whole and not mig_profiles:
-        return Shape(model.Request(id=_pod_id(pod), gpus_per_member=count, tp_size=count), frozenset(whole), ident)
+        return Shape(model.Request(id=pod.key, gpus_per_member=count, tp_size=count), frozenset(whole), ident)
     if mig_profiles and not whole:
         if len(mig_profiles) != 1:
             return f"{label}: its selectors admit MIG profiles {sorted(mig_profiles)}; steering needs exactly one"
         if count != 1:
             return f"{label}: {count} MIG devices in one request; steering handles one"
         ((profile, parents),) = mig_profiles.items()
-        return Shape(model.Request(id=_pod_id(pod), mig_profile=profile), frozenset(parents), ident)
+        return Shape(model.Request(id=pod.key, mig_profile=profile), frozenset(parents), ident)
     if not whole and not mig_profiles:
         return f"{label}: {NO_MATCH}"
     return f"{label}: its selectors admit both whole GPUs and MIG devices"
-
-
-def _pod_id(pod: Mapping[str, Any]) -> str:
-    meta = pod.get("metadata") or {}
-    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"

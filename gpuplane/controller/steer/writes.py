@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpuplane.controller.indexed import PodView
 from gpuplane.controller.steer import decide, gate
 
 ANNOTATION_STEERED = "gpuplane.dev/steered"  # "node;domain;placement" of a steered, not yet bound pod
@@ -18,10 +19,9 @@ ANNOTATION_RESULT = "gpuplane.dev/steer-result"  # why the gate was lifted witho
 MAX_WRITES = 64  # per pass, timeout releases aside: the rest are decided again by the next pass
 
 
-def patch_for(pod: Mapping[str, Any], action: decide.Action, settings: decide.Settings) -> list[dict[str, Any]]:
+def patch_for(pod: PodView, action: decide.Action, settings: decide.Settings) -> list[dict[str, Any]]:
     """The JSON patch for one action: steer (affinity + gate + annotation) or release (gate + annotation)."""
-    meta = pod.get("metadata") or {}
-    had = meta.get("annotations")  # None: the pod has no annotation map at all (the index says so)
+    had = pod.annotations  # None: the pod has no annotation map at all (the index says so)
     if action.kind == "wait":  # only why: the gate stays
         return gate.annotation_ops(had, {ANNOTATION_RESULT: f"{action.outcome}: {action.reason}"[:250]})
     if action.kind == "steer" and action.placement is not None:
