@@ -2,7 +2,7 @@
 ``bench`` never imports ``tests``, a contract of ``tests/unit/test_imports.py``).
 
 - ``driverkit``: the node driver on the simulator, claim builders, an in-memory claim source
-  (``bench.driver_bench``, ``bench.driver_harness`` and the driver's unit tests).
+  (``bench.driver.driver_bench``, ``bench.driver.driver_harness`` and the driver's unit tests).
 - ``slicekit``: one node's ResourceSlices in memory behind the publisher's slice API
-  (``bench.steer_writes`` and the publisher's unit tests).
+  (``bench.placement.steer_writes`` and the publisher's unit tests).
 """

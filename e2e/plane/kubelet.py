@@ -64,7 +64,7 @@ CLAIM_POLL_S = 0.2
 CLAIM_POLL_INITIAL_S = 0.01
 """First retry after a pod was not ready to start, doubling up to ``CLAIM_POLL_S``. Short because the common
 cause right after the bind is a 403 on the claim read while the Node authorizer's graph catches up with
-the binding (milliseconds); a fixed 200 ms poll cost half the claim pods 200 ms (bench/dra_overhead --stages)."""
+the binding (milliseconds); a fixed 200 ms poll cost half the claim pods 200 ms (bench/dra/dra_overhead.py --stages)."""
 PLUGIN_POLL_S = 0.25
 
 
@@ -289,7 +289,7 @@ class KubeletStandIn:
             body = running_status(pod, self.settings.host_ip, stamp(now()))
             self.core.patch_namespaced_pod_status(pod.name, pod.namespace, body)
         done = time.monotonic()
-        # One line per started pod with where its node-side time went (bench/dra_overhead.py --stages reads it).
+        # One line per started pod with where its node-side time went (bench/dra/dra_overhead.py --stages reads it).
         _log.info(
             "pod %s running: total_ms=%.1f wait_ms=%.1f tries=%d claims_ms=%.1f prepare_ms=%.1f status_ms=%.1f"
             " first_wait=%r",

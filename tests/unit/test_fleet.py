@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench import fleet_controller, fleet_probe, fleet_state
+from bench.fleet import fleet_controller, fleet_probe, fleet_state
 from e2e.cluster import build, controlplane, kwok
 from e2e.plane import fleet
 from gpuplane.driver import inventory
@@ -144,7 +144,7 @@ class TestApiserverMemoryLimit:
 
 
 def test_controller_env_pairs_parse_and_refuse_malformed_items() -> None:
-    from bench import fleet_controller
+    from bench.fleet import fleet_controller
 
     assert fleet_controller.env_pairs(["MALLOC_ARENA_MAX=2", "A=b=c", "EMPTY="]) == {
         "MALLOC_ARENA_MAX": "2",
@@ -158,7 +158,7 @@ def test_controller_env_pairs_parse_and_refuse_malformed_items() -> None:
 
 
 def test_a_step_never_reached_says_so_instead_of_nan() -> None:
-    from bench.fleet_steps import took
+    from bench.fleet.fleet_steps import took
 
     assert took(12.34) == "in 12.3s"
     assert took(41.6, "after the start", 0) == "42s after the start"

@@ -1,4 +1,4 @@
-"""bench.fleet_profile: py-spy's raw stacks summarised by function, line numbers merged."""
+"""bench.fleet.fleet_profile: py-spy's raw stacks summarised by function, line numbers merged."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from bench import fleet_profile
+from bench.fleet import fleet_profile
 
 RAW = """\
 <module> (ctl.py:1);run (asyncio/base_events.py:10);_reconcile (gpuplane/handlers.py:20);plan (gpuplane/q.py:5) 30

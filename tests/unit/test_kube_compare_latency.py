@@ -1,10 +1,10 @@
-"""bench.kube_compare.added_latency: creation -> bound for the pods no mode kept waiting, with its gate part."""
+"""bench.kube.kube_compare.added_latency: creation -> bound for the pods no mode kept waiting, with its gate part."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from bench.kube_compare import added_latency
+from bench.kube.kube_compare import added_latency
 
 
 def pod(created: float, bound: float | None, ungated: float | None = None) -> dict[str, Any]:
@@ -28,7 +28,9 @@ def test_only_pods_fast_in_every_mode_count_and_the_gate_part_is_split_out() -> 
 
 
 def test_every_bench_percentile_is_the_one_nearest_rank_definition() -> None:
-    from bench import dra_overhead, dra_stages, driver_bench, placement_report
+    from bench.dra import dra_overhead, dra_stages
+    from bench.driver import driver_bench
+    from bench.placement import placement_report
 
     xs = [float(x) for x in range(10, 0, -1)]  # unsorted on purpose
     pct = placement_report.percentile

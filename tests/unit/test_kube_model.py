@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench import kube_model
+from bench.kube import kube_model
 from gpuplane.placement import fragmentation, geometry, model, snapshot
 
 

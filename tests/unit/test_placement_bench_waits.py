@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from bench.placement_bench import replay
-from bench.placement_report import Run, shape_table
-from bench.trace import Topology, Workload
+from bench.placement.placement_bench import replay
+from bench.placement.placement_report import Run, shape_table
+from bench.placement.trace import Topology, Workload
 from gpuplane.placement import fragmentation, model
 from gpuplane.placement.policies import make
 
@@ -51,7 +51,7 @@ def test_shape_table_shows_wait_and_placed_of_asked_per_column() -> None:
 
 
 def test_split_tp_keeps_the_offered_work() -> None:
-    from bench.placement_waits import split_tp
+    from bench.placement.placement_waits import split_tp
 
     tp8 = model.Request(id="t", gpus_per_member=8, tp_size=8)
     mig = model.Request(id="m", mig_profile="3g")

@@ -217,8 +217,8 @@ def test_reorder_in_place_survives_the_api_stamping_taint_times(hgx: inventory.I
 def test_the_stable_order_writes_less_and_the_allocator_walks_the_free_devices_as_before(
     hgx: inventory.Inventory,
 ) -> None:
-    # bench.steer_writes measures this on trace arrivals; here a fixed sequence on one node.
-    from bench import steer_writes as sw
+    # bench.placement.steer_writes measures this on trace arrivals; here a fixed sequence on one node.
+    from bench.placement import steer_writes as sw
     from gpuplane.placement import model
 
     states = [geometry.EMPTY] * 8

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from bench.rightsize_needs import Option, h100, need_of, options, soft_threshold
-from bench.rightsize_replay import Item, replay
-from bench.trace import HGX, Pod, load_workload
+from bench.placement.trace import HGX, Pod, load_workload
+from bench.rightsize.rightsize_needs import Option, h100, need_of, options, soft_threshold
+from bench.rightsize.rightsize_replay import Item, replay
 from gpuplane.placement import model, snapshot
 from gpuplane.placement.policies import make
 
