@@ -30,6 +30,7 @@ from bench.fleet import fleet_sched
 from e2e.plane import fleetslices
 from gpuplane.api import mig_offer, names
 from gpuplane.api.mig_offer import Offer
+from gpuplane.controller import indexed
 from gpuplane.controller.migoffer import decide, snapshot
 
 INTERVAL_S = 2.0
@@ -124,8 +125,10 @@ class OfferLoop:
             fleet_sched.GROUP, fleet_sched.VERSION, fleet_sched.NAMESPACE, "resourceclaims", label_selector=selector
         )
         claims = {f"{c['metadata']['namespace']}/{c['metadata']['name']}": c for c in raw.get("items") or []}
-        pods: dict[str, dict[str, Any]] = {
-            f"{p.metadata.namespace}/{p.metadata.name}": {"spec": {}}
+        pods = {
+            f"{p.metadata.namespace}/{p.metadata.name}": indexed.PodView(
+                str(p.metadata.name), str(p.metadata.namespace)
+            )
             for p in core.list_namespaced_pod(fleet_sched.NAMESPACE, label_selector=selector).items
             if p.metadata is not None and p.spec is not None and not p.spec.node_name
         }
