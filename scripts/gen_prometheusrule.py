@@ -4,7 +4,7 @@
     python scripts/gen_prometheusrule.py          # writes manifests/monitoring/prometheus-operator/prometheusrule.yaml
     python scripts/gen_prometheusrule.py --check  # exit 1 (and say so) when the committed file differs
 
-The rule groups are copied as data (comments are the source's); ``tests/unit/test_monitoring_rules.py``
+The rule groups are copied as data (comments are the source's); ``tests/unit/repo/test_monitoring_rules.py``
 checks that the committed manifest is exactly what this writes.
 """
 
@@ -22,7 +22,7 @@ SOURCE = REPO / "manifests" / "monitoring" / "prometheus" / "gpuplane.rules.yaml
 TARGET = REPO / "manifests" / "monitoring" / "prometheus-operator" / "prometheusrule.yaml"
 HEADER = (
     "# Generated from manifests/monitoring/prometheus/gpuplane.rules.yaml by scripts/gen_prometheusrule.py:\n"
-    "# edit that file and run the script (tests/unit/test_monitoring_rules.py checks that they agree).\n"
+    "# edit that file and run the script (tests/unit/repo/test_monitoring_rules.py checks that they agree).\n"
 )
 
 

@@ -6,7 +6,7 @@
 # Needs grpcio-tools (a dev dependency only: the generated code is committed,
 # so neither CI nor the driver needs it at runtime). The output is a pure
 # function of the .proto files and the grpcio-tools version: running the
-# script twice leaves identical files (tests/unit/test_plugin_protos.py checks).
+# script twice leaves identical files (tests/unit/driver/plugin/test_plugin_protos.py checks).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

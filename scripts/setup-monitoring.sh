@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install Debian's prometheus package: promtool for the alert-rule unit tests (tests/unit/test_monitoring_rules.py:
+# Install Debian's prometheus package: promtool for the alert-rule unit tests (tests/unit/repo/test_monitoring_rules.py:
 # promtool check rules, promtool test rules) and the prometheus binary for the alert e2e test (tests/e2e/test_alerts.py).
 # Needs root and apt; says what is missing and what to do otherwise. Idempotent: installs only what is missing.
 # The package's systemd unit is not started here (policy-rc.d in containers; the tests start their own Prometheus).

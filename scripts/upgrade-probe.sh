@@ -6,7 +6,7 @@
 # before raising a bound (then scripts/lock.sh --upgrade-package NAME and the whole suite).
 #   scripts/upgrade-probe.sh                       # kopf kubernetes aiohttp grpcio protobuf pydantic structlog nvidia-ml-py
 #   scripts/upgrade-probe.sh kopf                  # one package
-#   UPGRADE_PROBE_PYTEST="-x tests/unit/test_x.py" scripts/upgrade-probe.sh
+#   UPGRADE_PROBE_PYTEST="-x tests/unit/driver/test_x.py" scripts/upgrade-probe.sh
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PACKAGES=("$@")

@@ -1,5 +1,5 @@
 """Builders shared by the tests, the benchmarks and the e2e harness (``bench`` and ``tests`` both import this;
-``bench`` never imports ``tests``, a contract of ``tests/unit/test_imports.py``).
+``bench`` never imports ``tests``, a contract of ``tests/unit/repo/test_imports.py``).
 
 - ``driverkit``: the node driver on the simulator, claim builders, an in-memory claim source
   (``bench.driver.driver_bench``, ``bench.driver.driver_harness`` and the driver's unit tests).

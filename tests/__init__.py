@@ -8,7 +8,7 @@ the top-level ``testing`` package, so that ``bench`` never imports ``tests``):
 - ``migkit``: the GPU models under test and prepare/unprepare with read-backs, for the MIG rules.
 - ``mpskit``: the stand-in MPS control binary (``tests/fakes``), ids, the leak-checking ``root`` fixture.
 - ``fakes/``: stand-ins for NVIDIA's binaries: ``nvidia-cuda-mps-control``, ``nvidia-imex`` and
-  ``nvidia-imex-ctl`` (an IMEX domain on loopback addresses; ``tests/unit/test_imex_standin.py``).
+  ``nvidia-imex-ctl`` (an IMEX domain on loopback addresses; ``tests/unit/repo/harness/test_imex_standin.py``).
 - ``pluginkit``: a table-driven preparer and the plugin server on short socket paths.
 - ``controllerkit``: the ResourceSlices the real driver publishes, DeviceClasses, gangs, pods, claims;
   ``templatekit`` gangs whose pods come from a template (Jobs); ``indexkit`` the controller's

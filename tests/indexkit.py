@@ -1,8 +1,9 @@
 """A small fleet of pools the driver itself builds, and the controller's slice index over them.
 
 For the tests that run the controller's readers over the API's objects and over its compact
-indexes (tests/unit/test_index_readers*.py): two HGX H100 nodes and one GB200 tray, a health
-taint on gpu-1 of each, a noisy-neighbour taint on gpu-7 of both HGX nodes.
+indexes (tests/unit/controller/test_index_readers.py, tests/unit/controller/steer/test_index_readers_steer.py):
+two HGX H100 nodes and one GB200 tray, a health taint on gpu-1 of each, a noisy-neighbour taint on
+gpu-7 of both HGX nodes.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A controller process with a misbehaving operator, for tests/unit/test_supervisor.py.
+"""A controller process with a misbehaving operator, for tests/unit/controller/test_supervisor.py.
 
     python -m tests.supervisor_worker MODE MARKER_DIR
 

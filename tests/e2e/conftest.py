@@ -300,7 +300,8 @@ def running_plane(control_plane: cluster.Cluster, node_spec: str = GPU_NODES) ->
 # and test_upgrade (the Deployment with two replicas and no nodeSelector) would find the session's nodes to
 # run the controller's pods on (test_scenarios counts the pods on its nodes; the session's e2e overlay, applied
 # after them, scales the Deployment to 0 and pins it to containerized nodes).
-# tests/unit/test_e2e_order.py fails when a module installs the base on the session's plane and is not here.
+# tests/unit/repo/harness/test_e2e_order.py fails when a module installs the base on the session's plane and is not
+# here.
 OWN_PLANE_MODULES = (
     "test_alerts.py",
     "test_bind_timeout.py",

@@ -140,7 +140,7 @@ def oversized_flood(arena: Arena) -> str:
     before = controller_rss_kib(arena.gc)
     # Large enough that what a replica keeps per pod shows above the allocator's high-water marks: one flood of 40
     # such pods moved a replica's RSS by up to 6 MiB and four floods in a row by -2 to +9 MiB (decoding, then
-    # trimmed), never by the flood's size (tests/unit/test_steer.py proves the index's bound).
+    # trimmed), never by the flood's size (tests/unit/controller/steer/test_steer.py proves the index's bound).
     count = OVERSIZED
     for i in range(count):
         a.must_create(_fat_pod(a.ns, f"fat-{i:03d}", gated=False))
@@ -195,7 +195,8 @@ def forged_decision(arena: Arena) -> str:
         lambda: a.custom.patch_namespaced_custom_object("resource.k8s.io", "v1", a.ns, "resourceclaims", "mine", note)
     )
     assert status == 0, f"the attacker cannot annotate its own claim ({status} {message}): nothing tried"
-    # Display only (tests/unit/test_rebalance_tenancy.py drives the alert); here: nothing of the victims moves.
+    # Display only (tests/unit/controller/rebalance/test_rebalance_tenancy.py drives the alert); here: nothing of
+    # the victims moves.
     return "own claim annotated 'refused@...; move <victim>'; the invariants check the victims stay"
 
 

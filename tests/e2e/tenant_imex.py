@@ -10,7 +10,7 @@ test's invariants compare :func:`imex_entries` before and after), and the attack
 In the arena the victim's gang fills the GB200 clique, so the attacker's groups sit on the HGX nodes (no
 multi-node NVLink): the controller refuses them (no clique, or past the namespace's cap) and the drivers prepare
 them at once (they never wait for a domain on GPUs without a clique). The channel cap per clique and per
-namespace with free clique GPUs is proven in ``tests/unit/test_imex_groups.py``.
+namespace with free clique GPUs is proven in ``tests/unit/controller/imex/test_imex_groups.py``.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ recorded) on its metrics address; a driver whose process hangs (SIGSTOP) answers
 nothing, as kubelet's probe would see it, and recovers on SIGCONT. Each
 controller replica answers kopf's ``/healthz`` with the leader-election probe,
 exactly one of them the leader. (A hung loop *inside* a live process turning
-the answers to 503 / no answer is shown by tests/unit/test_driver_probes.py and
+the answers to 503 / no answer is shown by tests/unit/driver/test_driver_probes.py and
 test_controller_probes.py.)
 """
 
