@@ -16,11 +16,11 @@ and the shared layers both of them use, which import neither program:
 - :mod:`gpuplane.logs`: structlog configured once, at start, by each binary's ``main``;
 - :mod:`gpuplane.informer`: list-and-watch informers, their indexes and work queues (the controller's reads).
 
-The direction is enforced by ``tests/unit/test_imports.py``: the programs never import each other,
+The direction is enforced by ``tests/unit/repo/test_imports.py``: the programs never import each other,
 the shared layers import no program, ``placement`` and ``mig`` import no Kubernetes client, and
 nothing imports a private module of a dependency (kopf's internals included).
 
 The repository's top-level ``driver/`` and ``controller/`` are symbolic links to these two
 packages. Import them as ``gpuplane.driver`` and ``gpuplane.controller`` only (ruff's banned-api
-rule and ``tests/unit/test_layout.py`` refuse the bare names, which would load every module twice).
+rule and ``tests/unit/repo/test_layout.py`` refuse the bare names, which would load every module twice).
 """

@@ -12,7 +12,7 @@ The parser is strict because the object is input to a privileged program: wrong 
 channel outside 1..``IMEX_CHANNEL_COUNT``-1, a channel twice in one domain, a claim on a node not in the
 domain, a claim outside its gang's namespace, and sizes past the bounds below are each refused with a
 message naming the field, and nothing is returned. The CRD's schema (``crds/gpuplane.dev_imexdomains.yaml``)
-carries the same bounds (``tests/unit/test_imex_plan_object.py`` compares them).
+carries the same bounds (``tests/unit/controller/imex/test_imex_plan_object.py`` compares them).
 """
 
 from __future__ import annotations

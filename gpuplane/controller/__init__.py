@@ -1,7 +1,7 @@
 """gpuplane controller: an operator (informers, work queues and kopf) for claims, gangs and NVLink-aware placement.
 
 It uses the shared layers (:mod:`gpuplane.placement` decides, :mod:`gpuplane.api` names what the driver
-publishes) and never imports :mod:`gpuplane.driver` (``tests/unit/test_imports.py``).
+publishes) and never imports :mod:`gpuplane.driver` (``tests/unit/repo/test_imports.py``).
 
 Packages, each with its own index:
 

@@ -89,10 +89,11 @@ class Runtime:
         return self
 
     def state(self, kind: type[S]) -> S:
-        """The process's one ``kind`` state, made on first use."""
+        """The process's one ``kind`` state, made on first use (``setdefault``: two threads asking first at
+        once get the same one)."""
         found = self.shared.states.get(kind)
         if found is None:
-            found = self.shared.states[kind] = kind.create(self.cfg)
+            found = self.shared.states.setdefault(kind, kind.create(self.cfg))
         return cast(S, found)
 
     def leading(self) -> bool:

@@ -13,7 +13,7 @@ transform function:
   (what the slice index stores), kept under :data:`DIGEST` (None: not this driver's, or unreadable),
   beside ``spec.driver``, ``spec.nodeName`` and ``spec.pool``; the devices and counter sets are not
   kept. ``caches.SliceIndexer`` indexes the digest as it finds it, so the index is the
-  same as from the full body (``tests/unit/test_slim.py``).
+  same as from the full body (``tests/unit/controller/test_slim.py``).
 
 An object the bounded decoder quarantined (nested too deeply) is passed through as it is, so its
 handlers still refuse it with an Event.

@@ -1,7 +1,7 @@
 """gpuplane node driver: a kubelet DRA plugin that shares and isolates GPUs.
 
 It uses the shared layers (:mod:`gpuplane.api`, :mod:`gpuplane.placement`, :mod:`gpuplane.mig`,
-:mod:`gpuplane.logs`) and never imports :mod:`gpuplane.controller` (``tests/unit/test_imports.py``).
+:mod:`gpuplane.logs`) and never imports :mod:`gpuplane.controller` (``tests/unit/repo/test_imports.py``).
 
 Packages, each with its own index (imports go downward: ``plugin`` knows nothing of NVML, and the
 core, ``prepare``, ``sharing``, ``publish`` and ``observe``, never imports ``plugin``):
