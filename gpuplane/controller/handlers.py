@@ -28,7 +28,7 @@ from typing import Any
 import kopf
 import structlog
 
-from gpuplane.controller import caches, config, heap, indexed, names, rejects, runtime, steering
+from gpuplane.controller import caches, config, heap, indexed, names, rejects, runtime
 from gpuplane.controller import fleet_gauges as gauges
 from gpuplane.controller.claim import checks, explainer, handling, review
 from gpuplane.controller.gang import handlers as gang_handlers
@@ -41,6 +41,7 @@ from gpuplane.controller.rightsize import template as rs_template
 from gpuplane.controller.steer import decide as steer_decide
 from gpuplane.controller.steer import gate as steer_gate
 from gpuplane.controller.steer import reconciler as steer_reconciler
+from gpuplane.controller.steer import run as steer_run
 from gpuplane.informer.cache import Caches, Event, Informer
 from gpuplane.informer.client import Client
 from gpuplane.informer.workqueue import WorkQueue
@@ -176,13 +177,13 @@ def make_reads(cfg: config.ControllerConfig, rt: runtime.Runtime, client: Client
                 continue
             try:
                 async with rt.lock():
-                    await steering.steer_pass(
+                    await steer_run.steer_pass(
                         rt,
                         gang_run.world_now(rt),
                         pending=pending,
                         templates=indexed.single(idx["claim_template_idx"]),
                         now=time.time(),
-                        node_labels=steering.node_labels(indexed.single(idx["node_idx"])),
+                        node_labels=steer_run.node_labels(indexed.single(idx["node_idx"])),
                     )
             except Exception:  # the loop must outlive any one pass
                 log.exception("steering pass failed; retrying on the next wake")

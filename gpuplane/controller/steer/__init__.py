@@ -18,5 +18,7 @@ Modules, each usable alone (issue 13's template gangs reuse ``gate``):
 - ``decide``: one pass over the gated pods, purely (actions out);
 - ``offer_wait``: whether a MIG pod nothing published fits waits, gated, for the MIG offer to grow;
 - ``writes``: the patch for each action and which actions a pass writes;
-- ``reconciler``: reads, runs a pass, writes one patch per pod; the little state it keeps.
+- ``reconciler``: reads, runs a pass, writes one patch per pod; the little state it keeps;
+- ``run``: the pass in the running controller (I/O): the namespaces opted in, the view with its
+  reservations, ``reconciler.run_pass`` in a thread, under the process lock.
 """

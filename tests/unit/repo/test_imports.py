@@ -66,7 +66,6 @@ CONTROLLER_BELOW_WIRING = (
     "rightsize",
     "steer",
     "runtime",
-    "steering",
     "fleet_gauges",
     "kube",
     "events",
@@ -131,7 +130,7 @@ CONTRACTS: tuple[Contract, ...] = (
     Forbidden(
         "the runtime and the controller's base modules import no feature",
         tuple(f"gpuplane.controller.{m}" for m in CONTROLLER_BASE),
-        tuple(f"gpuplane.controller.{f}" for f in (*CONTROLLER_FEATURES, "steering", "fleet_gauges")),
+        tuple(f"gpuplane.controller.{f}" for f in (*CONTROLLER_FEATURES, "fleet_gauges")),
     ),
     Layers(
         "the driver's layers",

@@ -1,6 +1,6 @@
 """Steering reads from the controller's compact indexes what it reads from the API objects.
 
-The steering pass (``steering.steer_pass``) reads every node's labels from the node index (a gated
+The steering pass (``steer.run.steer_pass``) reads every node's labels from the node index (a gated
 pod's nodeSelector and node affinity), builds its view from the slice index's digests, and reads
 claims from the claim index: a named claim's requests (class, count, selectors, capacity) and, for
 the reservations of steered pods, the Pod owners of allocated claims. Here one pass runs over the
@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 
 from gpuplane.api import names as dn
-from gpuplane.controller import indexed, steering, steps
+from gpuplane.controller import indexed, steps
 from gpuplane.controller.node import slice_index, snapshot_builder
 from gpuplane.controller.steer import decide as steer_decide
 from gpuplane.controller.steer import reconciler as steer_reconciler
+from gpuplane.controller.steer import run as steer_run
 from gpuplane.placement import model
 from gpuplane.placement.policies import gpuplane
 from tests import controllerkit
@@ -137,7 +138,7 @@ def _steer(
     labels: Mapping[str, Mapping[str, str]],
     pods: list[indexed.PodView],
 ) -> tuple[list[tuple[str, str, str, Any]], list[Any], list[tuple[str, str, Any]]]:
-    """One steering pass as ``steering.steer_pass`` runs it: the view with the reservations, then decide."""
+    """One steering pass as ``steer.run.steer_pass`` runs it: the view with the reservations, then decide."""
     reserved = steer_reconciler.reservations(pods, None, claims.values(), 1.0)
     view = snapshot_builder.build_view(slices_, claims.values(), None, reservations=reserved)
     state, writer = steer_reconciler.SteerState(), PodWriter()
@@ -165,7 +166,7 @@ def test_steering_over_the_indexes_decides_what_it_decides_over_the_api_objects(
     pods, raw_claims = _steering_inputs(raw_slices)
     nodes = [_node("hgx-0"), _node("hgx-1", **{"pool.example/team": "a"}), _node("nvl-0")]
     raw_labels = {n["metadata"]["name"]: n["metadata"]["labels"] for n in nodes}
-    idx_labels = steering.node_labels({n["metadata"]["name"]: indexed.node(n) for n in nodes})  # as the handler
+    idx_labels = steer_run.node_labels({n["metadata"]["name"]: indexed.node(n) for n in nodes})  # as the handler
     idx_claims = {k: indexed.claim(c) for k, c in raw_claims.items()}
     got_raw = _steer(raw_slices, raw_claims, raw_labels, pods)
     got_idx = _steer(slice_index.every(slice_idx(raw_slices)), idx_claims, idx_labels, pods)

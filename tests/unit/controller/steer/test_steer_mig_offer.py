@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 
 from gpuplane.api.mig_offer import Offer
-from gpuplane.controller import indexed, kube, steering, steps
+from gpuplane.controller import indexed, kube, steps
 from gpuplane.controller.migoffer import decide as offer_decide
 from gpuplane.controller.migoffer import snapshot
 from gpuplane.controller.node import slice_index, snapshot_builder
 from gpuplane.controller.steer import decide, offer_wait, reconciler
+from gpuplane.controller.steer import run as steer_run
 from gpuplane.controller.steer import writes as steer_writes
 from gpuplane.driver import inventory
 from gpuplane.driver.hw.sim import SimConfig, Simulator
@@ -276,14 +277,14 @@ def test_a_pod_nothing_fits_waits_while_a_node_it_may_use_republishes(
     assert steer_writes.writes_of([waiting], {}) == []  # nothing written for it: the next pass decides again
     digests = [slice_index.digest(o["metadata"]["name"], o["spec"]) for o in objs]
     steady = [d for d in digests if d is not None]
-    assert steering.republishing(steady) == frozenset()
+    assert steer_run.republishing(steady) == frozenset()
     half = [dataclasses.replace(d, generation=d.generation + 1) if i == 0 else d for i, d in enumerate(steady)]
-    assert steering.republishing(half) == frozenset({steady[0].node})
+    assert steer_run.republishing(half) == frozenset({steady[0].node})
     # The old generation already gone, the new one not all written: incomplete (kube-scheduler's own rule).
     first = steady[0]
     assert first.slice_count >= 1
     pool = [d for d in steady if d.pool == first.pool]
     promised = dataclasses.replace(first, slice_count=len(pool) + 1)
     started = [promised, *(d for d in steady if d is not first)]
-    assert steering.republishing(started) == frozenset({first.node})
+    assert steer_run.republishing(started) == frozenset({first.node})
     assert slice_index.incomplete(steady) == frozenset()

@@ -1,4 +1,4 @@
-"""Gate-and-steer in the operator: one steering pass under the process lock (the handler's side of steer/).
+"""Gate-and-steer in the running controller: one steering pass under the process lock (the wiring calls it).
 
 Builds the placement view (the slice index's digests, parsed once when each slice changed; allocated claims, gang
 reservations, steered pods not bound yet) and hands it to ``steer.reconciler.run_pass`` in a thread.
