@@ -35,7 +35,6 @@ The operator around them (these modules do I/O unless marked pure):
 - ``rejects``: objects that decoder quarantined (nested too deeply), refused with an Event.
 - ``runtime``: the operator's memo: the clients and configuration every handler shares, the process lock,
   and each feature's own state reached by its type (``rt.state(GangState)``); imports no feature.
-- ``failfast``: pods of a claim the node driver is sure to refuse are failed at once.
 - ``kube``: the API writes: one client built once, plain dicts, idempotent by construction.
 - ``steps``: those writes as values (``Step``, ``Eviction``), the vocabulary features decide in; pure.
 - ``events``: Kubernetes Events for every decision, what they refer to, how they are recorded.

@@ -17,8 +17,9 @@ from typing import Any
 import structlog
 
 from gpuplane.api import boundedjson
-from gpuplane.controller import events, failfast, names
+from gpuplane.controller import events, names
 from gpuplane.controller.claim import checks as claims
+from gpuplane.controller.claim import failfast
 
 log = structlog.get_logger(__name__)
 

@@ -7,6 +7,7 @@
 - ``no_match``: why a request's selectors admit no GPU at all (an attribute no GPU publishes, or a
   filter nothing passes); pure.
 - ``explainer``: a pass over the claim index every few seconds: why each pending claim waits.
+- ``failfast``: the pending pods of a claim the node driver is sure to refuse, failed at once (API writes).
 - ``handling``: what the operator does about one claim (the review's writes, the explanation's
   Event and annotation), leader-only; the handlers delegate to it.
 """

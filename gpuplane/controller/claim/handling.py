@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from gpuplane.controller import config, events, failfast, names, runtime
-from gpuplane.controller.claim import checks, review
+from gpuplane.controller import config, events, names, runtime
+from gpuplane.controller.claim import checks, failfast, review
 from gpuplane.controller.gang import run, status, world
 
 EXPLAIN_VIEW_AGE_S = 5.0  # an unallocated claim's explanation may use a view this old (one per claim timer otherwise)

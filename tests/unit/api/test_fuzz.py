@@ -34,8 +34,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuplane.api import boundedjson, configs, names
-from gpuplane.controller import config, failfast, metrics, runtime
+from gpuplane.controller import config, metrics, runtime
 from gpuplane.controller.claim import checks as controller_claims
+from gpuplane.controller.claim import failfast
 from gpuplane.controller.gang import reconciler as gang_reconciler
 from gpuplane.controller.gang import run as gang_run
 from gpuplane.controller.gang import spec as gangspec

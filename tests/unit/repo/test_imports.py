@@ -51,7 +51,6 @@ CONTROLLER_BASE = (
     "config",
     "names",
     "metrics",
-    "failfast",
     "heap",
     "memdump",
 )

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from gpuplane.controller import events, failfast, names
-from gpuplane.controller.claim import checks, review
+from gpuplane.controller import events, names
+from gpuplane.controller.claim import checks, failfast, review
 from gpuplane.controller.node import snapshot_builder
 from tests.controllerkit import CLASSES, claim_body, cluster_slices, req
 
