@@ -279,6 +279,26 @@ def test_a_wrong_import_is_reported(tmp_path: Path) -> None:
     assert by_name["the shared layers import neither program"] == []
 
 
+def test_the_runtime_importing_a_feature_is_reported(tmp_path: Path) -> None:
+    """Issue 34: the memo every feature takes imports none of them (a feature's state is reached by its type)."""
+    root = _tree(
+        tmp_path,
+        {
+            "gpuplane/__init__.py": "",
+            "gpuplane/controller/__init__.py": "",
+            "gpuplane/controller/runtime.py": "from gpuplane.controller.gang import run\n",
+            "gpuplane/controller/gang/__init__.py": "",
+            "gpuplane/controller/gang/run.py": "from gpuplane.controller import runtime\n",
+        },
+    )
+    got = broken(_contract("the runtime and the controller's base modules import no feature"), all_imports(root), root)
+    assert got == ["gpuplane/controller/runtime.py:1: gpuplane.controller.runtime imports gpuplane.controller.gang.run"]
+
+
+def _contract(name: str) -> Contract:
+    return next(c for c in CONTRACTS if c.name == name)
+
+
 def private_imports(found: Sequence[Import], root: Path) -> list[str]:
     """Every import of a private module or name of a dependency (``kopf._core...``, ``from x import _y``)."""
     out = []
