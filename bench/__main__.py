@@ -160,7 +160,10 @@ def main(argv: Sequence[str] | None = None, subjects: Sequence[tuple[str, str, l
     args = p.parse_args(argv)
     subjects = catalogue() if subjects is None else subjects
     if args.name == "list":
-        print(listing(subjects))
+        try:
+            print(listing(subjects), flush=True)
+        except BrokenPipeError:  # ``python -m bench list | head``: the reader left; nothing more to say
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     by_name = {b.name: b for _, _, benches in subjects for b in benches}
     if args.name not in by_name:

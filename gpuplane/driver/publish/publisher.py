@@ -125,7 +125,7 @@ class SlicePublisher:
 
         ``in_place=False`` and ``counter_sets_per_slice=1`` (the default layout's) are the behaviour and
         layout before the fleet-scale fixes (every change rewrites the pool; one counter slice per GPU),
-        kept so that ``bench.fleet_scale`` measures before and after side by side; the driver never sets
+        kept so that ``bench.fleet.fleet_scale`` measures before and after side by side; the driver never sets
         them."""
         if not 1 <= counter_sets_per_slice <= slices.MAX_COUNTER_SETS:
             raise ValueError(

@@ -61,7 +61,7 @@ class SteeringSettings:
     withhold: bool = False
     mix: fragmentation.SizeMix | None = None  # None: gpuplane's flat prior
     # False: re-list every order from scratch on every state change (the behaviour before the stable
-    # order, kept so that bench.steer_writes measures both side by side; the driver never sets it)
+    # order, kept so that bench.placement.steer_writes measures both side by side; the driver never sets it)
     stable: bool = True
 
     @property
