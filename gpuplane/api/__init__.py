@@ -7,7 +7,8 @@ reads the body of a response the client already holds.
   keys, API group).
 - ``configs``: the opaque device configuration (``gpu.gpuplane.dev/v1alpha1``) as strict pydantic models.
 - ``quantity``: Kubernetes resource quantities ("6Gi", "512M") parsed into integers, within bounds.
-- ``boundedjson``: API JSON decoded with bounded nesting, so no object a user writes makes a reader recurse.
+- ``boundedjson``: API JSON decoded with bounded nesting, so no object a user writes makes a reader recurse;
+  ``mapping``/``mappings`` read a field that should be an object (or a list of them) as empty when it is not.
 - ``kuberesponse``: the kubernetes client's responses read through that decoder.
 - ``ledger``: the cost ledger's record (``Segment``), written by the driver and by the rebalancer.
 - ``imex``: the IMEX plan object (``ImexDomain``): its strict parser and ``claims_on``, what the controller tells

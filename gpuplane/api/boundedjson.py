@@ -17,6 +17,9 @@ Depths count containers: ``{}`` is 1, ``{"a": []}`` is 2. Kubernetes objects
 gpuplane reads nest at most 14 levels (CustomResourceDefinitions, measured on the
 e2e cluster with managedFields; pods 11, nodes 9, ResourceSlices 8), so the
 64-level bound of :data:`MAX_OBJECT_DEPTH` refuses nothing real.
+
+Decoded, a field still holds whatever its writer put there: :func:`mapping` and :func:`mappings` read a
+field that should be an object, or a list of objects, as empty when it is anything else.
 """
 
 from __future__ import annotations
@@ -204,3 +207,13 @@ def decode_event(data: bytes | str, max_depth: int = MAX_OBJECT_DEPTH) -> Any:
     elif decoded.pruned:
         value = quarantine(value, max_depth)
     return value
+
+
+def mapping(value: Any) -> Mapping[str, Any]:
+    """``value`` if it is a mapping, else an empty one."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def mappings(value: Any) -> list[Mapping[str, Any]]:
+    """The mappings in ``value`` if it is a list (its other items left out), else none."""
+    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuplane.api import names
+from gpuplane.api.boundedjson import mapping
 
 _SLICE = re.compile(r"^memory-slice-(\d+)$")
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVXYZ"
@@ -121,18 +122,13 @@ class Fleet:
     hidden: list[str] = field(default_factory=list)  # what RBAC kept from the reader
 
 
-def _m(value: Any) -> Mapping[str, Any]:
-    """``value`` when it is a mapping, else an empty one (every field here is another party's writing)."""
-    return value if isinstance(value, Mapping) else {}
-
-
 def _l(value: Any) -> list[Any]:
     """``value`` when it is a list, else an empty one."""
     return value if isinstance(value, list) else []
 
 
 def _attr(device: Mapping[str, Any], key: str) -> Any:
-    value = _m(_m(device.get("attributes")).get(key))
+    value = mapping(mapping(device.get("attributes")).get(key))
     for kind in ("int", "string", "bool", "version"):
         if kind in value:
             return value[kind]
@@ -142,7 +138,7 @@ def _attr(device: Mapping[str, Any], key: str) -> Any:
 def _cells(device: Mapping[str, Any]) -> frozenset[int]:
     cells: set[int] = set()
     for consumption in _l(device.get("consumesCounters")):
-        for counter in _m(_m(consumption).get("counters")):
+        for counter in mapping(mapping(consumption).get("counters")):
             match = _SLICE.match(str(counter))
             if match:
                 cells.add(int(match.group(1)))
@@ -192,8 +188,8 @@ def _sharing(class_name: str, share: int) -> tuple[str, str]:
 
 
 def _share(result: Mapping[str, Any], request: Mapping[str, Any]) -> int:
-    consumed = _m(result.get("consumedCapacity")).get(names.CAP_SHARE_PERCENT)
-    asked = _m(_m(request.get("capacity")).get("requests")).get(names.CAP_SHARE_PERCENT)
+    consumed = mapping(result.get("consumedCapacity")).get(names.CAP_SHARE_PERCENT)
+    asked = mapping(mapping(request.get("capacity")).get("requests")).get(names.CAP_SHARE_PERCENT)
     for value in (consumed, asked):
         if value is not None:
             try:
@@ -206,10 +202,10 @@ def _share(result: Mapping[str, Any], request: Mapping[str, Any]) -> int:
 def _requests(claim: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     """Request name (``req`` or, for ``firstAvailable``, ``req/sub``) -> what it asks for."""
     out: dict[str, Mapping[str, Any]] = {}
-    for r in _l(_m(_m(claim.get("spec")).get("devices")).get("requests")):
+    for r in _l(mapping(mapping(claim.get("spec")).get("devices")).get("requests")):
         if not isinstance(r, Mapping):
             continue
-        out[str(r.get("name"))] = _m(r.get("exactly")) or r
+        out[str(r.get("name"))] = mapping(r.get("exactly")) or r
         for sub in _l(r.get("firstAvailable")):
             if isinstance(sub, Mapping):
                 out[f"{r.get('name')}/{sub.get('name')}"] = sub
@@ -220,8 +216,8 @@ def build(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any
     """The fleet from gpuplane's slices and the claims allocated on them."""
     fleet = Fleet()
     for s in slices:
-        spec = _m(_m(s).get("spec"))
-        node = spec.get("nodeName") or _m(spec.get("pool")).get("name")
+        spec = mapping(mapping(s).get("spec"))
+        node = spec.get("nodeName") or mapping(spec.get("pool")).get("name")
         if spec.get("driver") != names.DRIVER_NAME or not isinstance(node, str):
             continue
         gpus = fleet.nodes.setdefault(node, {})
@@ -236,15 +232,15 @@ def build(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any
                 gpu.whole = device
             else:
                 gpu.mig.append(device)
-    for claim in map(_m, claims):
-        meta = _m(claim.get("metadata"))
+    for claim in map(mapping, claims):
+        meta = mapping(claim.get("metadata"))
         key = f"{meta.get('namespace', '?')}/{meta.get('name', '?')}"
         requests = {
             r.get("name"): r.get("exactly") or r
             for r in (claim.get("spec") or {}).get("devices", {}).get("requests") or []
         }
-        results = _l(_m(_m(_m(claim.get("status")).get("allocation")).get("devices")).get("results"))
-        for result in map(_m, results):
+        results = _l(mapping(mapping(mapping(claim.get("status")).get("allocation")).get("devices")).get("results"))
+        for result in map(mapping, results):
             if result.get("driver") != names.DRIVER_NAME:
                 continue
             gpus = fleet.nodes.get(str(result.get("pool")), {})

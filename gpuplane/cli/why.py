@@ -18,14 +18,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from gpuplane.api.boundedjson import mapping
+
 UNALLOCATED = "gpuplane.dev/unallocated-reason"
 CONFIG_ERROR = "gpuplane.dev/config-error"
 NVLINK_WARNING = "gpuplane.dev/nvlink-constraint-warning"
 DRIVER = "gpu.gpuplane.dev"
-
-
-def _m(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
 
 
 def _l(value: Any) -> list[Any]:
@@ -33,30 +31,30 @@ def _l(value: Any) -> list[Any]:
 
 
 def _key(obj: Mapping[str, Any]) -> str:
-    meta = _m(obj.get("metadata"))
+    meta = mapping(obj.get("metadata"))
     return f"{meta.get('namespace', '?')}/{meta.get('name', '?')}"
 
 
 def claim_lines(claim: Mapping[str, Any]) -> list[str]:
     """What the claim has (allocation, devices) or why it waits (the controller's annotations)."""
-    notes = _m(_m(claim.get("metadata")).get("annotations"))
-    status = _m(claim.get("status"))
-    results = [_m(r) for r in _l(_m(_m(status.get("allocation")).get("devices")).get("results"))]
+    notes = mapping(mapping(claim.get("metadata")).get("annotations"))
+    status = mapping(claim.get("status"))
+    results = [mapping(r) for r in _l(mapping(mapping(status.get("allocation")).get("devices")).get("results"))]
     lines = [f"claim {_key(claim)}:"]
     if results:
         where = ", ".join(f"{r.get('pool')}/{r.get('device')}" for r in results)
-        users = ", ".join(str(_m(u).get("name")) for u in _l(status.get("reservedFor"))) or "no pod yet"
+        users = ", ".join(str(mapping(u).get("name")) for u in _l(status.get("reservedFor"))) or "no pod yet"
         lines.append(f"  allocated: {where} (reserved for: {users})")
     else:
         lines.append("  not allocated")
     for key, label in ((UNALLOCATED, "controller"), (CONFIG_ERROR, "configuration"), (NVLINK_WARNING, "NVLink")):
         if notes.get(key):
             lines.append(f"  {label}: {notes[key]}")
-    for device in map(_m, _l(status.get("devices"))):
+    for device in map(mapping, _l(status.get("devices"))):
         if device.get("driver") != DRIVER:
             continue
-        data = _m(device.get("data"))
-        sharing = _m(data.get("sharing"))
+        data = mapping(device.get("data"))
+        sharing = mapping(data.get("sharing"))
         lines.append(
             f"  got {device.get('device')}: {data.get('kind', '?')} {data.get('uuid', '?')}, "
             f"{sharing.get('strategy', '?')}"
@@ -67,13 +65,13 @@ def claim_lines(claim: Mapping[str, Any]) -> list[str]:
 
 def pod_lines(pod: Mapping[str, Any]) -> list[str]:
     """The pod's phase, node and what kube-scheduler said."""
-    status = _m(pod.get("status"))
-    node = _m(pod.get("spec")).get("nodeName") or "no node yet"
+    status = mapping(pod.get("status"))
+    node = mapping(pod.get("spec")).get("nodeName") or "no node yet"
     lines = [f"pod {_key(pod)}: {status.get('phase', '?')} on {node}"]
-    for cond in map(_m, _l(status.get("conditions"))):
+    for cond in map(mapping, _l(status.get("conditions"))):
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
             lines.append(f"  kube-scheduler: {cond.get('reason', '?')}: {cond.get('message', '')}".rstrip())
-    gates = [str(_m(g).get("name")) for g in _l(_m(pod.get("spec")).get("schedulingGates"))]
+    gates = [str(mapping(g).get("name")) for g in _l(mapping(pod.get("spec")).get("schedulingGates"))]
     if gates:
         lines.append(
             f"  held by scheduling gates: {', '.join(gates)} (gpuplane's gates lift when the controller decides)"
@@ -85,12 +83,14 @@ def event_lines(events: Iterable[Mapping[str, Any]], limit: int = 12) -> list[st
     """The newest ``limit`` Events, oldest first, one line each."""
 
     def when(e: Mapping[str, Any]) -> str:
-        return str(e.get("lastTimestamp") or e.get("eventTime") or _m(e.get("metadata")).get("creationTimestamp") or "")
+        return str(
+            e.get("lastTimestamp") or e.get("eventTime") or mapping(e.get("metadata")).get("creationTimestamp") or ""
+        )
 
     chosen = sorted(events, key=when)[-limit:]
     out = []
     for e in chosen:
-        obj = _m(e.get("involvedObject"))
+        obj = mapping(e.get("involvedObject"))
         count = f" x{e['count']}" if isinstance(e.get("count"), int) and e["count"] > 1 else ""
         out.append(
             f"  {when(e)} {e.get('type', '?')} {e.get('reason', '?')}{count} "
@@ -104,22 +104,22 @@ def verdict(
 ) -> str:
     """One line: where to look first."""
     for claim in claims:
-        notes = _m(_m(claim.get("metadata")).get("annotations"))
+        notes = mapping(mapping(claim.get("metadata")).get("annotations"))
         if notes.get(CONFIG_ERROR):
             return f"fix the claim's configuration: {notes[CONFIG_ERROR]}"
     failed = [e for e in events if e.get("reason") == "FailedPrepareDynamicResources"]
     if failed:
         return f"the node's driver refused to prepare a claim: {failed[-1].get('message', '')}"
-    pending = [c for c in claims if not _m(_m(c.get("status")).get("allocation"))]
+    pending = [c for c in claims if not mapping(mapping(c.get("status")).get("allocation"))]
     for claim in pending:
-        notes = _m(_m(claim.get("metadata")).get("annotations"))
+        notes = mapping(mapping(claim.get("metadata")).get("annotations"))
         if notes.get(UNALLOCATED):
             return f"no device fits the claim now: {notes[UNALLOCATED]}"
     if pod is not None:
-        for cond in map(_m, _l(_m(pod.get("status")).get("conditions"))):
+        for cond in map(mapping, _l(mapping(pod.get("status")).get("conditions"))):
             if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
                 return f"kube-scheduler cannot place the pod: {cond.get('message', '')}"
-        if _m(pod.get("status")).get("phase") == "Running":
+        if mapping(pod.get("status")).get("phase") == "Running":
             return "running: every claim was allocated and prepared"
     if pending:
         return "waiting for kube-scheduler to allocate the claim (no explanation recorded yet)"

@@ -43,6 +43,7 @@ from typing import Any
 
 from gpuplane.api import imex, imex_group
 from gpuplane.api import names as dn
+from gpuplane.api.boundedjson import mapping, mappings
 from gpuplane.controller import names
 
 MAX_SHAPES = 1024  # distinct request lists shared between claims (more are kept per claim, not shared)
@@ -244,14 +245,6 @@ class PodView:
         return self.annotation_bytes > ANNOTATIONS_FULL
 
 
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _entries(value: Any) -> list[Mapping[str, Any]]:
-    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
-
-
 def pending_pod(body: Mapping[str, Any]) -> PodView:
     """The indexed form of an unbound pod with a claim: what steering reads, nothing a tenant can inflate.
 
@@ -261,14 +254,14 @@ def pending_pod(body: Mapping[str, Any]) -> PodView:
     most ``MAX_OWN_ANNOTATION`` characters: a pod's owner may write 256 KiB of annotations and a large
     spec (containers, volumes, env), and every pending pod is held here until it is bound. Total on any body.
     """
-    meta, spec = _map(body.get("metadata")), _map(body.get("spec"))
+    meta, spec = mapping(body.get("metadata")), mapping(body.get("spec"))
     annotations = meta.get("annotations")
     own = {
         str(k): v
-        for k, v in _map(annotations).items()
+        for k, v in mapping(annotations).items()
         if str(k).startswith(names.GROUP + "/") and isinstance(v, str) and len(v) <= MAX_OWN_ANNOTATION
     }
-    selector = {str(k): str(v) for k, v in _map(spec.get("nodeSelector")).items()}
+    selector = {str(k): str(v) for k, v in mapping(spec.get("nodeSelector")).items()}
     affinity = spec.get("affinity")
     return PodView(
         name=str(meta.get("name") or ""),
@@ -276,14 +269,14 @@ def pending_pod(body: Mapping[str, Any]) -> PodView:
         uid=str(meta.get("uid") or ""),
         created=str(meta.get("creationTimestamp") or ""),
         node_name=str(spec.get("nodeName") or ""),
-        gates=tuple(str(g.get("name", "")) for g in _entries(spec.get("schedulingGates"))),
+        gates=tuple(str(g.get("name", "")) for g in mappings(spec.get("schedulingGates"))),
         claims=tuple(
             PodClaimRef(
                 str(r.get("name") or ""),
                 str(r.get("resourceClaimName") or ""),
                 str(r.get("resourceClaimTemplateName") or ""),
             )
-            for r in _entries(spec.get("resourceClaims"))
+            for r in mappings(spec.get("resourceClaims"))
         ),
         node_selector=MappingProxyType(selector) if selector else _NO_LABELS,
         affinity=copy.deepcopy(dict(affinity)) if isinstance(affinity, Mapping) else None,

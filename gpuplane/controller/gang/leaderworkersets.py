@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuplane.api.boundedjson import mapping
 from gpuplane.controller import events, names
 from gpuplane.controller.gang import owners
 
@@ -40,24 +41,17 @@ OWNER_DELETED = "OwnerDeleted"
 
 
 def _template_gang(template: Any) -> str:
-    if not isinstance(template, Mapping):
-        return ""
-    meta = template.get("metadata")
-    labels = meta.get("labels") if isinstance(meta, Mapping) else None
-    gang = labels.get(names.LABEL_GANG) if isinstance(labels, Mapping) else None
+    gang = mapping(mapping(mapping(template).get("metadata")).get("labels")).get(names.LABEL_GANG)
     return gang if isinstance(gang, str) else ""
 
 
 def gang_of(lws: Mapping[str, Any]) -> str | None:
     """The gang ("ns/gang") the LWS's worker template (or, failing that, its leader template) joins."""
-    spec = lws.get("spec")
-    template = spec.get("leaderWorkerTemplate") if isinstance(spec, Mapping) else None
-    if not isinstance(template, Mapping):
-        return None
+    template = mapping(mapping(lws.get("spec")).get("leaderWorkerTemplate"))
     gang = _template_gang(template.get("workerTemplate")) or _template_gang(template.get("leaderTemplate"))
     if not gang:
         return None
-    return f"{(lws.get('metadata') or {}).get('namespace', '')}/{gang}"
+    return f"{mapping(lws.get('metadata')).get('namespace', '')}/{gang}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +71,7 @@ class LwsView:
 
 def view(lws: Mapping[str, Any]) -> LwsView:
     """The indexed form of a LeaderWorkerSet (total on any body)."""
-    meta = lws.get("metadata")
-    meta = meta if isinstance(meta, Mapping) else {}
+    meta = mapping(lws.get("metadata"))
     return LwsView(
         name=str(meta.get("name", "")),
         namespace=str(meta.get("namespace") or ""),

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from gpuplane.api.boundedjson import mapping, mappings
 from gpuplane.controller import events, names
 
 
@@ -87,14 +88,6 @@ class JobView:
         return events.ObjectRef("batch/v1", "Job", self.name, self.namespace, self.uid)
 
 
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(value: Any) -> list[Mapping[str, Any]]:
-    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
-
-
 def _true(conditions: Sequence[Mapping[str, Any]], *kinds: str) -> Mapping[str, Any] | None:
     for c in conditions:
         if c.get("type") in kinds and c.get("status") == "True":
@@ -104,17 +97,17 @@ def _true(conditions: Sequence[Mapping[str, Any]], *kinds: str) -> Mapping[str, 
 
 def gang_of_job(job: Mapping[str, Any]) -> str | None:
     """The gang a Job's pod template joins ("ns/gang"), if any."""
-    template = _map(_map(_map(job.get("spec")).get("template")).get("metadata"))
-    gang = _map(template.get("labels")).get(names.LABEL_GANG)
-    if not gang or not isinstance(gang, str):
+    template = mapping(mapping(mapping(job.get("spec")).get("template")).get("metadata"))
+    gang = mapping(template.get("labels")).get(names.LABEL_GANG)
+    if not isinstance(gang, str) or not gang:
         return None
-    return f"{_map(job.get('metadata')).get('namespace', '')}/{gang}"
+    return f"{mapping(job.get('metadata')).get('namespace', '')}/{gang}"
 
 
 def job_view(job: Mapping[str, Any]) -> JobView:
     """The indexed form of a Job (total on any body)."""
-    meta, spec = _map(job.get("metadata")), _map(job.get("spec"))
-    conditions = _list(_map(job.get("status")).get("conditions"))
+    meta, spec = mapping(job.get("metadata")), mapping(job.get("spec"))
+    conditions = mappings(mapping(job.get("status")).get("conditions"))
     failed = _true(conditions, "Failed", "FailureTarget")
     jobset = next(
         (
@@ -125,7 +118,7 @@ def job_view(job: Mapping[str, Any]) -> JobView:
                 str(meta.get("namespace") or ""),
                 str(r.get("uid", "")),
             )
-            for r in _list(meta.get("ownerReferences"))
+            for r in mappings(meta.get("ownerReferences"))
             if r.get("controller") and r.get("kind") == "JobSet"
         ),
         None,
@@ -141,7 +134,7 @@ def job_view(job: Mapping[str, Any]) -> JobView:
         if failed is None
         else ": ".join(str(p) for p in (failed.get("reason"), failed.get("message")) if p),
         complete=_true(conditions, "Complete", "SuccessCriteriaMet") is not None,
-        finished=_true(conditions, "Complete") is not None or _true(conditions, "Failed") is not None,
+        finished=_true(conditions, "Complete", "Failed") is not None,
         jobset=jobset,
     )
 

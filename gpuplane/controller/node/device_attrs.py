@@ -12,15 +12,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuplane.api import quantity
+from gpuplane.api.boundedjson import mapping
 from gpuplane.mig.geometry import MigGeometry
 
 SHORT = 64  # strings up to this length are interned (the API's limit for an attribute's string value)
 _MAX_SLICE_INDEX = 1 << 16  # a memory-slice counter's number beyond any GPU's
-
-
-def mapping(value: Any) -> Mapping[str, Any]:
-    """``value`` if it is a mapping, else an empty one."""
-    return value if isinstance(value, Mapping) else {}
 
 
 def attr_value(raw: Any) -> Any:

@@ -37,6 +37,7 @@ from typing import Any
 
 from gpuplane.api import names as dn
 from gpuplane.api import noisy_taint
+from gpuplane.api.boundedjson import mapping
 from gpuplane.controller.node import device_attrs
 
 MAX_DEVICES = 128  # the API's limit on devices in one ResourceSlice (resource.k8s.io/v1)
@@ -155,7 +156,7 @@ def _mig_device(device: Mapping[str, Any], name: str, driver: str) -> MigDevice 
     counters = device_attrs.mig_counters(device)
     if counters is None:
         return None
-    attrs = device_attrs.mapping(device.get("attributes"))
+    attrs = mapping(device.get("attributes"))
     product = device_attrs.attribute(attrs, dn.ATTR_PRODUCT_NAME, driver, "string")
     profile = device_attrs.attribute(attrs, dn.ATTR_MIG_PROFILE, driver, "string")
     return MigDevice(
@@ -198,7 +199,7 @@ def untrusted(spec: Any, driver: str = dn.DRIVER_NAME) -> str | None:
     node = spec.get("nodeName")
     if not isinstance(node, str) or not node or len(node) > MAX_NAME:
         return NO_NODE
-    if device_attrs.mapping(spec.get("pool")).get("name") != node:
+    if mapping(spec.get("pool")).get("name") != node:
         return POOL_NOT_NODE
     return None
 
@@ -220,7 +221,7 @@ def digest(
     if len(devices) > MAX_DEVICES:
         return None
     interner = Interner() if interner is None else interner  # an empty one is falsy (it has a length)
-    pool = device_attrs.mapping(spec.get("pool"))
+    pool = mapping(spec.get("pool"))
     raw_node = spec.get("nodeName")
     node = _s(raw_node) if isinstance(raw_node, str) and len(raw_node) <= MAX_NAME else ""
     pool_name = pool.get("name")
@@ -231,7 +232,7 @@ def digest(
         if not isinstance(device, Mapping) or (dev := _name(device)) is None:
             continue
         noisy.extend(_noisy(device))
-        attrs = device_attrs.mapping(device.get("attributes"))
+        attrs = mapping(device.get("attributes"))
         kind = device_attrs.attribute(attrs, dn.ATTR_TYPE, driver, "string")
         if kind == dn.DEVICE_TYPE_GPU:
             gpus.append(_gpu(device, dev, node, driver))
@@ -295,8 +296,8 @@ def as_digest(obj: SliceDigest | Mapping[str, Any], driver: str = dn.DRIVER_NAME
         return obj if obj.driver == driver else None
     if not isinstance(obj, Mapping):
         return None
-    name = device_attrs.mapping(obj.get("metadata")).get("name")
-    return digest(name if isinstance(name, str) else "", device_attrs.mapping(obj.get("spec")), None, driver)
+    name = mapping(obj.get("metadata")).get("name")
+    return digest(name if isinstance(name, str) else "", mapping(obj.get("spec")), None, driver)
 
 
 def incomplete(digests: list[SliceDigest]) -> frozenset[str]:

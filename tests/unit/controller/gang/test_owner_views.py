@@ -62,6 +62,11 @@ def test_a_hostile_body_reads_as_nothing_rather_than_raising() -> None:
         _lws({"metadata": {"labels": {"x": 1}}}),
     ):
         assert leaderworkersets.view(lws).gang is None and caches.gang_lws(lws) is caches.NOT_INDEXED
+    # A gang's template under metadata that is not an object: read, in no namespace, rather than raising.
+    odd_meta = {**_lws({"metadata": {"labels": {names.LABEL_GANG: "g"}}}), "metadata": "m"}
+    assert leaderworkersets.view(odd_meta) == leaderworkersets.LwsView(name="", gang="/g")
+    odd_job = {**job("j", "g"), "metadata": "m"}
+    assert owners.job_view(odd_job).gang == "/g"
 
 
 def test_the_index_keeps_no_part_of_a_tenants_pod_template() -> None:
