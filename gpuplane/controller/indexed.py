@@ -225,7 +225,6 @@ class PodView:
     name: str
     namespace: str = ""
     uid: str = ""
-    created: str = ""  # creationTimestamp as written
     node_name: str = ""
     gates: tuple[str, ...] = ()  # spec.schedulingGates, in order
     claims: tuple[PodClaimRef, ...] = ()  # spec.resourceClaims
@@ -267,7 +266,6 @@ def pending_pod(body: Mapping[str, Any]) -> PodView:
         name=str(meta.get("name") or ""),
         namespace=_i(str(meta.get("namespace") or "")),
         uid=str(meta.get("uid") or ""),
-        created=str(meta.get("creationTimestamp") or ""),
         node_name=str(spec.get("nodeName") or ""),
         gates=tuple(str(g.get("name", "")) for g in mappings(spec.get("schedulingGates"))),
         claims=tuple(

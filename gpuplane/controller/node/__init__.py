@@ -10,8 +10,8 @@
   (``gpuplane_untrusted_slices_total``) and logged.
 - ``selectors``: the subset of CEL device selectors the controller evaluates itself, and a
   DeviceClass's selectors; pure (the gang queue, steering and the claim checks all evaluate with it).
-- ``pod_nodes``: what a pod says of the nodes it may use (nodeSelector, required node affinity) and
-  of the scheduling gates that hold it; pure (steering and the MIG offer read pods with it).
+- ``pod_nodes``: what a pod says of the nodes it may use (nodeSelector, required node affinity); pure
+  (steering and the MIG offer read pods with it).
 - ``device_attrs``: what one published device says (qualified attributes, quantities, a MIG
   device's counter footprint and geometry profile), every reader total; pure.
 """

@@ -1,13 +1,10 @@
-"""What a pod says of where it may run and of what holds it back: read from its spec. Pure.
-
-* :func:`node_filter`: the nodes a pod may use, from its ``nodeSelector`` and required node affinity
-  (``matchExpressions`` on labels, ``matchFields`` on ``metadata.name``), as kube-scheduler's
-  NodeAffinity reads them;
-* :func:`gates_of`: the scheduling gates that keep it from the scheduler.
+"""Where a pending pod may run: :func:`node_filter`, from its ``nodeSelector`` and required node affinity
+(``matchExpressions`` on labels, ``matchFields`` on ``metadata.name``), as kube-scheduler's NodeAffinity
+reads them. Pure. (Its gates are :attr:`gpuplane.controller.indexed.PodView.gates`.)
 
 Steering (which node to write into a gated pod) and the MIG offer (which GPUs a waiting claim's pod may
-use, and whether anyone will try the pod at all) read pods with these; both are fed pods a tenant wrote,
-so every reader is total or raises ValueError (an operator it cannot read).
+use) read pods with it; both are fed pods a tenant wrote, so it is total or raises ValueError (an
+operator it cannot read).
 
 The label ``gpuplane.dev/mig-offered`` (``gpuplane.api.mig_offer.NODE_LABEL``) is the controller's own: it
 puts it on every node it offers MIG on. A pod that asks for it may use any node the offer could grow
@@ -21,11 +18,6 @@ from typing import Any
 
 from gpuplane.api.mig_offer import NODE_LABEL as MIG_OFFERED
 from gpuplane.controller.indexed import PodView
-
-
-def gates_of(pod: PodView) -> tuple[str, ...]:
-    """The names of a pod's scheduling gates, in order."""
-    return pod.gates
 
 
 def node_filter(pod: PodView) -> Callable[[str, Mapping[str, str]], bool] | None:
