@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from gpuplane.controller import names, steps
+from gpuplane.controller import indexed, names, steps
 from gpuplane.controller.gang import queue_runner, reconciler, status, world
 from gpuplane.controller.imex import hold
 from gpuplane.controller.node import snapshot_builder
@@ -169,16 +169,22 @@ def make_world(
     slices_: Sequence[Mapping[str, Any]],
     gangs_: Sequence[dict[str, Any]],
     pods: Sequence[dict[str, Any]] = (),
-    claims_: Sequence[dict[str, Any]] = (),
+    claims_: Sequence[Mapping[str, Any] | indexed.ClaimView] = (),
 ) -> world.World:
     return world.World(
         gangs={f"{g['metadata']['namespace']}/{g['metadata']['name']}": g for g in gangs_},
         pods=world.member_lists(pods),
-        claims={f"{c['metadata']['namespace']}/{c['metadata']['name']}": c for c in claims_},
+        claims=claim_index(claims_),
         slices=tuple(slices_),
         nodes={s["spec"]["nodeName"]: True for s in slices_},
         classes=CLASSES,
     )
+
+
+def claim_index(claims: Iterable[Mapping[str, Any] | indexed.ClaimView]) -> dict[str, indexed.ClaimView]:
+    """Claims as the claim index holds them (bodies through the informer's transform), by ``ns/name``."""
+    views = [c if isinstance(c, indexed.ClaimView) else indexed.claim(c) for c in claims]
+    return {v.key: v for v in views}
 
 
 def run_pass(w: world.World, now: float = T0 + 10) -> tuple[queue_runner.Plan, snapshot_builder.ClusterView]:
@@ -215,9 +221,8 @@ class FakeApi:
 
     def __init__(self, w: world.World, crash_after: int | None = None) -> None:
         self.pods = {p["metadata"]["name"]: copy.deepcopy(dict(p)) for ps in w.pods.values() for p in ps}
-        self.claims: dict[str, dict[str, Any]] = {
-            c["metadata"]["name"]: copy.deepcopy(dict(c)) for c in w.claims.values()
-        }
+        # the world's claims as indexed (views), and the bodies of the claims the steps create
+        self.claims: dict[str, Mapping[str, Any] | indexed.ClaimView] = {c.name: c for c in w.claims.values()}
         self.writes: list[str] = []
         self.crash_after = crash_after
 

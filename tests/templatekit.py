@@ -125,7 +125,7 @@ def world_of(
     return world.World(
         gangs={f"{NS}/{gang['metadata']['name']}": gang},
         pods=world.member_lists(pods),
-        claims={f"{NS}/{c['metadata']['name']}": c for c in claims},
+        claims=controllerkit.claim_index(claims),
         slices=tuple(slices),
         nodes=nodes,
         classes={"gpu.gpuplane.dev": GPU_CLASS},

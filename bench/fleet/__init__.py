@@ -13,5 +13,7 @@
 - ``newer_scheduler``: the newer kube-scheduler (1.37) swapped in for the (a+) rounds, built once into the cache.
 - ``controller_memory``: the controller's memory on the same fleet, before and after, started one after
   the other on one cluster in minutes (runnable).
+- ``claim_index_memory``: what the controller's claim index holds per claim against the API's body, and
+  against another commit's index (runnable, seconds, no cluster).
 - ``fleet_state``: writes that fleet's claims and pods straight into the API, allocated as kube-scheduler would.
 """

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import time
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from bench.gangs import gang_reconcile_cost as fleetkit
@@ -34,9 +36,9 @@ GPU = {
 
 
 class Writer:
-    """What the explainer writes, applied to the indexed claims (as the watch would bring it back)."""
+    """What the explainer writes, applied to the indexed claims (as the watch would bring it back: a new entry)."""
 
-    def __init__(self, claims: Mapping[str, list[dict[str, Any]]]) -> None:
+    def __init__(self, claims: Mapping[str, list[indexed.ClaimView]]) -> None:
         self.claims, self.events, self.annotated = claims, 0, 0
 
     def event(self, ref: events.ObjectRef, kind: events.EventType, reason: str, message: str) -> None:
@@ -44,8 +46,9 @@ class Writer:
 
     def annotate_claim(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
         self.annotated += 1
-        meta = self.claims[f"{namespace}/{name}"][0]["metadata"]
-        meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
+        store = self.claims[f"{namespace}/{name}"]
+        kept = {**store[0].annotations, **{k: v for k, v in annotations.items() if v is not None}}
+        store[0] = dataclasses.replace(store[0], annotations=MappingProxyType(kept))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         return gang_run.make_world(rt, now=time.time(), **idx)
 
     def per_claim() -> explainer.Explain:  # before: the world copied for every claim
-        async def explain(claim: Mapping[str, Any], now: float) -> None:
+        async def explain(claim: indexed.ClaimView, now: float) -> None:
             await handling.explain_claim(rt, claim, classes, world(), now)
 
         return explain
@@ -90,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     def per_pass() -> explainer.Explain:  # after: once per pass
         w = world()
 
-        async def explain(claim: Mapping[str, Any], now: float) -> None:
+        async def explain(claim: indexed.ClaimView, now: float) -> None:
             await handling.explain_claim(rt, claim, classes, w, now)
 
         return explain

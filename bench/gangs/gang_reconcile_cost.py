@@ -71,7 +71,8 @@ def fleet(hgx: int, gb200: int) -> tuple[list[slice_index.SliceDigest], list[str
     return out, hgx_nodes, nvl_nodes
 
 
-def claim(name: str, node: str | None = None, device: str = "") -> dict[str, Any]:
+def claim(name: str, node: str | None = None, device: str = "") -> indexed.ClaimView:
+    """Claim ``name`` as the claim index holds it (allocated on ``node``/``device`` when given)."""
     body: dict[str, Any] = {
         "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}"},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.gpuplane.dev"}}]}},
@@ -115,7 +116,7 @@ def gang(j: int, nodes: tuple[str, str] | None) -> tuple[dict[str, Any], list[di
 def indexes(
     digests: Sequence[slice_index.SliceDigest],
     nodes: Sequence[str],
-    claims: Sequence[Mapping[str, Any]],
+    claims: Sequence[indexed.ClaimView],
     *,
     gangs: Sequence[Mapping[str, Any]] = (),
     pods: Sequence[Mapping[str, Any]] = (),
@@ -126,7 +127,7 @@ def indexes(
     idx: dict[str, Any] = {
         "gang_idx": {f"{NS}/{g['metadata']['name']}": [g] for g in gangs},
         "pod_idx": {f"{NS}/{p['metadata']['name']}": [p] for p in pods},
-        "claim_idx": {f"{NS}/{c['metadata']['name']}": [c] for c in claims},
+        "claim_idx": {c.key: [c] for c in claims},
         "slice_idx": {},
         "node_idx": {n: [indexed.NodeView(n, schedulable=True)] for n in nodes},
         "class_idx": {"gpu.gpuplane.dev": [{"metadata": {"name": "gpu.gpuplane.dev"}, "spec": dict(class_spec or {})}]},

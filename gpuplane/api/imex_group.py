@@ -3,8 +3,9 @@
 A tenant labels its ResourceClaims (directly, or through a ResourceClaimTemplate's ``metadata.labels``) with
 ``gpuplane.dev/imex-group: <name>``. The controller plans the allocated claims of one namespace carrying one
 name like a gang (``gpuplane.controller.imex.groups``); the driver's prepare of a labelled claim waits until a
-domain names it (``gpuplane.driver.prepare.imex_claims``). Both read the label through :func:`group_of`, so
-they agree on what is a group and what is refused.
+domain names it (``gpuplane.driver.prepare.imex_claims``). Both read the label's value through
+:func:`group_named` (the driver by way of :func:`group_of`, on the claim it is given; the controller on the
+label its claim index kept), so they agree on what is a group and what is refused.
 
 The label is tenant input: a name that is not a DNS label (lowercase letters, digits and ``-``, at most
 ``MAX_GROUP_NAME`` characters) is refused and the claim is treated as unlabelled. A group is keyed by
@@ -60,7 +61,11 @@ def group_of(claim: Mapping[str, Any]) -> tuple[str, str]:
     labels = meta.get("labels") if isinstance(meta, Mapping) else None
     if not isinstance(labels, Mapping) or LABEL not in labels:
         return "", ""
-    value = labels[LABEL]
+    return group_named(labels[LABEL])
+
+
+def group_named(value: object) -> tuple[str, str]:
+    """:func:`group_of` for the label's value as written: (the group name, "") or ("", why it is refused)."""
     if not isinstance(value, str):
         return "", f"label {LABEL} must be a string"
     why = validate(value)

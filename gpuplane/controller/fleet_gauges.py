@@ -4,10 +4,12 @@ No event carries how long claims have waited or how large a gang the fleet could
 loop of its own sets them every ``--fleet-gauges-interval`` (30 s) from one copy of the cluster (the
 World the gang handlers copy, reused while nothing indexed changed):
 
-* **pending claims** (:func:`pending_claims`, pure): gpuplane's ResourceClaims without an allocation
+* **pending claims** (:func:`pending_claims`, pure, over the claim index's
+  :class:`~gpuplane.controller.indexed.ClaimView`): gpuplane's ResourceClaims without an allocation
   that a pod waits for (a pod names them in ``spec.resourceClaims`` or
   ``status.resourceClaimStatuses``), not being deleted: how many, and the age of the oldest (its
-  ``creationTimestamp``, which the claim index keeps for unallocated claims). A claim no pod uses
+  ``creationTimestamp``, which the claim index keeps for unallocated claims). A claim the bounded
+  decoder quarantined is in no index, so none is counted. A claim no pod uses
   is waiting for nothing: DRA allocates a claim when its first consumer is scheduled. Gang members'
   claims count (a gang waiting for room is pods waiting for GPUs);
 * **the largest free block per GPU product** (:func:`free_by_product`, pure): the largest TP group
@@ -34,7 +36,7 @@ from typing import Any
 
 import structlog
 
-from gpuplane.controller import metrics, rejects, runtime
+from gpuplane.controller import indexed, metrics, runtime
 from gpuplane.controller.claim import checks
 from gpuplane.controller.gang import run as gang_run
 from gpuplane.controller.gang import status, world
@@ -63,7 +65,7 @@ class Free:
 
 
 def pending_claims(
-    claims: Iterable[Mapping[str, Any]],
+    claims: Iterable[indexed.ClaimView],
     classes: Mapping[str, Mapping[str, Any]],
     waited_for: Container[str],
     now: float,
@@ -71,15 +73,12 @@ def pending_claims(
     """Count gpuplane's unallocated claims whose ``"ns/name"`` is in ``waited_for``, and the oldest one's age."""
     count, oldest = 0, 0.0
     for claim in claims:
-        if (claim.get("status") or {}).get("allocation"):
+        if claim.allocated or claim.deleting or claim.key not in waited_for:
             continue
-        meta = claim.get("metadata") or {}
-        if meta.get("deletionTimestamp") or f"{meta.get('namespace')}/{meta.get('name')}" not in waited_for:
-            continue
-        if rejects.rejected(claim) or not checks.is_ours(claim, classes):
+        if not checks.ours_in(claim.requests, classes):
             continue
         count += 1
-        created = status.parse_time(meta.get("creationTimestamp"))
+        created = status.parse_time(claim.created)
         if created is not None:
             oldest = max(oldest, now - created)
     return Pending(count, oldest)

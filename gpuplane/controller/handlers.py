@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -224,8 +224,8 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
         def begin() -> explainer.Explain:  # once per pass: the classes and the world, copied once
             classes, w = indexed.single(idx["class_idx"]), gang_run.world_now(memo)
 
-            async def explain(claim: Mapping[str, Any], now: float) -> None:
-                if rejects.rejected(claim) or not checks.is_ours(claim, classes):
+            async def explain(claim: indexed.ClaimView, now: float) -> None:
+                if not checks.ours_in(claim.requests, classes):  # a claim the decoder refused is in no index
                     return
                 async with memo.lock():
                     await handling.explain_claim(memo, claim, classes, w, now)

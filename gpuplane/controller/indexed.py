@@ -2,17 +2,17 @@
 
 The indexes are the controller's cache of the cluster. Keeping whole objects (managed fields,
 specs, conditions) made the controller's memory grow with everything users and kubelets write;
-at 1,000 nodes and 10,000 claims that alone is hundreds of megabytes. Each function returns a
-plain dict in the API's shape, so code that reads ``claim["status"]["allocation"]`` or
-``node["metadata"]["labels"]`` works unchanged, holding only:
+at 1,000 nodes and 10,000 claims that alone is hundreds of megabytes. Each object is parsed once, as
+its event is decoded, into a typed, frozen view of what the controller reads (no reader walks a dict):
 
-* a claim: name, namespace, uid, the decision and rebalancing annotations, the member-index label, the
-  IMEX group label (and then the creation time: :mod:`gpuplane.controller.imex.groups`),
+* a claim: a :class:`ClaimView`: its name, namespace, uid, the decision and rebalancing annotations, the
+  gang and member-index labels (a claim with the gang label is a gang's, never an IMEX group's: the node
+  driver reads it so too), the IMEX group label (and then the creation time: :mod:`gpuplane.controller.imex.groups`),
   owner references to GpuGangs and to Pods (name, uid, whether it is the controller: a template
   member's claim; steering ends a steered pod's reservation when a claim it owns is allocated), the
   deletion mark, its requests as written (gang shape checks read class, mode and count; steering
   reads selectors, capacity and admin access too; rebalancing each firstAvailable alternative's
-  class: a tier), whether it is allocated with the results of this driver only (request, pool,
+  class: a tier), whether it is allocated, the results of this driver only (request, pool,
   device, consumed share percent) and the pods it is reserved for (rebalancing reads the tier, the
   share and the pods of each claim on a noisy GPU);
 * a node: a typed, frozen :class:`NodeView`: whether it is schedulable, its name and uid (for Events),
@@ -23,11 +23,11 @@ plain dict in the API's shape, so code that reads ``claim["status"]["allocation"
   selector, the affinity as written (steering writes it back whole), gpuplane's own annotation keys and
   the size of all of them (steering and the MIG offer read it).
 
-Pure functions of the object; ``single`` reads such an index back as a plain dict. What repeats
-from claim to claim is kept once: the short strings (namespace, driver, request, pool and device
-names) interned, and the requests shared between claims whose requests are equal (claims made from
-one template are), through :data:`REQUESTS` (the last :data:`MAX_SHAPES` distinct ones). Index entries
-are read-only: every reader copies before it changes anything.
+Pure functions of the object (a claim's or a pod's field of the wrong type reads as absent); ``single``
+reads such an index back as a plain dict. What repeats from claim to claim is kept once: the short
+strings (namespace, request, pool and device names) interned, and the requests shared between claims
+whose requests are equal (claims made from one template are), through :data:`REQUESTS` (the last
+:data:`MAX_SHAPES` distinct ones). Index entries are read-only: every reader copies before it changes.
 """
 
 from __future__ import annotations
@@ -85,67 +85,169 @@ def _i(value: Any) -> Any:
     return sys.intern(value) if isinstance(value, str) and len(value) <= MAX_INTERNED else value
 
 
-def _result(r: Mapping[str, Any]) -> dict[str, Any]:
-    out = {k: _i(r.get(k)) for k in ("driver", "request", "pool", "device")}
-    share = (r.get("consumedCapacity") or {}).get(dn.CAP_SHARE_PERCENT)
-    if share is not None:
-        out["consumedCapacity"] = {dn.CAP_SHARE_PERCENT: _i(share)}
-    return out
+_EMPTY: Mapping[str, str] = MappingProxyType({})
 
 
-def claim(body: Mapping[str, Any], driver: str = dn.DRIVER_NAME) -> dict[str, Any]:
-    """The indexed form of a ResourceClaim."""
-    meta = body.get("metadata") or {}
-    annotations = meta.get("annotations") or {}
-    labels = meta.get("labels") or {}
-    out_meta: dict[str, Any] = {"name": meta.get("name"), "namespace": _i(meta.get("namespace"))}
-    out_meta["uid"] = meta.get("uid")
-    kept = {k: annotations[k] for k in _ANNOTATIONS if k in annotations}
-    if kept:
-        out_meta["annotations"] = kept
-    kept_labels = {k: labels[k] for k in (names.LABEL_MEMBER_INDEX, imex_group.LABEL) if k in labels}
-    if kept_labels:
-        out_meta["labels"] = kept_labels
-    owners = [
-        {"apiVersion": r.get("apiVersion"), "kind": r.get("kind"), "name": r.get("name")}
-        for r in meta.get("ownerReferences") or []
-        if r.get("kind") == names.GANG_KIND
-    ]
-    owners += [
-        {
-            "kind": "Pod",
-            "name": r.get("name"),
-            "uid": r.get("uid"),
-            **({"controller": True} if r.get("controller") else {}),
-        }
-        for r in meta.get("ownerReferences") or []
-        if r.get("kind") == "Pod"
-    ]
-    if owners:
-        out_meta["ownerReferences"] = owners
-    if meta.get("deletionTimestamp"):
-        out_meta["deletionTimestamp"] = meta["deletionTimestamp"]
-    allocation = (body.get("status") or {}).get("allocation")
-    if (not allocation or imex_group.LABEL in labels) and meta.get("creationTimestamp"):  # claim.explainer; IMEX
-        out_meta["creationTimestamp"] = meta["creationTimestamp"]
+def _empty() -> Mapping[str, str]:
+    return _EMPTY
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceResult:
+    """One device this driver allocated to a claim (``status.allocation.devices.results[]``)."""
+
+    request: str  # the request (or "request/subrequest") it was allocated for
+    pool: str
+    device: str
+    share_percent: Any = None  # consumedCapacity sharePercent as written (a quantity); None: the whole device
+
+    @property
+    def key(self) -> str:
+        """``pool/device``: the device's name in the placement snapshot."""
+        return f"{self.pool}/{self.device}"
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerRef:
+    """A claim's owner reference to a GpuGang or a Pod (the only kinds the controller reads)."""
+
+    kind: str
+    name: str
+    uid: str = ""
+    api_version: str = ""
+    controller: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Consumer:
+    """An entry of a claim's ``status.reservedFor``."""
+
+    resource: str
+    name: str
+    uid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimView:
+    """A ResourceClaim as the controller reads it: parsed once, at the informer, into what it uses; read-only.
+
+    ``requests`` are the claim's ``spec.devices.requests`` as written (the API caps them; steering reads
+    any field of them), shared between claims whose requests are equal; everything else is typed.
+    """
+
+    name: str
+    namespace: str = ""
+    uid: str = ""
+    annotations: Mapping[str, str] = field(default_factory=_empty)  # decision, rebalancing and explained only
+    labels: Mapping[str, str] = field(default_factory=_empty)  # gang, member-index and IMEX-group only
+    owners: tuple[OwnerRef, ...] = ()  # owner references to GpuGangs and to Pods
+    deleting: bool = False  # deletionTimestamp is set
+    created: str | None = None  # creationTimestamp, kept while unallocated or labelled for an IMEX group
+    requests: tuple[Mapping[str, Any], ...] = ()
+    allocated: bool = False  # status.allocation is set (by any driver)
+    results: tuple[DeviceResult, ...] = ()  # this driver's devices in the allocation
+    reserved_for: tuple[Consumer, ...] = ()
+
+    @property
+    def key(self) -> str:
+        """``namespace/name``."""
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def gang(self) -> str | None:
+        """``ns/name`` of the GpuGang (of gpuplane's API group) owning the claim, if any."""
+        for ref in self.owners:
+            if ref.kind == names.GANG_KIND and ref.api_version.startswith(names.GROUP + "/"):
+                return f"{self.namespace}/{ref.name}"
+        return None
+
+    @property
+    def member_index(self) -> int:
+        """The gang member index recorded on the claim (0 when absent or not a number)."""
+        raw = self.labels.get(names.LABEL_MEMBER_INDEX, "0")
+        return int(raw) if raw.isdigit() else 0
+
+    @property
+    def pod_owners(self) -> tuple[OwnerRef, ...]:
+        """Its owner references to Pods (a template member's claim is owned by its pod)."""
+        return tuple(r for r in self.owners if r.kind == "Pod")
+
+    @property
+    def decision(self) -> str:
+        """The controller's placement decision annotation ("" when none)."""
+        return self.annotations.get(names.ANNOTATION_DECISION, "")
+
+    def spec(self) -> dict[str, Any]:
+        """Its ``spec`` in the API's shape (only the requests): for readers that take a claim spec."""
+        return {"devices": {"requests": list(self.requests)}}
+
+
+def _owner(r: Mapping[str, Any]) -> OwnerRef | None:
+    kind = r.get("kind")
+    if kind not in (names.GANG_KIND, "Pod"):
+        return None
+    get = r.get
+    return OwnerRef(
+        str(kind), _text(get("name")), _text(get("uid")), _text(get("apiVersion")), get("controller") is True
+    )
+
+
+def _text(value: Any) -> str:
+    """``value`` if it is a string, else "" (a name of another type names nothing)."""
+    return value if isinstance(value, str) else ""
+
+
+def _consumer(r: Mapping[str, Any], owners: tuple[OwnerRef, ...]) -> Consumer:
+    """A reservedFor entry; the pod's name and uid shared with its owner reference when they are equal (a
+    template member's claim is reserved for the pod that owns it): one copy of each string, not two."""
+    name, uid = _text(r.get("name")), _text(r.get("uid"))
+    for o in owners:
+        if o.uid == uid and o.name == name:
+            name, uid = o.name, o.uid
+            break
+    return Consumer(_i(_text(r.get("resource"))), name, uid)
+
+
+def _strings(values: Mapping[str, Any], keys: Iterable[str]) -> Mapping[str, str]:
+    kept = {k: values[k] for k in keys if isinstance(values.get(k), str)}
+    return MappingProxyType(kept) if kept else _EMPTY
+
+
+def claim(body: Mapping[str, Any], driver: str = dn.DRIVER_NAME) -> ClaimView:
+    """The indexed form of a ResourceClaim. Total on any body: a field of the wrong type reads as absent."""
+    meta, status = mapping(body.get("metadata")), mapping(body.get("status"))
+    labels = mapping(meta.get("labels"))
+    allocation = status.get("allocation")
+    created = meta.get("creationTimestamp")
+    keep_created = (not allocation or imex_group.LABEL in labels) and isinstance(created, str)  # explainer; IMEX
     # Requests as written: small (the API caps them), and steering reads any field of them.
-    requests = REQUESTS(copy.deepcopy(list(((body.get("spec") or {}).get("devices") or {}).get("requests") or [])))
-    status: dict[str, Any] = {}
-    if allocation:
-        results = [
-            _result(r) for r in (allocation.get("devices") or {}).get("results") or [] if r.get("driver") == driver
-        ]
-        status["allocation"] = {"devices": {"results": results}}
-    reserved = [
-        {"resource": _i(r.get("resource")), "name": r.get("name"), "uid": r.get("uid")}
-        for r in (body.get("status") or {}).get("reservedFor") or []
-    ]
-    if reserved:
-        status["reservedFor"] = reserved
-    out: dict[str, Any] = {"metadata": out_meta, "status": status}
-    if requests:
-        out["spec"] = {"devices": {"requests": requests}}
-    return out
+    raw = list(mappings(mapping(mapping(body.get("spec")).get("devices")).get("requests")))
+    requests = REQUESTS(tuple(copy.deepcopy(raw))) if raw else ()
+    results = tuple(
+        DeviceResult(
+            request=_i(_text(r.get("request"))),
+            pool=_i(_text(r.get("pool"))),
+            device=_i(_text(r.get("device"))),
+            share_percent=_i(mapping(r.get("consumedCapacity")).get(dn.CAP_SHARE_PERCENT)),
+        )
+        for r in mappings(mapping(mapping(allocation).get("devices")).get("results"))
+        if r.get("driver") == driver
+    )
+    owners = tuple(o for o in map(_owner, mappings(meta.get("ownerReferences"))) if o is not None)
+    return ClaimView(
+        name=str(meta.get("name") or ""),
+        namespace=_i(str(meta.get("namespace") or "")),
+        uid=str(meta.get("uid") or ""),
+        annotations=_strings(mapping(meta.get("annotations")), _ANNOTATIONS),
+        labels=_strings(labels, (names.LABEL_MEMBER_INDEX, names.LABEL_GANG, imex_group.LABEL)),
+        owners=owners,
+        deleting=bool(meta.get("deletionTimestamp")),
+        created=created if keep_created else None,
+        requests=requests,
+        allocated=bool(allocation),
+        results=results,
+        reserved_for=tuple(_consumer(r, owners) for r in mappings(status.get("reservedFor"))),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +257,7 @@ class NodeView:
     name: str
     uid: str = ""
     schedulable: bool = False  # Ready and not cordoned
-    labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # every label
+    labels: Mapping[str, str] = field(default_factory=_empty)  # every label
     nvlink_domains: str | None = None  # the annotation gpuplane.dev/nvlink-domains the controller maintains
     address: str = ""  # its first InternalIP (its IMEX daemon's address); "" when it reports none
 
@@ -211,9 +313,6 @@ class PodClaimRef:
     template: str = ""  # resourceClaimTemplateName
 
 
-_NO_LABELS: Mapping[str, str] = MappingProxyType({})
-
-
 @dataclass(frozen=True, slots=True)
 class PodView:
     """An unbound pod with a claim as steering and the MIG offer read it: parsed once, at the informer.
@@ -228,7 +327,7 @@ class PodView:
     node_name: str = ""
     gates: tuple[str, ...] = ()  # spec.schedulingGates, in order
     claims: tuple[PodClaimRef, ...] = ()  # spec.resourceClaims
-    node_selector: Mapping[str, str] = field(default_factory=lambda: _NO_LABELS)
+    node_selector: Mapping[str, str] = field(default_factory=_empty)
     affinity: Mapping[str, Any] | None = None  # spec.affinity as written (read-only; steering copies it)
     annotations: Mapping[str, str] | None = None  # gpuplane's keys; None when the pod has no annotation at all
     annotation_bytes: int = 0  # the size the API counts of all its annotations
@@ -276,7 +375,7 @@ def pending_pod(body: Mapping[str, Any]) -> PodView:
             )
             for r in mappings(spec.get("resourceClaims"))
         ),
-        node_selector=MappingProxyType(selector) if selector else _NO_LABELS,
+        node_selector=MappingProxyType(selector) if selector else _EMPTY,
         affinity=copy.deepcopy(dict(affinity)) if isinstance(affinity, Mapping) else None,
         # present even when none is ours: a patch then adds keys, not the map
         annotations=MappingProxyType(own) if annotations else None,

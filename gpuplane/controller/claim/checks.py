@@ -1,22 +1,26 @@
 """ResourceClaims for this driver: config validation, why a claim stays unallocated, missing domain constraints.
 
-All pure: a claim body, the DeviceClasses and (for explanations) a cluster view
-in; messages out. The opaque configs are checked with the very models and
-merge rules the node driver uses at prepare time (:mod:`gpuplane.api.configs`),
-so a claim the driver would refuse is flagged before any pod reaches a node.
+All pure: a claim, the DeviceClasses and (for explanations) a cluster view in; messages out. The
+review (config validation, the domain warning) reads the full body the claim handler receives; the
+explainer and the fleet's gauges read the claim index, whose
+:class:`~gpuplane.controller.indexed.ClaimView` keeps the requests as written, so they take those
+(:func:`requests_in`, :func:`ours_in`, :func:`explain_requests`, :class:`ReasonCache`). The opaque
+configs are checked with the very models and merge rules the node driver uses at prepare time
+(:mod:`gpuplane.api.configs`), so a claim the driver would refuse is flagged before any pod reaches a node.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gpuplane.api import configs, quantity
 from gpuplane.api import names as dn
-from gpuplane.controller import names
+from gpuplane.api.boundedjson import mapping, mappings
+from gpuplane.controller import indexed, names
 from gpuplane.controller.claim import no_match
 from gpuplane.controller.node import selectors, snapshot_builder
 from gpuplane.controller.node.selectors import class_selectors
@@ -39,9 +43,19 @@ class Request:
     share_problem: str | None = None  # why the requested sharePercent is not a share the driver takes
 
 
+def _body_requests(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """A claim body's ``spec.devices.requests`` (what :func:`gpuplane.controller.indexed.claim` keeps of its spec)."""
+    return mappings(mapping(mapping(claim.get("spec")).get("devices")).get("requests"))
+
+
 def requests_of(claim: Mapping[str, Any]) -> Iterator[Request]:
-    """Every request and firstAvailable alternative of a claim."""
-    for req in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+    """Every request and firstAvailable alternative of a claim body."""
+    return requests_in(_body_requests(claim))
+
+
+def requests_in(requests: Iterable[Mapping[str, Any]]) -> Iterator[Request]:
+    """Every request and firstAvailable alternative of ``spec.devices.requests`` (a claim view's ``requests``)."""
+    for req in requests:
         name = str(req.get("name", ""))
         alternatives = (
             [(name, req.get("exactly"))]
@@ -93,8 +107,13 @@ def class_device_type(device_class: Mapping[str, Any] | None) -> str:
 
 
 def is_ours(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]]) -> bool:
-    """Whether any request of the claim uses one of this driver's classes."""
-    return any(class_is_ours(classes.get(r.device_class)) for r in requests_of(claim))
+    """Whether any request of the claim body uses one of this driver's classes."""
+    return ours_in(_body_requests(claim), classes)
+
+
+def ours_in(requests: Iterable[Mapping[str, Any]], classes: Mapping[str, Mapping[str, Any]]) -> bool:
+    """Whether any of ``requests`` (``spec.devices.requests``) uses one of this driver's classes."""
+    return any(class_is_ours(classes.get(r.device_class)) for r in requests_in(requests))
 
 
 def validate(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -197,9 +216,19 @@ def explain_unallocated(
     classes: Mapping[str, Mapping[str, Any]],
     view: snapshot_builder.ClusterView,
 ) -> str:
-    """Why the claim's requests find no room now, from the placement view ('' when it looks satisfiable)."""
+    """Why the claim body's requests find no room now, from the placement view ('' when it looks satisfiable)."""
+    return explain_requests(_body_requests(claim), classes, view)
+
+
+def explain_requests(
+    requests: Iterable[Mapping[str, Any]],
+    classes: Mapping[str, Mapping[str, Any]],
+    view: snapshot_builder.ClusterView,
+) -> str:
+    """Why ``requests`` (``spec.devices.requests``) find no room now, from the placement view ('' when they
+    look satisfiable)."""
     reasons: list[str] = []
-    for req in requests_of(claim):
+    for req in requests_in(requests):
         dclass = classes.get(req.device_class)
         if not class_is_ours(dclass):
             continue
@@ -272,20 +301,20 @@ class ReasonCache:
 
     def reason(
         self,
-        claim: Mapping[str, Any],
+        claim: indexed.ClaimView,
         classes: Mapping[str, Mapping[str, Any]],
         view: snapshot_builder.ClusterView,
     ) -> str:
-        """``explain_unallocated(claim, classes, view)``, computed once per distinct requests and view."""
+        """``explain_requests(claim.requests, classes, view)``, computed once per distinct requests and view."""
         if view is not self._view:
             self._view, self._reasons, self._by_uid = view, {}, {}
-        uid = str((claim.get("metadata") or {}).get("uid") or "")
+        uid = claim.uid
         key = (uid, self._classes_key(classes))
         known = self._by_uid.get(key) if uid else None
         if known is not None:
             self.hits += 1
             return known
-        got = self._by_requests(claim, classes, view)
+        got = self._by_requests(claim.requests, classes, view)
         if uid:
             if len(self._by_uid) >= self.claims:
                 self._by_uid.clear()
@@ -294,18 +323,17 @@ class ReasonCache:
 
     def _by_requests(
         self,
-        claim: Mapping[str, Any],
+        requests: tuple[Mapping[str, Any], ...],
         classes: Mapping[str, Mapping[str, Any]],
         view: snapshot_builder.ClusterView,
     ) -> str:
-        devices = (claim.get("spec") or {}).get("devices") or {}
-        used = sorted({r.device_class for r in requests_of(claim)})
-        key = json.dumps([devices, [(n, classes.get(n)) for n in used]], sort_keys=True, default=str)
+        used = sorted({r.device_class for r in requests_in(requests)})
+        key = json.dumps([requests, [(n, classes.get(n)) for n in used]], sort_keys=True, default=str)
         got = self._reasons.get(key)
         if got is not None:
             self.hits += 1
             return got
-        got = explain_unallocated(claim, classes, view)
+        got = explain_requests(requests, classes, view)
         if len(self._reasons) >= self.size:
             self._reasons.clear()
         self._reasons[key] = got

@@ -2,9 +2,10 @@
 
 :func:`check_claim` runs the review (:mod:`gpuplane.controller.claim.review`) and makes its writes
 once per finding, failing the pending pods of a claim the driver is sure to refuse;
-:func:`explain_claim` (called by :mod:`gpuplane.controller.claim.explainer`'s pass) posts why a claim
-waits, from the placement view, once per distinct reason. Both are leader-only and delegate every
-decision to the pure modules of this package.
+:func:`explain_claim` (called by :mod:`gpuplane.controller.claim.explainer`'s pass, with the claim
+index's :class:`~gpuplane.controller.indexed.ClaimView`) posts why a claim waits, from the placement
+view, once per distinct reason. Both are leader-only and delegate every decision to the pure modules
+of this package.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from gpuplane.controller import config, events, names, runtime
+from gpuplane.controller import config, events, indexed, names, runtime
 from gpuplane.controller.claim import checks, failfast, review
 from gpuplane.controller.gang import run, status, world
 
@@ -73,29 +74,30 @@ def same_reason(written: str | None, reason: str) -> bool:
     return written is not None and _COUNTS.sub("#", written) == _COUNTS.sub("#", reason)
 
 
-def _gang_member_claim(claim: Mapping[str, Any], w: world.World) -> bool:
+def _gang_member_claim(claim: indexed.ClaimView, w: world.World) -> bool:
     """A claim made from a template for a gang member's pod: gated or finished, its GpuGang explains it."""
-    owners_ = (claim.get("metadata") or {}).get("ownerReferences") or []
-    return any(o.get("kind") == "Pod" and o.get("controller") and o.get("uid") in w.member_uids for o in owners_)
+    return any(o.controller and o.uid in w.member_uids for o in claim.pod_owners)
 
 
 async def explain_claim(
-    rt: runtime.Runtime, claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], w: world.World, now: float
+    rt: runtime.Runtime,
+    claim: indexed.ClaimView,
+    classes: Mapping[str, Mapping[str, Any]],
+    w: world.World,
+    now: float,
 ) -> None:
     """For a claim that stays unallocated, say why in an Event (once per distinct reason)."""
-    meta = claim.get("metadata") or {}
-    if not rt.leading() or (claim.get("status") or {}).get("allocation") or not checks.is_ours(claim, classes):
+    if not rt.leading() or claim.allocated or not checks.ours_in(claim.requests, classes):
         return
-    age = now - (status.parse_time(meta.get("creationTimestamp")) or now)
+    age = now - (status.parse_time(claim.created) or now)
     if age < rt.cfg.claim_explain_after_s or _gang_member_claim(claim, w):
         return
     _, view = run.plan_for(rt, w, now, max_age_s=EXPLAIN_VIEW_AGE_S)
     reason = rt.state(ClaimState).reasons.reason(claim, classes, view)
     said = reason[:EXPLAINED_MAX]  # as the annotation holds it
-    if not reason or same_reason((meta.get("annotations") or {}).get(names.ANNOTATION_EXPLAINED), said):
+    if not reason or same_reason(claim.annotations.get(names.ANNOTATION_EXPLAINED), said):
         return
     rt.metrics.claim_findings.labels(finding="unallocated").inc()
-    ref = events.ObjectRef.of(claim, "resource.k8s.io/v1", "ResourceClaim")
+    ref = events.ObjectRef("resource.k8s.io/v1", "ResourceClaim", claim.name, claim.namespace, claim.uid)
     await asyncio.to_thread(rt.writer.event, ref, "Warning", events.CLAIM_UNALLOCATED, reason)
-    ns, name = meta.get("namespace", ""), meta.get("name", "")
-    await asyncio.to_thread(rt.writer.annotate_claim, ns, name, {names.ANNOTATION_EXPLAINED: said})
+    await asyncio.to_thread(rt.writer.annotate_claim, claim.namespace, claim.name, {names.ANNOTATION_EXPLAINED: said})

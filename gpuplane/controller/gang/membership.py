@@ -35,7 +35,8 @@ A template pod's member index, first rule that applies:
 
 :func:`members_of` reads a gang's pods into :class:`Members` (live members by
 index, failed ones whose index nobody took again, and why some pods count not).
-Pure: pod dicts in, indices and problems out.
+Pure: pod dicts in, indices and problems out. A template member's claim is read as the claim index holds
+it (:class:`gpuplane.controller.indexed.ClaimView`: its requests as written).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuplane.controller import names
+from gpuplane.controller import indexed, names
 from gpuplane.controller.gang import owners
 
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
@@ -169,11 +170,11 @@ def uses_templates(pod: Mapping[str, Any]) -> bool:
     return any(r.get("resourceClaimTemplateName") for r in (pod.get("spec") or {}).get("resourceClaims") or [])
 
 
-def device_count(claim: Mapping[str, Any], device_class: str) -> int | None:
+def device_count(claim: indexed.ClaimView, device_class: str) -> int | None:
     """Devices the claim asks of ``device_class`` (None: it asks for none of that class, or All)."""
     total = 0
     seen = False
-    for req in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+    for req in claim.requests:
         exactly = req.get("exactly") or {}
         if exactly.get("deviceClassName") != device_class:
             continue
@@ -184,9 +185,9 @@ def device_count(claim: Mapping[str, Any], device_class: str) -> int | None:
     return total if seen else None
 
 
-def claim_shape_problem(pod_name: str, claim: Mapping[str, Any], device_class: str, per_member: int) -> str:
-    """Why a member's template claim does not match the gang ('' when it does)."""
-    cname = (claim.get("metadata") or {}).get("name", "")
+def claim_shape_problem(pod_name: str, claim: indexed.ClaimView, device_class: str, per_member: int) -> str:
+    """Why a member's template claim (as the claim index holds it) does not match the gang ('' when it does)."""
+    cname = claim.name
     got = device_count(claim, device_class)
     if got is None:
         return (

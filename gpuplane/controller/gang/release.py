@@ -37,9 +37,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from gpuplane.controller import events
+from gpuplane.controller import events, indexed
 from gpuplane.controller.gang import membership, owners
 from gpuplane.controller.gang import spec as gangspec
 from gpuplane.controller.gang.desired import GangRef
@@ -139,9 +138,10 @@ def timeout_steps(
 
 
 def shape_problems(
-    spec: gangspec.GangSpec, members: membership.Members, claims: Mapping[str, Mapping[str, Any]], namespace: str
+    spec: gangspec.GangSpec, members: membership.Members, claims: Mapping[str, indexed.ClaimView], namespace: str
 ) -> list[str]:
-    """Template members whose generated claim does not ask what the gang places per member."""
+    """Template members whose generated claim (``claims``: the claim index) does not ask what the gang places
+    per member."""
     if spec.migProfile:
         return []  # a MIG member's claim asks one device of the MIG class; its profile is checked at allocation
     out = []
@@ -156,7 +156,6 @@ def shape_problems(
     return out
 
 
-def _foreign(claim: Mapping[str, Any], spec: gangspec.GangSpec) -> bool:
+def _foreign(claim: indexed.ClaimView, spec: gangspec.GangSpec) -> bool:
     """A claim that asks nothing of the gang's class at all (a second claim of the pod, e.g. a NIC)."""
-    requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []
-    return all((r.get("exactly") or {}).get("deviceClassName") != spec.device_class for r in requests)
+    return all((r.get("exactly") or {}).get("deviceClassName") != spec.device_class for r in claim.requests)

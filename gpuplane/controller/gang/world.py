@@ -1,4 +1,4 @@
-"""A consistent read of everything the gang queue needs, as plain dicts, plus the placement view.
+"""A consistent read of everything the gang queue needs, from the indexes, plus the placement view.
 
 The kopf indexes are the cache of API state; :class:`World` copies what they
 hold at one instant (no awaits in between), so a queue pass sees one state.
@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuplane.controller import names
+from gpuplane.controller import indexed, names
 from gpuplane.controller.gang import (
     leaderworkersets,
     membership,
@@ -39,11 +39,11 @@ PREEMPTED_BY = "preempted by higher-priority gang "
 
 @dataclass(frozen=True)
 class World:
-    """Plain-dict copies of the indexed objects."""
+    """Copies of the indexes at one instant (the values are the index entries: read-only)."""
 
     gangs: Mapping[str, Mapping[str, Any]]  # "ns/name" -> GpuGang
     pods: Mapping[str, tuple[Mapping[str, Any], ...]]  # gang key -> member pods
-    claims: Mapping[str, Mapping[str, Any]]  # "ns/name" -> ResourceClaim
+    claims: Mapping[str, indexed.ClaimView]  # "ns/name" -> ResourceClaim
     slices: tuple[Mapping[str, Any], ...]
     nodes: Mapping[str, bool]  # node -> schedulable
     classes: Mapping[str, Mapping[str, Any]]  # DeviceClass name -> body
@@ -91,12 +91,8 @@ class World:
         names_ = [k[len(ns) + 1 :] for k in ours]
         for cname in membership.gang_claim_names(name, names_):
             claim = self.claims[f"{ns}/{cname}"]
-            meta = claim.get("metadata") or {}
             out[cname] = writes.ExistingClaim(
-                name=cname,
-                decision=(meta.get("annotations") or {}).get(names.ANNOTATION_DECISION, ""),
-                deleting=bool(meta.get("deletionTimestamp")),
-                owned=snapshot_builder.owner_gang(claim) == key,
+                name=cname, decision=claim.decision, deleting=claim.deleting, owned=claim.gang == key
             )
         return out
 
@@ -131,7 +127,7 @@ def created_at(body: Mapping[str, Any]) -> float:
 
 def _allocated(world: World, ns: str, claim_names: Iterable[str]) -> bool:
     found = [world.claims.get(f"{ns}/{c}") for c in claim_names]
-    return bool(found) and all(((c or {}).get("status") or {}).get("allocation") for c in found)
+    return bool(found) and all(c is not None and c.allocated for c in found)
 
 
 def _on_free_gpus(

@@ -6,10 +6,10 @@ Read from one copy of the controller's indexes (:class:`gpuplane.controller.gang
   status records one (:mod:`gpuplane.controller.gang.placement_record`); an ended, released, preempted or
   deleted gang is not in the list, so its domain goes (or shrinks) on the next pass;
 - its **member claims**: a named member's ``<gang>-<index>`` claim, a template member's claims (those its pod
-  was given), each with its uid from the claim index; a claim not in the index yet is left out (it joins the
-  object on a later pass, when its event has bumped the index version). A claim sits on the node its
-  allocation's pool names (the driver publishes one pool per node, named after it), else on the node the
-  placement decided;
+  was given), each with its uid from the claim index (:class:`gpuplane.controller.indexed.ClaimView`); a claim
+  not in the index yet is left out (it joins the object on a later pass, when its event has bumped the index
+  version). A claim sits on the node its allocation's pool names (the driver publishes one pool per node, named
+  after it), else on the node the placement decided;
 - its **nodes**: every node of the placement and of the allocations; a node's **clique** is the NVLink domain
   of its GPUs when they are all in one (a GB200 tray's four GPUs are in its rack's clique), else "" (no
   multi-node NVLink there, and :func:`gpuplane.controller.imex.decide.plan` refuses a gang across such nodes);
@@ -95,12 +95,11 @@ def placed(w: world.World, gpu_domains: Mapping[str, str], channels: Mapping[str
             nodes.append(m.node)
             for cname in _claim_names(w, key, body, m.member):
                 claim = w.claims.get(f"{ns}/{cname}")
-                cuid = str(((claim or {}).get("metadata") or {}).get("uid") or "")
-                if claim is None or not cuid:
+                if claim is None or not claim.uid:
                     continue
                 node = groups.pool_node(claim) or m.node
                 nodes.append(node)
-                claims.append(imex.Claim(namespace=ns, name=cname, uid=cuid, node=node))
+                claims.append(imex.Claim(namespace=ns, name=cname, uid=claim.uid, node=node))
         if not claims:
             continue
         since = status.parse_time(st.get("placedAt")) or world.created_at(body)

@@ -2,7 +2,8 @@
 
 A user who places pods by hand (no ``GpuGang``) asks for an IMEX domain by labelling their claims, directly or
 through a ResourceClaimTemplate's ``metadata.labels`` (:mod:`gpuplane.api.imex_group`). Read from one copy of
-the controller's indexes (:class:`gpuplane.controller.gang.world.World`):
+the controller's indexes (:class:`gpuplane.controller.gang.world.World`), its claims as the claim index keeps
+them (:class:`gpuplane.controller.indexed.ClaimView`: the labels, owners, creation time and this driver's results):
 
 - a **group** is the allocated claims (by this driver, so each sits on the node its pool names) of one
   namespace carrying one valid name; a tenant's group never holds another namespace's claims (the key is
@@ -25,11 +26,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from gpuplane.api import imex, imex_group
-from gpuplane.api import names as dn
-from gpuplane.controller.gang import world
+from gpuplane.controller import indexed
+from gpuplane.controller.gang import status, world
 from gpuplane.controller.imex.decide import PlacedGang
 from gpuplane.controller.imex.objects import GangMembers
 
@@ -59,11 +59,28 @@ class Groups:
     refusals: tuple[Refusal, ...]
 
 
-def pool_node(claim: Mapping[str, Any]) -> str:
+def pool_node(claim: indexed.ClaimView) -> str:
     """The node this driver's allocation of ``claim`` sits on ("" while unallocated or not on one node)."""
-    results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
-    pools = {str(r.get("pool") or "") for r in results if isinstance(r, Mapping) and r.get("driver") == dn.DRIVER_NAME}
+    pools = {r.pool for r in claim.results}
     return pools.pop() if len(pools) == 1 else ""
+
+
+def group_of(claim: indexed.ClaimView) -> tuple[str, str]:
+    """:func:`gpuplane.api.imex_group.group_of` of an indexed claim: (its group, "") or ("", why the label is
+    refused); ("", "") when it has no label."""
+    if imex_group.LABEL not in claim.labels:
+        return "", ""
+    return imex_group.group_named(claim.labels[imex_group.LABEL])
+
+
+def in_gang(claim: indexed.ClaimView) -> bool:
+    """:func:`gpuplane.api.imex_group.in_gang` of an indexed claim: a gang's label or a ``GpuGang`` owner."""
+    return imex_group.GANG_LABEL in claim.labels or any(o.kind == imex_group.GANG_KIND for o in claim.owners)
+
+
+def created_at(claim: indexed.ClaimView) -> float:
+    """The claim's creation in epoch seconds (0 when the index kept none)."""
+    return status.parse_time(claim.created) or 0.0
 
 
 @dataclass
@@ -80,18 +97,15 @@ def _gather(
     skip: set[str] | None = None  # read only when a labelled claim is found (a cluster without groups pays nothing)
     found: dict[tuple[str, str], _Gathered] = {}
     refusals: list[Refusal] = []
-    labelled = [
-        (k, c) for k, c in w.claims.items() if imex_group.LABEL in ((c.get("metadata") or {}).get("labels") or ())
-    ]
-    for key, claim in sorted(labelled):
-        meta = claim.get("metadata") or {}
+    labelled = [(k, c) for k, c in w.claims.items() if imex_group.LABEL in c.labels]
+    for key, claim in sorted(labelled, key=lambda kc: kc[0]):
         ns, cname = key.split("/", 1)
-        uid = str(meta.get("uid") or "")
-        group, why = imex_group.group_of(claim)
+        uid = claim.uid
+        group, why = group_of(claim)
         if why:
             refusals.append(Refusal(ns, cname, uid, "ImexGroupInvalid", f"{why}; the claim gets no IMEX group"))
             continue
-        if not group or not uid or meta.get("deletionTimestamp") or imex_group.in_gang(claim):
+        if not group or not uid or claim.deleting or in_gang(claim):
             continue
         if skip is None:
             skip = set(gang_claims())
@@ -100,9 +114,9 @@ def _gather(
         node = pool_node(claim)
         if not node:
             continue
-        entry = found.setdefault((ns, group), _Gathered(ns, group, [], world.created_at(claim)))
+        entry = found.setdefault((ns, group), _Gathered(ns, group, [], created_at(claim)))
         entry.claims.append(imex.Claim(namespace=ns, name=cname, uid=uid, node=node))
-        entry.since = min(entry.since, world.created_at(claim))
+        entry.since = min(entry.since, created_at(claim))
     return found, refusals
 
 

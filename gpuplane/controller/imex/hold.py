@@ -29,9 +29,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Self
 
-from gpuplane.controller import config, events, names
+from gpuplane.controller import config, events, indexed, names
 from gpuplane.controller.gang import writes
 from gpuplane.controller.gang.membership import Members
 from gpuplane.controller.gang.outcome import GangRead
@@ -161,7 +161,7 @@ def for_gang(
     g: GangRead,
     decision: model.Decision,
     *,
-    claims: Mapping[str, Mapping[str, Any]],
+    claims: Mapping[str, indexed.ClaimView],
     gpu_domains: Mapping[str, str],
     written: Written | None,
     since: float,
@@ -177,10 +177,8 @@ def for_gang(
     if not spans_one_clique(nodes, cliques):
         return NO_HOLD
     ns, name = g.ref.namespace, g.ref.name
-    uids = [
-        str(((claims.get(f"{ns}/{c}") or {}).get("metadata") or {}).get("uid") or "") or None
-        for c in member_claims(ns, name, members, decision)
-    ]
+    found = (claims.get(f"{ns}/{c}") for c in member_claims(ns, name, members, decision))
+    uids = [c.uid if c is not None and c.uid else None for c in found]
     return decide(g.ref.uid, uids, written, since=since, now=now)
 
 
@@ -188,7 +186,7 @@ def apply_steps(
     g: GangRead,
     decision: model.Decision,
     *,
-    claims: Mapping[str, Mapping[str, Any]],
+    claims: Mapping[str, indexed.ClaimView],
     gpu_domains: Mapping[str, str],
     written: Written | None,
     since: float,

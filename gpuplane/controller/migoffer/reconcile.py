@@ -119,14 +119,14 @@ class Pass:
                 left=len(changes) - len(batch),
             )
 
-    def fleet(self, claims: Mapping[str, Mapping[str, Any]]) -> tuple[decide.Node, ...]:
+    def fleet(self, claims: Mapping[str, indexed.ClaimView]) -> tuple[decide.Node, ...]:
         """The nodes with MIG-capable GPUs, from the slice and node indexes and what ``claims`` hold."""
         kw = self.kw
         return snapshot.nodes(slice_index.every(kw["slice_idx"]), indexed.single(kw["node_idx"]), claims.values())
 
-    def view(self) -> tuple[tuple[decide.Node, ...], tuple[decide.Waiting, ...], dict[str, Any]]:
+    def view(self) -> tuple[tuple[decide.Node, ...], tuple[decide.Waiting, ...], dict[str, indexed.ClaimView]]:
         kw = self.kw
-        claims = indexed.single(kw["claim_idx"])
+        claims: dict[str, indexed.ClaimView] = indexed.single(kw["claim_idx"])
         consumers = {k: list(v) for k, v in kw["claim_consumer_idx"].items()}
         pods = indexed.single(kw["pending_pod_idx"])
         now = datetime.datetime.now(datetime.UTC)
@@ -156,8 +156,10 @@ class Pass:
         self.memory = dataclasses.replace(d.memory, written=True)
         await self.label(d.offer)
         for key, message in d.explain:
-            claim = claims.get(key) or {}
-            ref = events.ObjectRef.of(claim, api_version=CLAIM_API, kind="ResourceClaim")
+            claim = claims.get(key)
+            namespace, _, name = key.partition("/")
+            uid = claim.uid if claim is not None else ""
+            ref = events.ObjectRef(CLAIM_API, "ResourceClaim", name, namespace, uid)
             await asyncio.to_thread(self.rt.writer.event, ref, "Normal", "WaitingForMigOffer", message)
         return d
 

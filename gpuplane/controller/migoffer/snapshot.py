@@ -1,6 +1,8 @@
 """The MIG offer's view of the fleet, from the controller's indexes: nodes, their GPUs, waiting MIG claims. Pure.
 
-Everything here is read from what users and drivers write (claims, pods, slices): a name that is not a
+Claims are read as the claim index holds them (:class:`~gpuplane.controller.indexed.ClaimView`: the requests
+as written, whether allocated, this driver's results). Everything here is read from what users and drivers write
+(claims, pods, slices): a name that is not a
 device name, a selector that names no known profile, a pod whose node affinity cannot be read, all
 count for nothing rather than raising (a claim whose profile is unknown waits with any profile's
 offer; a pod whose affinity is unreadable may go anywhere).
@@ -31,10 +33,10 @@ _PROFILE = re.compile(r"""migProfile\s*==\s*["']([A-Za-z0-9.+]{1,32})["']""")
 _GPU = re.compile(r"^(gpu-[0-9]{1,4})(-mig-.*)?$")
 
 
-def _requests(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+def _alternatives(requests: Iterable[Any]) -> list[Mapping[str, Any]]:
     """Each request's alternatives (``exactly`` or each ``firstAvailable`` entry), as the API spells them."""
     out: list[Mapping[str, Any]] = []
-    for r in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+    for r in requests:
         if not isinstance(r, Mapping):
             continue
         first = r.get("firstAvailable")
@@ -43,11 +45,12 @@ def _requests(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return out
 
 
-def mig_profiles(claim: Mapping[str, Any], mig_class: str = names.DEFAULT_MIG_DEVICE_CLASS) -> frozenset[str] | None:
-    """The MIG profiles a claim asks for (empty: any); None when it asks for no MIG device."""
+def mig_profiles(requests: Iterable[Any], mig_class: str = names.DEFAULT_MIG_DEVICE_CLASS) -> frozenset[str] | None:
+    """The MIG profiles a claim's ``requests`` (``spec.devices.requests``) ask for (empty: any); None when they
+    ask for no MIG device."""
     found: set[str] = set()
     asks = False
-    for alt in _requests(claim):
+    for alt in _alternatives(requests):
         if alt.get("deviceClassName") != mig_class:
             continue
         asks = True
@@ -82,7 +85,7 @@ def tried(pod: indexed.PodView, steering: Collection[str] | None) -> bool:
 
 
 def waiting(
-    claims: Mapping[str, Mapping[str, Any]],
+    claims: Mapping[str, indexed.ClaimView],
     consumers: Mapping[str, Iterable[str]],
     pending_pods: Mapping[str, indexed.PodView],
     now: datetime.datetime,
@@ -92,10 +95,9 @@ def waiting(
     ``steering``: the namespaces opted in to steering)."""
     out: list[Waiting] = []
     for key, claim in claims.items():
-        status, meta = claim.get("status") or {}, claim.get("metadata") or {}
-        if status.get("allocation") or meta.get("deletionTimestamp"):
+        if claim.allocated or claim.deleting:
             continue
-        profiles = mig_profiles(claim)
+        profiles = mig_profiles(claim.requests)
         if profiles is None:
             continue
         namespace = key.partition("/")[0]
@@ -107,9 +109,7 @@ def waiting(
             allowed = pod_nodes.node_filter(pods[0])
         except (ValueError, TypeError, AttributeError):
             allowed = None
-        out.append(
-            Waiting(key=key, profiles=profiles, allowed=allowed, age_s=_age_s(meta.get("creationTimestamp"), now))
-        )
+        out.append(Waiting(key=key, profiles=profiles, allowed=allowed, age_s=_age_s(claim.created, now)))
     return tuple(out)
 
 
@@ -119,17 +119,18 @@ def _gpu_of(device: Any) -> str | None:
 
 
 def nodes(
-    digests: list[SliceDigest], node_index: Mapping[str, indexed.NodeView], claims: Iterable[Mapping[str, Any]]
+    digests: list[SliceDigest], node_index: Mapping[str, indexed.NodeView], claims: Iterable[indexed.ClaimView]
 ) -> tuple[Node, ...]:
-    """Every node with MIG-capable GPUs in its (newest) slices, with what is allocated on them."""
+    """Every node with MIG-capable GPUs in its (newest) slices, with what is allocated on them (a claim view's
+    ``results`` are this driver's only)."""
     mig_alloc: set[tuple[str, str]] = set()
     whole_alloc: set[tuple[str, str]] = set()
     for claim in claims:
-        for r in (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []:
-            gpu = _gpu_of(r.get("device"))
-            if gpu is None or r.get("driver") != dn.DRIVER_NAME or not isinstance(r.get("pool"), str):
+        for r in claim.results:
+            gpu = _gpu_of(r.device)
+            if gpu is None or not r.pool:
                 continue
-            (whole_alloc if r["device"] == gpu else mig_alloc).add((r["pool"], gpu))
+            (whole_alloc if r.device == gpu else mig_alloc).add((r.pool, gpu))
     capable: dict[str, dict[str, str]] = {}
     published: set[tuple[str, str]] = set()
     for d in newest(digests):

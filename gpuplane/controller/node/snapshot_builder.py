@@ -21,7 +21,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gpuplane.api import names as dn
-from gpuplane.controller import names
+from gpuplane.controller import indexed
 from gpuplane.controller.node import slice_index
 from gpuplane.controller.node.device_attrs import geometry_name
 from gpuplane.mig.geometry import HOPPER, MigGeometry
@@ -162,7 +162,7 @@ class Reservation:
 
 def build_view(
     slices: Iterable[slice_index.SliceDigest | Mapping[str, Any]],
-    claims: Iterable[Mapping[str, Any]] = (),
+    claims: Iterable[indexed.ClaimView] = (),
     nodes: Mapping[str, bool] | None = None,
     *,
     reservations: Sequence[Reservation] = (),
@@ -221,12 +221,11 @@ def build_view(
             held.setdefault(gang, []).append(placement)
 
     for claim in claims:
-        placement = claim_placement(claim, gpus, mig, driver)
+        placement = claim_placement(claim, gpus, mig)
         if placement is not None:
-            gang = owner_gang(claim)
+            gang = claim.gang
             if gang is None and claim_gangs:
-                meta = claim.get("metadata") or {}
-                found = claim_gangs.get(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+                found = claim_gangs.get(claim.key)
                 if found is not None:
                     gang = found[0]
                     placement = dataclasses.replace(placement, member=found[1])
@@ -305,39 +304,16 @@ def _device_order(device: str) -> tuple[int, str]:
     return (int(tail), device) if tail.isdigit() else (1 << 30, device)
 
 
-def owner_gang(claim: Mapping[str, Any]) -> str | None:
-    """ "ns/name" of the GpuGang owning a claim, if any."""
-    meta = claim.get("metadata") or {}
-    for ref in meta.get("ownerReferences") or []:
-        if ref.get("kind") == names.GANG_KIND and str(ref.get("apiVersion", "")).startswith(names.GROUP + "/"):
-            return f"{meta.get('namespace', '')}/{ref.get('name')}"
-    return None
-
-
-def member_index(claim: Mapping[str, Any]) -> int:
-    """The gang member index recorded on a claim (0 when absent)."""
-    labels = (claim.get("metadata") or {}).get("labels") or {}
-    raw = labels.get(names.LABEL_MEMBER_INDEX, "0")
-    return int(raw) if str(raw).isdigit() else 0
-
-
 def claim_placement(
-    claim: Mapping[str, Any],
-    gpus: Mapping[str, GpuInfo],
-    mig: Mapping[str, MigInfo],
-    driver: str = dn.DRIVER_NAME,
+    claim: indexed.ClaimView, gpus: Mapping[str, GpuInfo], mig: Mapping[str, MigInfo]
 ) -> model.MemberPlacement | None:
     """What an allocated claim holds of this driver's devices, as a MemberPlacement (None: nothing)."""
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    results = (allocation.get("devices") or {}).get("results") or []
     whole: list[str] = []
     slots: list[model.MigSlot] = []
     node = ""
     domain = ""
-    for r in results:
-        if r.get("driver") != driver:
-            continue
-        key = f"{r.get('pool')}/{r.get('device')}"
+    for r in claim.results:
+        key = r.key
         if key in gpus:
             whole.append(key)
             node, domain = gpus[key].node, gpus[key].domain
@@ -348,5 +324,5 @@ def claim_placement(
     if not whole and not slots:
         return None
     return model.MemberPlacement(
-        member=member_index(claim), node=node, domain=domain, gpus=tuple(whole), mig=tuple(slots)
+        member=claim.member_index, node=node, domain=domain, gpus=tuple(whole), mig=tuple(slots)
     )

@@ -42,7 +42,7 @@ from typing import Any, Protocol
 import structlog
 from kubernetes.client.exceptions import ApiException
 
-from gpuplane.controller import events, kube
+from gpuplane.controller import events, indexed, kube
 from gpuplane.controller.metrics import ControllerMetrics
 from gpuplane.controller.rebalance import moves, signal
 from gpuplane.controller.rebalance.decide import Decision, LastMove, Settings, decide
@@ -103,9 +103,10 @@ class Rebalancer:
         self._evicted: set[tuple[str, float]] = set()
 
     async def run_pass(
-        self, slices: Iterable[Mapping[str, Any]], claims: Sequence[Mapping[str, Any]], now: float | None = None
+        self, slices: Iterable[Mapping[str, Any]], claims: Sequence[indexed.ClaimView], now: float | None = None
     ) -> list[tuple[Decision, str]]:
-        """One pass; returns each alert's decision and outcome (for tests, with ``now`` fixed)."""
+        """One pass over ``claims`` as the claim index holds them; returns each alert's decision and outcome (for
+        tests, with ``now`` fixed)."""
         fixed_now = now
         now = time.time() if now is None else now
         rules = await asyncio.to_thread(self.w.list_device_taint_rules, moves.LABEL)
@@ -137,7 +138,7 @@ class Rebalancer:
         return out
 
     # --- moving ---------------------------------------------------------------------------------
-    async def _move(self, d: Decision, claims: Sequence[Mapping[str, Any]], rules_served: bool, now: float) -> str:
+    async def _move(self, d: Decision, claims: Sequence[indexed.ClaimView], rules_served: bool, now: float) -> str:
         hog = d.hog
         assert hog is not None
         if len(hog.pods) != 1:
@@ -147,7 +148,7 @@ class Rebalancer:
                 else f"claim {hog.namespace}/{hog.name} has no pod"
             )
             return await self._report(d, claims, "shared-claim", why, now)
-        claim = next((c for c in claims if (c.get("metadata") or {}).get("uid") == hog.uid), {})
+        claim = next((c for c in claims if c.uid == hog.uid), None)
         if self._reported(hog.uid, "refused", d.alert.since, now):
             return "refused"  # refused for this alert less than a cool-down ago: not asked again yet
         pod = await asyncio.to_thread(self.w.read_pod, hog.namespace, hog.pods[0].name)
@@ -178,7 +179,7 @@ class Rebalancer:
             tier=hog.tier,
             owner=f"{owner.get('kind')}/{owner.get('name')}",
             owner_uid=str(owner.get("uid", "")),
-            fraction=moves.fraction_of(claim, d.alert.pool, d.alert.device),
+            fraction=moves.fraction_of(claim, d.alert.pool, d.alert.device) if claim is not None else 1.0,
             evicted_at=now,
             figures=d.figures(),
             victims=", ".join(v.label() for v in d.victims),
@@ -230,7 +231,7 @@ class Rebalancer:
         return "evicted"
 
     async def _report(
-        self, d: Decision, claims: Sequence[Mapping[str, Any]], outcome: str, why: str, now: float
+        self, d: Decision, claims: Sequence[indexed.ClaimView], outcome: str, why: str, now: float
     ) -> str:
         """An outcome that moves nothing: say so once per alert (a refusal: again after a cool-down)."""
         hog = d.hog

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
+from gpuplane.controller import indexed
 from gpuplane.controller.rebalance.entitlement import Labels
 from gpuplane.controller.rebalance.signal import DEFAULT_RANKS, Alert, Tenant, tenants
 
@@ -78,7 +79,7 @@ class Decision:
 
 def decide(
     alert: Alert,
-    claims: Iterable[Mapping[str, Any]],
+    claims: Iterable[indexed.ClaimView],
     last_move: LastMove | None,
     now: float,
     s: Settings,

@@ -31,7 +31,7 @@ from typing import Any
 
 from gpuplane.api import names as dn
 from gpuplane.api.ledger import Segment
-from gpuplane.controller import names
+from gpuplane.controller import indexed, names
 
 API_VERSION = "resource.k8s.io/v1"  # the writer uses the version served (v1beta2 on 1.36)
 PLURAL = "devicetaintrules"
@@ -112,12 +112,11 @@ def move_of(rule_body: Mapping[str, Any]) -> Move | None:
     return Move.from_json((meta.get("annotations") or {}).get(ANNOTATION))
 
 
-def fraction_of(claim: Mapping[str, Any], pool: str, device: str) -> float:
+def fraction_of(claim: indexed.ClaimView, pool: str, device: str) -> float:
     """The claim's share of the GPU (consumed sharePercent / 100; 1 when it holds it whole)."""
-    results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
-    for r in results:
-        if r.get("pool") == pool and r.get("device") == device:
-            share = (r.get("consumedCapacity") or {}).get(dn.CAP_SHARE_PERCENT)
+    for r in claim.results:
+        if r.pool == pool and r.device == device:
+            share = r.share_percent
             try:
                 return max(0.0, min(1.0, float(str(share)) / 100.0)) if share is not None else 1.0
             except ValueError:

@@ -2,7 +2,8 @@
 
 An alert is a device taint :data:`gpuplane.api.noisy_taint.KEY` on a device of a
 gpuplane ResourceSlice (see that module for why a slice taint); its ``timeAdded`` is when the
-driver raised it. The tenants of a GPU are the allocated claims whose results name that device
+driver raised it. The tenants of a GPU are the allocated claims (as the claim index holds them:
+:class:`gpuplane.controller.indexed.ClaimView`) whose results of this driver name that device
 of that pool, each with its tier: the ``mps-<tier>`` DeviceClass of the request (or
 ``firstAvailable`` subrequest) the device was allocated for, capped at the tier the claim's
 namespace is entitled to (:mod:`gpuplane.controller.rebalance.entitlement`).
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuplane.api import names, noisy_taint
+from gpuplane.controller import indexed
 from gpuplane.controller.rebalance import entitlement
 from gpuplane.controller.rightsize import fleet
 
@@ -100,9 +102,9 @@ def alerts(slices: Iterable[Mapping[str, Any]]) -> list[Alert]:
     return sorted(out, key=lambda a: (a.pool, a.device))
 
 
-def _class_of(claim: Mapping[str, Any], request: str) -> str | None:
+def _class_of(claim: indexed.ClaimView, request: str) -> str | None:
     main, _, sub = request.partition("/")
-    for req in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+    for req in claim.requests:
         if req.get("name") != main:
             continue
         if not sub:
@@ -115,13 +117,14 @@ def _class_of(claim: Mapping[str, Any], request: str) -> str | None:
 
 
 def tenants(
-    claims: Iterable[Mapping[str, Any]],
+    claims: Iterable[indexed.ClaimView],
     pool: str,
     device: str,
     ranks: Mapping[str, int] = DEFAULT_RANKS,
     namespaces: Mapping[str, entitlement.Labels] | None = None,
 ) -> list[Tenant]:
-    """The allocated claims on ``pool``/``device``, with their tiers (an untiered claim has rank 0).
+    """The allocated claims on ``pool``/``device`` (``claims``: as the claim index holds them), with their tiers
+    (an untiered claim has rank 0).
 
     ``namespaces``: the labels of each namespace (an administrator's); a namespace missing there is
     unlabelled, so its claims count as :data:`~gpuplane.controller.rebalance.entitlement.DEFAULT_MAX_TIER`
@@ -130,31 +133,20 @@ def tenants(
     namespaces = namespaces or {}
     out: list[Tenant] = []
     for claim in claims:
-        meta = claim.get("metadata") or {}
-        status = claim.get("status") or {}
-        results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
-        here = [
-            r
-            for r in results
-            if r.get("driver") == names.DRIVER_NAME and r.get("pool") == pool and r.get("device") == device
-        ]
+        here = [r for r in claim.results if r.pool == pool and r.device == device]
         if not here:
             continue
-        class_name = _class_of(claim, str(here[0].get("request", "")))
+        class_name = _class_of(claim, here[0].request)
         declared = fleet.tier_of_class(class_name or "") or "none"
-        ns = str(meta.get("namespace", ""))
+        ns = claim.namespace
         labels = namespaces.get(ns)
         tier = entitlement.entitled(declared, labels, ranks)
-        pods = tuple(
-            PodRef(str(r.get("name", "")), str(r.get("uid", "")))
-            for r in status.get("reservedFor") or []
-            if r.get("resource") == "pods" and r.get("name")
-        )
+        pods = tuple(PodRef(r.name, r.uid) for r in claim.reserved_for if r.resource == "pods" and r.name)
         out.append(
             Tenant(
-                uid=str(meta.get("uid", "")),
+                uid=claim.uid,
                 namespace=ns,
-                name=str(meta.get("name", "")),
+                name=claim.name,
                 tier=tier,
                 rank=ranks.get(tier, 0),
                 pods=pods,

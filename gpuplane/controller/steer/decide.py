@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gpuplane.controller import names
-from gpuplane.controller.indexed import PodView
+from gpuplane.controller.indexed import ClaimView, PodView
 from gpuplane.controller.node import pod_nodes, snapshot_builder
 from gpuplane.controller.steer import gate, offer_wait, shape
 from gpuplane.placement import fragmentation, model, place, snapshot
@@ -70,10 +70,10 @@ class Action:
 
 @dataclass
 class Inputs:
-    """What one pass reads (plain dicts and the view)."""
+    """What one pass reads: the claim index's entries, the templates and classes (plain dicts) and the view."""
 
     view: snapshot_builder.ClusterView
-    claims: Mapping[str, Mapping[str, Any]]
+    claims: Mapping[str, ClaimView]  # the claim index: "ns/name" -> its entry
     templates: Mapping[str, Mapping[str, Any]]
     classes: Mapping[str, Mapping[str, Any]]
     waiting: Mapping[fragmentation.Shape, int] = field(default_factory=dict)  # released, still pending

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuplane.api import names as dn
+from gpuplane.api.boundedjson import mapping, mappings
 from gpuplane.controller.migoffer.decide import need
 from gpuplane.controller.migoffer.snapshot import mig_profiles
 from gpuplane.controller.node import snapshot_builder
@@ -58,7 +59,7 @@ def reason(
     node_labels: Mapping[str, Mapping[str, str]],
 ) -> str | None:
     """Why the pod with claim ``spec`` waits for the MIG offer, or None when it does not (see the module)."""
-    profiles = mig_profiles({"spec": spec})
+    profiles = mig_profiles(mappings(mapping(spec.get("devices")).get("requests")))
     if profiles is None:
         return None
     ids = growable(view, profiles, allowed, node_labels)

@@ -27,7 +27,7 @@ from typing import Any, Protocol, Self
 import structlog
 
 from gpuplane.controller import config, kube, steps
-from gpuplane.controller.indexed import PodView
+from gpuplane.controller.indexed import ClaimView, PodView
 from gpuplane.controller.node import snapshot_builder
 from gpuplane.controller.steer import decide, gate, shape, writes
 from gpuplane.placement import fragmentation, model
@@ -139,21 +139,15 @@ class SteerState:
         self.told.clear()
 
 
-def allocated_owners(claims: Iterable[Mapping[str, Any]]) -> set[str]:
+def allocated_owners(claims: Iterable[ClaimView]) -> set[str]:
     """UIDs of the pods that own an allocated claim (a steered pod's reservation ends there)."""
-    out: set[str] = set()
-    for c in claims:
-        if (c.get("status") or {}).get("allocation"):
-            for o in (c.get("metadata") or {}).get("ownerReferences") or []:
-                if o.get("kind") == "Pod":
-                    out.add(str(o.get("uid", "")))
-    return out
+    return {o.uid for c in claims if c.allocated for o in c.pod_owners}
 
 
 def reservations(
     pending: Iterable[PodView],
     state: SteerState | None = None,
-    claims: Iterable[Mapping[str, Any]] = (),
+    claims: Iterable[ClaimView] = (),
     now: float = 0.0,
 ) -> list[snapshot_builder.Reservation]:
     """Placements this replica steered whose claims are not allocated yet, from its own memory only.
@@ -246,7 +240,7 @@ def run_pass(
     *,
     pending: Sequence[PodView],
     view: snapshot_builder.ClusterView,
-    claims: Mapping[str, Mapping[str, Any]],
+    claims: Mapping[str, ClaimView],
     templates: Mapping[str, Mapping[str, Any]],
     classes: Mapping[str, Mapping[str, Any]],
     now: float,

@@ -9,7 +9,9 @@ the controller's CEL subset): a selector outside that subset, a capacity
 request (a share of a GPU), ``firstAvailable``, admin access, several claims or
 requests: all are left to the scheduler, with the reason, and the gate lifted.
 
-Pure: plain dicts and the ClusterView in, a :class:`Shape` or a reason out.
+Pure: the pod's and its claim's index entries (:class:`~gpuplane.controller.indexed.PodView`,
+:class:`~gpuplane.controller.indexed.ClaimView`), the templates and classes as plain dicts, and the
+ClusterView in; a :class:`Shape` or a reason out.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuplane.api import names as dn
-from gpuplane.controller.indexed import PodView
+from gpuplane.controller.indexed import ClaimView, PodView
 from gpuplane.controller.node import selectors, snapshot_builder
 from gpuplane.controller.node.selectors import class_selectors
 from gpuplane.placement import model
@@ -38,7 +40,7 @@ class Shape:
 
 def claim_spec_of(
     pod: PodView,
-    claims: Mapping[str, Mapping[str, Any]],
+    claims: Mapping[str, ClaimView],
     templates: Mapping[str, Mapping[str, Any]],
 ) -> tuple[Mapping[str, Any], str] | str:
     """The pod's one claim spec and a label for it, or the reason there is not exactly one to steer."""
@@ -56,9 +58,9 @@ def claim_spec_of(
     claim = claims.get(f"{ns}/{name}")
     if claim is None:
         return f"ResourceClaim {ns}/{name} is not known (yet)"
-    if (claim.get("status") or {}).get("allocation"):
+    if claim.allocated:
         return f"ResourceClaim {ns}/{name} is already allocated"
-    return (claim.get("spec") or {}), f"claim {name}"
+    return claim.spec(), f"claim {name}"
 
 
 def _mig_attributes(view: snapshot_builder.ClusterView, info: snapshot_builder.MigInfo) -> dict[str, Any]:

@@ -135,38 +135,47 @@ class TestIndexedObjects:
             },
         }
         got = indexed.claim(body)
-        assert got == {
-            "metadata": {
-                "name": "tp8-0",
-                "namespace": "ns",
-                "uid": "u",
-                "annotations": {names.ANNOTATION_DECISION: "d1"},
-                "labels": {names.LABEL_MEMBER_INDEX: "0"},
-                "ownerReferences": [
-                    {"apiVersion": names.GANG_API_VERSION, "kind": names.GANG_KIND, "name": "tp8"},
-                    {"kind": "Pod", "name": "p", "uid": "p"},
-                ],
-                "deletionTimestamp": "2026-01-01T00:00:00Z",
-            },
-            "spec": {"devices": {"requests": [{"name": "gpus"}]}},
-            "status": {
-                "allocation": {
-                    "devices": {
-                        "results": [{"driver": dn.DRIVER_NAME, "request": "gpus", "pool": "n", "device": "gpu-0"}]
-                    }
-                },
-                "reservedFor": [{"resource": "pods", "name": "p", "uid": "p"}],
-            },
+        assert got == indexed.ClaimView(
+            name="tp8-0",
+            namespace="ns",
+            uid="u",
+            annotations={names.ANNOTATION_DECISION: "d1"},
+            labels={names.LABEL_MEMBER_INDEX: "0"},
+            owners=(
+                indexed.OwnerRef(kind=names.GANG_KIND, name="tp8", uid="g", api_version=names.GANG_API_VERSION),
+                indexed.OwnerRef(kind="Pod", name="p", uid="p", api_version="v1"),
+            ),
+            deleting=True,
+            requests=({"name": "gpus"},),
+            allocated=True,
+            results=(indexed.DeviceResult(request="gpus", pool="n", device="gpu-0"),),  # not the other driver's
+            reserved_for=(indexed.Consumer(resource="pods", name="p", uid="p"),),
+        )
+        assert (got.key, got.gang, got.member_index, got.decision) == ("ns/tp8-0", "ns/tp8", 0, "d1")
+        assert got.spec() == {"devices": {"requests": [{"name": "gpus"}]}}
+        with pytest.raises(TypeError):  # read-only: every reader shares the one view
+            got.annotations["x"] = "y"  # type: ignore[index]
+
+    def test_a_claim_of_any_shape_reads_as_absent_fields_not_an_error(self) -> None:
+        hostile = {
+            "metadata": {"name": "c", "namespace": "ns", "labels": ["x"], "ownerReferences": {"kind": "Pod"}},
+            "spec": {"devices": "all of them"},
+            "status": {"allocation": {"devices": {"results": ["x", {"driver": dn.DRIVER_NAME, "pool": 7}]}}},
         }
-        assert snapshot_builder.owner_gang(got) == "ns/tp8"
-        assert snapshot_builder.member_index(got) == 0
+        got = indexed.claim(hostile)
+        assert (got.labels, got.owners, got.requests) == ({}, (), ())
+        assert got.results == (indexed.DeviceResult(request="", pool="", device=""),)  # a pool of 7 names none
+        assert got.gang is None and got.member_index == 0
+        not_a_number = indexed.claim({"metadata": {"labels": {names.LABEL_MEMBER_INDEX: "two"}}})
+        assert not_a_number.member_index == 0
 
     def test_allocated_elsewhere_still_counts_as_allocated(self) -> None:
         body = {
             "metadata": {"name": "c", "namespace": "ns"},
             "status": {"allocation": {"devices": {"results": [{"driver": "other.example.com", "device": "x"}]}}},
         }
-        assert indexed.claim(body)["status"]["allocation"]  # truthy: gang reservations treat it as allocated
+        got = indexed.claim(body)
+        assert got.allocated and got.results == ()  # gang reservations treat it as allocated; nothing of ours
 
     def test_node_keeps_readiness_uid_and_its_labels(self) -> None:
         body = {
@@ -228,14 +237,14 @@ def test_claim_index_keeps_what_template_gangs_read() -> None:
         },
     }
     got = indexed.claim(body)
-    assert got["metadata"]["ownerReferences"] == [
-        {"kind": "Pod", "name": "w-0", "uid": "u-1", "controller": True},
-        {"kind": "Pod", "name": "other", "uid": "u-2"},
-    ]
+    assert got.pod_owners == (
+        indexed.OwnerRef(kind="Pod", name="w-0", uid="u-1", api_version="v1", controller=True),
+        indexed.OwnerRef(kind="Pod", name="other", uid="u-2", api_version="v1"),
+    )
     # The requests as written (steering reads their selectors); not the constraints, which nothing reads.
-    assert got["spec"] == {"devices": {"requests": body["spec"]["devices"]["requests"]}}
-    assert got["spec"]["devices"]["requests"] is not body["spec"]["devices"]["requests"]  # a copy
-    assert "managedFields" not in got["metadata"]
+    assert got.spec() == {"devices": {"requests": body["spec"]["devices"]["requests"]}}
+    assert got.requests[0] is not body["spec"]["devices"]["requests"][0]  # a copy
+    assert not got.allocated and got.gang is None
 
 
 def test_equal_requests_are_kept_once_and_names_interned_without_changing_a_claim() -> None:
@@ -252,12 +261,12 @@ def test_equal_requests_are_kept_once_and_names_interned_without_changing_a_clai
 
     # Built from fresh strings, as the JSON decoder gives them (not literals the compiler shares).
     a, b, c = (indexed.claim(json.loads(json.dumps(body(i, s)))) for i, s in ((1, True), (2, True), (3, False)))
-    assert a["spec"]["devices"]["requests"] is b["spec"]["devices"]["requests"]  # one template: one copy
-    assert c["spec"]["devices"]["requests"] is not a["spec"]["devices"]["requests"]
-    assert a["spec"] == body(1, True)["spec"] and c["spec"] == body(3, False)["spec"]  # the same values
-    ra, rb = a["status"]["allocation"]["devices"]["results"][0], b["status"]["allocation"]["devices"]["results"][0]
-    assert all(ra[k] is rb[k] for k in ("driver", "request", "pool", "device"))
-    assert a["metadata"]["namespace"] is b["metadata"]["namespace"]
+    assert a.requests is b.requests  # one template: one copy
+    assert c.requests is not a.requests
+    assert a.spec() == body(1, True)["spec"] and c.spec() == body(3, False)["spec"]  # the same values
+    ra, rb = a.results[0], b.results[0]
+    assert all(getattr(ra, k) is getattr(rb, k) for k in ("request", "pool", "device", "share_percent"))
+    assert ra.share_percent is None and a.namespace is b.namespace
 
 
 def test_shared_shapes_are_bounded() -> None:
@@ -270,3 +279,19 @@ def test_shared_shapes_are_bounded() -> None:
     assert shapes([{"n": 9}]) == [{"n": 9}]
     unencodable = [{"x": object()}]
     assert shapes(unencodable) is unencodable
+
+
+def test_a_claim_reserved_for_its_owner_pod_keeps_one_copy_of_the_pods_name_and_uid() -> None:
+    pod = {"name": "w-0", "uid": "u-1"}
+    body = json.loads(
+        json.dumps(
+            {
+                "metadata": {"name": "c", "namespace": "ns", "ownerReferences": [{"kind": "Pod", **pod}]},
+                "status": {"reservedFor": [{"resource": "pods", **pod}, {"resource": "pods", "name": "x", "uid": "y"}]},
+            }
+        )
+    )
+    got = indexed.claim(body)
+    owner, (mine, other) = got.owners[0], got.reserved_for
+    assert (mine.name, mine.uid, other.name, other.uid) == ("w-0", "u-1", "x", "y")
+    assert mine.name is owner.name and mine.uid is owner.uid  # shared, not equal copies

@@ -124,11 +124,12 @@ def test_kopf_watches_only_the_controllers_own_few_objects() -> None:
 
 
 def test_the_explainer_looks_only_at_pending_claims_and_explains_each() -> None:
+    from gpuplane.controller import indexed
     from gpuplane.controller.claim import explainer
 
-    def entry(name: str, allocated: bool) -> dict[str, Any]:
+    def entry(name: str, allocated: bool) -> indexed.ClaimView:
         status: dict[str, Any] = {"allocation": {"devices": {"results": []}}} if allocated else {}
-        return {"metadata": {"name": name, "namespace": "ns"}, "status": status}
+        return indexed.claim({"metadata": {"name": name, "namespace": "ns"}, "status": status})
 
     index = {
         "ns/a": [entry("a", False)],
@@ -141,9 +142,9 @@ def test_the_explainer_looks_only_at_pending_claims_and_explains_each() -> None:
     def begin() -> explainer.Explain:
         begun.append(len(seen))
 
-        async def explain(claim: Any, now: float) -> None:
+        async def explain(claim: indexed.ClaimView, now: float) -> None:
             assert now > 0
-            seen.append(claim["metadata"]["name"])
+            seen.append(claim.name)
 
         return explain
 
@@ -167,10 +168,10 @@ def test_the_claim_index_keeps_what_explaining_a_pending_claim_reads() -> None:
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.gpuplane.dev"}}]}},
     }
     got = indexed.claim(body)
-    assert got["metadata"]["creationTimestamp"] == "2026-12-02T00:00:00Z"
-    assert got["metadata"]["annotations"] == {names.ANNOTATION_EXPLAINED: "no room"}
+    assert got.created == "2026-12-02T00:00:00Z"
+    assert got.annotations == {names.ANNOTATION_EXPLAINED: "no room"}
     allocated = {**body, "status": {"allocation": {"devices": {"results": []}}}}
-    assert "creationTimestamp" not in indexed.claim(allocated)["metadata"]  # an allocated claim is never explained
+    assert indexed.claim(allocated).created is None  # an allocated claim is never explained
 
 
 def test_before_the_informers_synced_events_only_queue_work_and_after_it_each_key_runs_once() -> None:

@@ -36,7 +36,7 @@ def claim(
     cls: str = "gpu.gpuplane.dev",
     held: tuple[tuple[str, str], ...] = (),
     deleting: bool = False,
-) -> dict[str, Any]:
+) -> indexed.ClaimView:
     """A claim as the index keeps it; ``held``: (node, device) of its allocation (none: pending)."""
     body = kit.claim_body([kit.req("gpus", cls=cls)])
     body["metadata"].update(name=name, uid=f"uid-{name}", creationTimestamp=status.now_rfc3339(created))
@@ -48,7 +48,7 @@ def claim(
     return indexed.claim(body)
 
 
-def figures(fleet: list[dict[str, Any]], *claims: dict[str, Any]) -> dict[str, fleet_gauges.Free]:
+def figures(fleet: list[dict[str, Any]], *claims: indexed.ClaimView) -> dict[str, fleet_gauges.Free]:
     return fleet_gauges.free_by_product(world.cluster_view(kit.make_world(fleet, [], claims_=claims)))
 
 

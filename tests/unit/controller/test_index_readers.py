@@ -3,11 +3,11 @@
 The controller indexes ResourceSlices as digests keyed by node and claims as the few fields it
 reads (gpuplane.controller.node.slice_index, gpuplane.controller.indexed). Rebalancing (noisy
 taints, claim tiers, shares, pods, its annotation) and right-sizing (the fleet's GPU models) read
-those indexes as the handlers pass them; here each runs once over the API's objects and once over
-the indexed forms, on pools the driver itself builds, and the outcomes must be equal and
-non-trivial. Dropping a field a reader needs from a digest makes one of these fail. Steering's
-readers (node labels, the view over the digests, claims' specs and Pod owners) are in
-steer/test_index_readers_steer.py.
+those indexes as the handlers pass them; here each runs once over the API's slices and once over
+their digests, on pools the driver itself builds, and the outcomes must be equal and non-trivial
+(claims are read only as indexed, :class:`~gpuplane.controller.indexed.ClaimView`). Dropping a field
+a reader needs from a digest makes one of these fail. Steering's readers (node labels, the view over
+the digests, claims' specs and Pod owners) are in steer/test_index_readers_steer.py.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ class Writer:
         self.calls.append(("event", (ref.kind, ref.name, kind, reason, message)))
 
 
-def _pass(w: Writer, slices_: list[Any], claims: list[dict[str, Any]], now: float) -> list[tuple[str, str, str]]:
+def _pass(w: Writer, slices_: list[Any], claims: list[indexed.ClaimView], now: float) -> list[tuple[str, str, str]]:
     r = act.Rebalancer(w, S, ControllerMetrics())
     return [(d.alert.gpu, d.hog.name if d.hog else "", o) for d, o in asyncio.run(r.run_pass(slices_, claims, now))]
 
@@ -145,7 +145,7 @@ def test_rebalancing_over_the_indexes_moves_what_it_moves_over_the_api_objects(
     idx_claims = [indexed.claim(c) for c in raw_claims]
     from_index = loop.noisy_slices(_slice_idx(raw_slices))
     w_raw, w_idx = Writer(), Writer()
-    got_raw = _pass(w_raw, raw_slices, raw_claims, T0 + 11)
+    got_raw = _pass(w_raw, raw_slices, idx_claims, T0 + 11)  # claims are read as indexed only (ClaimView)
     got_idx = _pass(w_idx, from_index, idx_claims, T0 + 11)
     moved = sorted(g for g in got_raw if g[2] != "ignore")  # the GPU's MIG placements carry its taint too
     assert moved == [("hgx-0/gpu-7", "bronze-hgx-0", "evicted"), ("hgx-1/gpu-7", "bronze-hgx-1", "evicted")]
@@ -154,6 +154,8 @@ def test_rebalancing_over_the_indexes_moves_what_it_moves_over_the_api_objects(
     assert w_idx.calls == w_raw.calls
     rule = next(c[1] for c in w_idx.calls if c[0] == "create-rule")
     assert "0.2" in str(rule), rule  # the bronze claim's 20 % share, read from the indexed allocation
+    hogs = {c.name: c for c in idx_claims if c.name.startswith("bronze-hgx-0")}
+    assert [r.share_percent for r in hogs["bronze-hgx-0"].results] == ["20"], hogs
 
 
 def test_a_reported_outcome_is_not_reported_again_from_the_indexed_claim(raw_slices: list[dict[str, Any]]) -> None:

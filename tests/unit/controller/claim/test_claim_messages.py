@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from gpuplane.controller import config, events, kube, metrics, names, runtime
+from gpuplane.controller import config, events, indexed, kube, metrics, names, runtime
 from gpuplane.controller.claim import checks, handling
 from gpuplane.controller.gang import run as gang_run
 from gpuplane.controller.gang import world
@@ -104,16 +104,16 @@ def test_claims_of_one_template_share_one_explanation_per_view(view: snapshot_bu
     twin = copy.deepcopy(first)
     twin["metadata"]["name"], twin["metadata"]["uid"] = "c-2", "uid-c-2"
     want = checks.explain_unallocated(first, kit.CLASSES, view)
-    assert cache.reason(first, kit.CLASSES, view) == want and cache.hits == 0
-    assert cache.reason(twin, kit.CLASSES, view) == want and cache.hits == 1
+    assert cache.reason(indexed.claim(first), kit.CLASSES, view) == want and cache.hits == 0
+    assert cache.reason(indexed.claim(twin), kit.CLASSES, view) == want and cache.hits == 1
     # Other requests, another class definition, or a new view: worked out again.
     other = kit.claim_body([kit.req("g", sel=[sel.replace("B300", "B200")])])
-    assert cache.reason(other, kit.CLASSES, view) == checks.explain_unallocated(other, kit.CLASSES, view)
+    assert cache.reason(indexed.claim(other), kit.CLASSES, view) == checks.explain_unallocated(other, kit.CLASSES, view)
     odd = {**kit.CLASSES, "gpu.gpuplane.dev": _nothing_class('device.driver == "x"')}
-    assert cache.reason(twin, odd, view) == checks.explain_unallocated(twin, odd, view)
+    assert cache.reason(indexed.claim(twin), odd, view) == checks.explain_unallocated(twin, odd, view)
     assert cache.hits == 1
     newer = copy.copy(view)
-    assert cache.reason(twin, kit.CLASSES, newer) == want and cache.hits == 1
+    assert cache.reason(indexed.claim(twin), kit.CLASSES, newer) == want and cache.hits == 1
 
 
 def test_a_claim_asked_again_under_the_same_view_and_classes_is_answered_by_uid(
@@ -122,8 +122,9 @@ def test_a_claim_asked_again_under_the_same_view_and_classes_is_answered_by_uid(
     # The explainer asks about every pending claim every pass; a quiet cluster keeps one view.
     sel = 'device.attributes["gpu.gpuplane.dev"].productName == "NVIDIA B300"'
     cache = checks.ReasonCache()
-    claim = kit.claim_body([kit.req("g", sel=[sel])])
-    claim["metadata"]["uid"] = "uid-c-1"
+    body = kit.claim_body([kit.req("g", sel=[sel])])
+    body["metadata"]["uid"] = "uid-c-1"
+    claim = indexed.claim(body)  # as the claim index holds it
     want = cache.reason(claim, kit.CLASSES, view)
     encoded: list[int] = []
     real = checks.json.dumps
@@ -132,7 +133,7 @@ def test_a_claim_asked_again_under_the_same_view_and_classes_is_answered_by_uid(
     other_classes = dict(kit.CLASSES)  # equal content, another mapping (the next pass): classes encoded once
     assert cache.reason(claim, other_classes, view) == want and cache.hits == 2 and len(encoded) == 1
     odd = {**kit.CLASSES, "gpu.gpuplane.dev": _nothing_class('device.driver == "x"')}
-    assert cache.reason(claim, odd, view) == checks.explain_unallocated(claim, odd, view)  # new classes: again
+    assert cache.reason(claim, odd, view) == checks.explain_unallocated(body, odd, view)  # new classes: again
 
 
 def test_an_explanation_is_written_again_when_its_wording_changes_not_its_counts(
@@ -153,7 +154,7 @@ def test_an_explanation_is_written_again_when_its_wording_changes_not_its_counts
     claim["metadata"].update(uid="u-1", creationTimestamp="2026-01-01T00:00:00Z")
     w = world.World(gangs={}, pods={}, claims={}, slices=(), nodes={}, classes=kit.CLASSES)
     for _ in range(3):  # three explainer passes; the fleet's counts changed between them
-        asyncio.run(handling.explain_claim(rt, claim, kit.CLASSES, w, time.time()))
+        asyncio.run(handling.explain_claim(rt, indexed.claim(claim), kit.CLASSES, w, time.time()))
         written = [a for kind, a in writer.writes if kind == "annotate"]
         if written:
             claim["metadata"]["annotations"] = written[-1]  # the index shows the annotation written

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from gpuplane.controller import indexed
 from gpuplane.controller.claim import checks
 from gpuplane.controller.node import snapshot_builder
 from tests import controllerkit as kit
@@ -66,7 +67,7 @@ def test_a_mig_gang_with_room_on_its_own_gpus_is_placed_there(slices: list[dict[
 
 def test_a_pending_mig_claim_whose_profile_has_no_room_is_explained(slices: list[dict[str, Any]]) -> None:
     _, _, big_claims = _hgx_held(slices)
-    view = snapshot_builder.build_view(slices, big_claims)
+    view = snapshot_builder.build_view(slices, [indexed.claim(c) for c in big_claims])  # as the claim index holds them
     sel = f'device.attributes["gpu.gpuplane.dev"].migProfile == "{H100_1G}"'
     claim = kit.claim_body([kit.req("m", cls="mig.gpuplane.dev", sel=[sel])])
     why = checks.explain_unallocated(claim, kit.CLASSES, view)

@@ -16,7 +16,7 @@ from gpuplane.controller import events
 from gpuplane.controller.gang import deleted, owners, world
 from gpuplane.controller.gang.desired import GangRef
 from gpuplane.controller.steps import Step
-from tests.controllerkit import holding, member_pod
+from tests.controllerkit import claim_index, holding, member_pod
 from tests.templatekit import NS, indexed, job
 
 REF = GangRef(NS, "g", "uid-g")
@@ -29,9 +29,8 @@ def _claims(w: world.World, key: str) -> list[str]:
 def test_a_running_hand_written_gang_tells_then_deletes_every_member_and_its_claims() -> None:
     _body, pods, claims = holding("g", NS, 0, ["hgx-0", "hgx-1"], 0.0)
     w = world.World(
-        gangs={}, pods=world.member_lists(pods), claims={f"{NS}/{c['metadata']['name']}": c for c in claims},
-        slices=(), nodes={}, classes={},
-    )  # fmt: skip
+        gangs={}, pods=world.member_lists(pods), claims=claim_index(claims), slices=(), nodes={}, classes={}
+    )
     d = deleted.deletion(REF, "Running", w.pods[f"{NS}/g"], _claims(w, f"{NS}/g"), (), grace_seconds=5)
     assert [(s.kind, s.name, s.body) for s in d.steps] == [
         ("delete-pod", "g-pod-0", 5),

@@ -22,7 +22,7 @@ from gpuplane.controller import caches, config, events, kube, metrics, runtime, 
 from gpuplane.controller.gang import deleted, handlers, world
 from gpuplane.controller.gang import run as gang_run
 from gpuplane.informer.cache import Caches, Informer
-from tests.controllerkit import Flag, holding
+from tests.controllerkit import Flag, claim_index, holding
 from tests.templatekit import NS
 
 KEY = f"{NS}/g"
@@ -58,9 +58,8 @@ def running_gang() -> tuple[dict[str, Any], Callable[[], world.World]]:
     body["metadata"]["uid"] = "uid-g"
     body["status"]["phase"] = "Running"
     w = world.World(
-        gangs={KEY: body}, pods=world.member_lists(pods), claims={f"{NS}/{c['metadata']['name']}": c for c in claims},
-        slices=(), nodes={}, classes={},
-    )  # fmt: skip
+        gangs={KEY: body}, pods=world.member_lists(pods), claims=claim_index(claims), slices=(), nodes={}, classes={}
+    )
     return body, lambda: w
 
 

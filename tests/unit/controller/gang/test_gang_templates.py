@@ -14,7 +14,7 @@ from gpuplane.controller import events, names
 from gpuplane.controller.gang import desired, membership, owners, placement_record, release, world, writes
 from gpuplane.controller.gang import spec as gangspec
 from gpuplane.controller.node import snapshot_builder
-from tests.controllerkit import GB200, gang_body
+from tests.controllerkit import GB200, claim_index, gang_body
 from tests.templatekit import (
     NS,
     cluster_slices_fixture,  # noqa: F401
@@ -144,8 +144,8 @@ class TestRelease:
     def test_claim_shape_must_match_the_gang(self) -> None:
         spec = gangspec.parse_gang_spec({"members": 1, "gpusPerMember": 4})
         m = membership.members_of("g", 1, [indexed("g", 0, claims=("c",))])
-        assert release.shape_problems(spec, m, {f"{NS}/c": template_claim("c", 4)}, NS) == []
-        (problem,) = release.shape_problems(spec, m, {f"{NS}/c": template_claim("c", 2)}, NS)
+        assert release.shape_problems(spec, m, claim_index([template_claim("c", 4)]), NS) == []
+        (problem,) = release.shape_problems(spec, m, claim_index([template_claim("c", 2)]), NS)
         assert "asks 2 device(s)" in problem and "per member" in problem
 
 

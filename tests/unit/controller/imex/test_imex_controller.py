@@ -11,7 +11,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuplane.api import imex
 from gpuplane.api import names as dn
-from gpuplane.controller import config, kube, metrics, names, runtime
+from gpuplane.controller import config, indexed, kube, metrics, names, runtime
 from gpuplane.controller.gang import run as gang_run
 from gpuplane.controller.gang import world
 from gpuplane.controller.imex import gangs, objects, reconcile
@@ -59,7 +59,7 @@ def make_world(gangs_: Sequence[Mapping[str, Any]], claims: Sequence[Mapping[str
     return world.World(
         gangs={f"{NS}/{g['metadata']['name']}": g for g in gangs_},
         pods={},
-        claims={f"{NS}/{c['metadata']['name']}": c for c in claims},
+        claims={f"{NS}/{c['metadata']['name']}": indexed.claim(c) for c in claims},
         slices=(),
         nodes={},
         classes={},

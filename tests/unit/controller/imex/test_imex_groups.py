@@ -45,7 +45,7 @@ def claim(
 def make_world(
     claims: Sequence[Mapping[str, Any]], gangs: Mapping[str, Mapping[str, Any]] | None = None
 ) -> world.World:
-    by_key = {f"{c['metadata']['namespace']}/{c['metadata']['name']}": c for c in claims}
+    by_key = {f"{c['metadata']['namespace']}/{c['metadata']['name']}": indexed.claim(c) for c in claims}
     return world.World(gangs=gangs or {}, pods={}, claims=by_key, slices=(), nodes={}, classes={})
 
 
@@ -319,12 +319,13 @@ def test_a_labelled_claim_named_but_not_ready_waits_on_readiness(drv: Any) -> No
 
 
 def test_the_controllers_index_keeps_what_grouping_reads() -> None:
-    kept = indexed.claim(claim("a", "tray-0", created="2026-01-01T00:05:00Z"))
-    assert imex_group.group_of(kept) == ("train", "") and groups.pool_node(kept) == "tray-0"
-    assert world.created_at(kept) == world.created_at({"metadata": {"creationTimestamp": "2026-01-01T00:05:00Z"}}) > 0
+    body = claim("a", "tray-0", created="2026-01-01T00:05:00Z")
+    kept = indexed.claim(body)
+    assert groups.group_of(kept) == imex_group.group_of(body) == ("train", "") and groups.pool_node(kept) == "tray-0"
+    assert groups.created_at(kept) == world.created_at({"metadata": {"creationTimestamp": "2026-01-01T00:05:00Z"}}) > 0
     plain = indexed.claim(claim("b", "tray-0", None))
-    assert "labels" not in plain["metadata"] and "creationTimestamp" not in plain["metadata"]  # as before
-    out = groups.gather(make_world([kept, indexed.claim(claim("c", "tray-1"))]), CLIQUES, {})
+    assert not plain.labels and plain.created is None  # as before
+    out = groups.gather(make_world([body, claim("c", "tray-1")]), CLIQUES, {})
     assert [g.nodes for g in out.gangs] == [("tray-0", "tray-1")]
 
 

@@ -179,7 +179,8 @@ def test_exactly_the_nodes_the_offer_names_carry_the_mig_offered_label() -> None
 NOW = datetime.datetime(2026, 12, 6, 8, 0, tzinfo=datetime.UTC)
 
 
-def claim(name: str, requests: list[Any], allocation: dict[str, Any] | None = None) -> dict[str, Any]:
+def claim(name: str, requests: list[Any], allocation: dict[str, Any] | None = None) -> indexed.ClaimView:
+    """The claim as the claim index holds it (the snapshot reads nothing else)."""
     out: dict[str, Any] = {
         "metadata": {"name": name, "namespace": "t", "uid": name, "creationTimestamp": "2026-12-06T07:59:50Z"},
         "spec": {"devices": {"requests": requests}},
@@ -187,7 +188,7 @@ def claim(name: str, requests: list[Any], allocation: dict[str, Any] | None = No
     }
     if allocation is not None:
         out["status"]["allocation"] = allocation
-    return out
+    return indexed.claim(out)
 
 
 def mig_request(expr: str) -> dict[str, Any]:

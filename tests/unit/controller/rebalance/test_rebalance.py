@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpuplane.api import noisy_taint
+from gpuplane.controller import indexed
 from gpuplane.controller.metrics import ControllerMetrics
 from gpuplane.controller.rebalance import act, moves, signal
 from gpuplane.controller.rebalance.decide import LastMove, Settings, decide
@@ -69,6 +70,11 @@ def claim(uid: str, name: str, tier: str, share: int, pods: list[str], *, device
             "reservedFor": [{"resource": "pods", "name": p, "uid": f"uid-{p}"} for p in pods],
         },
     }
+
+
+def index(claims: Sequence[Mapping[str, Any]]) -> list[indexed.ClaimView]:
+    """The claims as the claim index holds them (through the informer's transform): what a pass reads."""
+    return [indexed.claim(c) for c in claims]
 
 
 FIG = noisy_taint.encode(noisy_taint.NoisyFigures(HOG, 80, 50, 3))
@@ -143,7 +149,7 @@ TEAM = {"team": {"gpuplane.dev/max-tier": "gold"}}  # the namespace's labels: gr
 
 
 def run(r: act.Rebalancer, slices: list[dict[str, Any]], claims: list[dict[str, Any]], now: float) -> list[str]:
-    return [o for _, o in asyncio.run(r.run_pass(slices, claims, now))]
+    return [o for _, o in asyncio.run(r.run_pass(slices, index(claims), now))]
 
 
 # --- the rule --------------------------------------------------------------------------------
@@ -153,32 +159,32 @@ def test_decide_follows_the_rule() -> None:
     slices, claims = world()
     (alert,) = signal.alerts(slices)
     assert (alert.pool, alert.device, alert.figures.share_pct, alert.since) == ("node-a", "gpu-3", 80, T0)
-    assert decide(alert, claims, None, T0 + 5, S, namespaces=TEAM).kind == "wait"
-    d = decide(alert, claims, None, T0 + 11, S, namespaces=TEAM)
+    assert decide(alert, index(claims), None, T0 + 5, S, namespaces=TEAM).kind == "wait"
+    d = decide(alert, index(claims), None, T0 + 11, S, namespaces=TEAM)
     assert d.kind == "evict" and d.hog is not None and d.hog.tier == "bronze"
     assert [v.tier for v in d.victims] == ["gold"]
     assert "80% of the memory bandwidth of node-a/gpu-3 (threshold 50%" in d.figures()
     # One move per GPU per cool-down: another hog within it waits; the same one is under way.
-    assert decide(alert, claims, LastMove("someone-else", T0), T0 + 50, S, namespaces=TEAM).kind == "cooldown"
-    assert decide(alert, claims, LastMove(HOG, T0), T0 + 50, S, namespaces=TEAM).kind == "ignore"
-    assert decide(alert, claims, LastMove("someone-else", T0), T0 + 101, S, namespaces=TEAM).kind == "evict"
+    assert decide(alert, index(claims), LastMove("someone-else", T0), T0 + 50, S, namespaces=TEAM).kind == "cooldown"
+    assert decide(alert, index(claims), LastMove(HOG, T0), T0 + 50, S, namespaces=TEAM).kind == "ignore"
+    assert decide(alert, index(claims), LastMove("someone-else", T0), T0 + 101, S, namespaces=TEAM).kind == "evict"
 
 
 def test_never_a_higher_or_equal_tier_for_a_lower_one() -> None:
     slices, _ = world()
     (alert,) = signal.alerts(slices)
     gold_hog = [claim(HOG, "gold-hog", "gold", 60, ["g"]), claim(GOLD, "bronze", "bronze", 20, ["b"])]
-    d = decide(alert, gold_hog, None, T0 + 999, S, namespaces=TEAM)
+    d = decide(alert, index(gold_hog), None, T0 + 999, S, namespaces=TEAM)
     assert d.kind == "ignore" and "no claim of a higher tier than gold" in d.why
     peers = [claim(HOG, "a", "silver", 40, ["a"]), claim(GOLD, "b", "silver", 40, ["b"])]
-    assert decide(alert, peers, None, T0 + 999, S, namespaces=TEAM).kind == "ignore"
+    assert decide(alert, index(peers), None, T0 + 999, S, namespaces=TEAM).kind == "ignore"
 
 
 def test_a_node_cannot_name_a_claim_elsewhere() -> None:
     slices, claims = world()
     claims[0] = claim(HOG, "bronze-claim", "bronze", 20, ["bronze-1"], device="gpu-4")  # not on gpu-3
     (alert,) = signal.alerts(slices)
-    d = decide(alert, claims, None, T0 + 999, S, namespaces=TEAM)
+    d = decide(alert, index(claims), None, T0 + 999, S, namespaces=TEAM)
     assert d.kind == "ignore" and "is not allocated on node-a/gpu-3" in d.why
 
 

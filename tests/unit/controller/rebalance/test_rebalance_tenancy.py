@@ -26,6 +26,7 @@ from tests.unit.controller.rebalance.test_rebalance import (
     T0,
     Writer,
     claim,
+    index,
     owned_pod,
     slice_with_taint,
 )
@@ -67,7 +68,7 @@ def world(gold_ns: str = "team", hog_ns: str = "team") -> tuple[list[dict[str, A
 
 
 def run(r: act.Rebalancer, slices: list[dict[str, Any]], claims: list[dict[str, Any]], now: float) -> list[str]:
-    return [o for _, o in asyncio.run(r.run_pass(slices, claims, now))]
+    return [o for _, o in asyncio.run(r.run_pass(slices, index(claims), now))]
 
 
 # --- tiers are entitlements ------------------------------------------------------------------
@@ -77,14 +78,14 @@ def test_an_unentitled_gold_claim_counts_as_its_namespaces_tier() -> None:
     slices, claims = world(gold_ns="squatter", hog_ns="team")
     (alert,) = signal.alerts(slices)
     # "squatter" is unlabelled: its mps-gold claim is a bronze tenant, the bronze neighbour is no lower.
-    d = decide(alert, claims, None, T0 + 999, settings(), namespaces={"team": {}})
+    d = decide(alert, index(claims), None, T0 + 999, settings(), namespaces={"team": {}})
     assert d.kind == "ignore" and "no claim of a higher tier than bronze" in d.why, d
     # Granted silver: it counts as silver, above bronze, and the rule applies.
-    d = decide(alert, claims, None, T0 + 999, settings(), namespaces={"squatter": {MAX_TIER: "silver"}})
+    d = decide(alert, index(claims), None, T0 + 999, settings(), namespaces={"squatter": {MAX_TIER: "silver"}})
     assert d.kind == "evict" and [v.tier for v in d.victims] == ["silver"]
     assert "class gold, namespace not entitled" in d.victims[0].label()
     # A label that is not a tier grants the default only.
-    d = decide(alert, claims, None, T0 + 999, settings(), namespaces={"squatter": {MAX_TIER: "platinum"}})
+    d = decide(alert, index(claims), None, T0 + 999, settings(), namespaces={"squatter": {MAX_TIER: "platinum"}})
     assert d.kind == "ignore"
 
 
@@ -197,7 +198,7 @@ def test_never_evicts_in_a_system_namespace() -> None:
         w.pods["bronze-1"] = owned_pod("bronze-1")
         r = act.Rebalancer(w, settings(), ControllerMetrics())
         slices, claims = world(hog_ns=ns)
-        (d, outcome), *_ = asyncio.run(r.run_pass(slices, claims, T0 + 11))
+        (d, outcome), *_ = asyncio.run(r.run_pass(slices, index(claims), T0 + 11))
         assert outcome == "ignore" and "system namespace" in d.why, d
         assert not [c for c in w.calls if c[0] in ("evict", "create-rule")]
 

@@ -2,11 +2,14 @@
 
 The steering pass (``steer.run.steer_pass``) reads every node's labels from the node index (a gated
 pod's nodeSelector and node affinity), builds its view from the slice index's digests, and reads
-claims from the claim index: a named claim's requests (class, count, selectors, capacity) and, for
-the reservations of steered pods, the Pod owners of allocated claims. Here one pass runs over the
-API's objects and once over the indexed forms, on pools the driver itself builds (tests/indexkit.py),
-and the actions, the reservations and the patches must be equal and non-trivial. Dropping a label,
-a request field or a Pod owner from ``gpuplane.controller.indexed`` makes it fail.
+claims from the claim index (:class:`~gpuplane.controller.indexed.ClaimView`, the only form steering
+takes): a named claim's requests (class, count, selectors, capacity) and, for the reservations of
+steered pods, the Pod owners of allocated claims. Here one pass runs over the API's slices and node
+labels and once over the indexed forms, both with the claims as the claim index holds them, on pools
+the driver itself builds (tests/indexkit.py), and the actions, the reservations and the patches must
+be equal and non-trivial; the claims' requests must be kept as written, and the allocated claim's Pod
+owner read. Dropping a label, a request field or a Pod owner from ``gpuplane.controller.indexed``
+makes it fail.
 """
 
 from __future__ import annotations
@@ -134,7 +137,7 @@ TEMPLATES = {
 
 def _steer(
     slices_: list[Any],
-    claims: Mapping[str, Mapping[str, Any]],
+    claims: Mapping[str, indexed.ClaimView],
     labels: Mapping[str, Mapping[str, str]],
     pods: list[indexed.PodView],
 ) -> tuple[list[tuple[str, str, str, Any]], list[Any], list[tuple[str, str, Any]]]:
@@ -167,8 +170,11 @@ def test_steering_over_the_indexes_decides_what_it_decides_over_the_api_objects(
     nodes = [_node("hgx-0"), _node("hgx-1", **{"pool.example/team": "a"}), _node("nvl-0")]
     raw_labels = {n["metadata"]["name"]: n["metadata"]["labels"] for n in nodes}
     idx_labels = steer_run.node_labels({n["metadata"]["name"]: indexed.node(n) for n in nodes})  # as the handler
-    idx_claims = {k: indexed.claim(c) for k, c in raw_claims.items()}
-    got_raw = _steer(raw_slices, raw_claims, raw_labels, pods)
+    idx_claims = {k: indexed.claim(c) for k, c in raw_claims.items()}  # as the claim index holds them
+    for key, raw in raw_claims.items():  # every request field steering may read, as written
+        assert idx_claims[key].spec() == {"devices": {"requests": raw["spec"]["devices"]["requests"]}}
+    assert steer_reconciler.allocated_owners(idx_claims.values()) == {"uid-landed"}
+    got_raw = _steer(raw_slices, idx_claims, raw_labels, pods)
     got_idx = _steer(slice_index.every(slice_idx(raw_slices)), idx_claims, idx_labels, pods)
     acts = {key: (kind, outcome, p) for kind, key, outcome, p in got_raw[0]}
     # Non-trivial over the API objects: the claim's selector (one GPU), its capacity request, the pod's

@@ -218,7 +218,9 @@ def test_a_pod_patched_but_not_yet_seen_patched_still_reserves(
     assert second[0].placement and first[0].placement
     assert second[0].placement.mig[0].gpu != first[0].placement.mig[0].gpu
     # Once the claim shows allocated (owned by the pod), the memory lets go.
-    claim = {"metadata": {"ownerReferences": [{"kind": "Pod", "uid": "uid-a"}]}, "status": {"allocation": {"x": 1}}}
+    claim = indexed.claim(
+        {"metadata": {"ownerReferences": [{"kind": "Pod", "uid": "uid-a"}]}, "status": {"allocation": {"x": 1}}}
+    )
     assert all(r.gang != "steer:ns/a" for r in reconciler.reservations(pending, state, [claim], 2.0))
 
 
@@ -273,6 +275,6 @@ def test_a_reservation_that_clashes_with_a_real_allocation_is_left_out(pool: lis
     clash = snapshot_builder.Reservation(
         "steer:ns/p", model.MemberPlacement(0, node, "d", mig=(model.MigSlot(gpu, "3g", 4),))
     )
-    view = snapshot_builder.build_view(pool, [claim], reservations=[clash])
+    view = snapshot_builder.build_view(pool, [indexed.claim(claim)], reservations=[clash])
     snap = view.snapshot()  # would raise on the overlap
     assert snap.gpu(gpu).mig == (model.MigInstance("2g", 4),)

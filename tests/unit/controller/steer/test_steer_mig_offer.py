@@ -88,7 +88,7 @@ def pod(name: str, **spec: Any) -> indexed.PodView:
     )
 
 
-def claim(name: str, device: str | None = None) -> dict[str, Any]:
+def claim_body(name: str, device: str | None = None) -> dict[str, Any]:
     stamp = "2026-12-06T07:59:50Z"
     out: dict[str, Any] = {
         "metadata": {"namespace": "ns", "name": f"{name}-g", "uid": f"c-{name}", "creationTimestamp": stamp},
@@ -101,8 +101,13 @@ def claim(name: str, device: str | None = None) -> dict[str, Any]:
     return out
 
 
+def claim(name: str, device: str | None = None) -> indexed.ClaimView:
+    """The claim as the claim index holds it."""
+    return indexed.claim(claim_body(name, device))
+
+
 def steer(
-    objs: list[dict[str, Any]], claims: Mapping[str, dict[str, Any]], pods: list[indexed.PodView], classes: Any
+    objs: list[dict[str, Any]], claims: Mapping[str, indexed.ClaimView], pods: list[indexed.PodView], classes: Any
 ) -> dict[str, decide.Action]:
     view = snapshot_builder.build_view(objs, claims.values())
     gated = [decide.Gated(p.key, p, float(i)) for i, p in enumerate(pods)]
@@ -112,7 +117,7 @@ def steer(
 
 
 def grow(
-    objs: list[dict[str, Any]], claims: Mapping[str, dict[str, Any]], pods: list[indexed.PodView], memory: Any
+    objs: list[dict[str, Any]], claims: Mapping[str, indexed.ClaimView], pods: list[indexed.PodView], memory: Any
 ) -> offer_decide.Decision:
     """One pass of the MIG offer over the same objects (the gated pods are pending: their claims are demand)."""
     digests = [d for o in objs if (d := slice_index.digest(o["metadata"]["name"], o["spec"])) is not None]
@@ -187,7 +192,7 @@ def test_released_as_before_when_the_offer_cannot_grow_for_it(sims: Mapping[str,
     assert got["ns/p8"].kind == "release" and got["ns/p8"].outcome == "no-room"
     # A whole-GPU request nothing matches is not the offer's business either.
     whole = spec({"deviceClassName": "gpu.gpuplane.dev", "selectors": [{"cel": {"expression": "false"}}]})
-    wclaims = {"ns/w-g": {**claim("w"), "spec": whole}}
+    wclaims = {"ns/w-g": indexed.claim({**claim_body("w"), "spec": whole})}
     got = steer(objs, wclaims, [pod("w")], classes)
     assert got["ns/w"].kind == "release" and got["ns/w"].outcome == "unsteerable"
 

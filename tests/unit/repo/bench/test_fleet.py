@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.fleet import fleet_controller, fleet_probe, fleet_state
+from bench.fleet import claim_index_memory, fleet_controller, fleet_probe, fleet_state
 from e2e.cluster import build, controlplane, kwok
 from e2e.plane import fleet
+from gpuplane.controller import indexed
 from gpuplane.driver import inventory
 from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.publish import slices
@@ -185,3 +186,15 @@ def test_the_memory_bench_allocates_no_whole_gpu_twice_and_four_shares_to_a_gpu(
     (result,) = status["allocation"]["devices"]["results"]
     assert result["pool"] == placed[-1].node and result["consumedCapacity"] == {"sharePercent": "25"}
     assert status["reservedFor"] == [{"resource": "pods", "name": placed[-1].name, "uid": "pod-uid"}]
+
+
+def test_the_claim_index_memory_bench_measures_the_index_smaller_than_the_bodies(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert claim_index_memory.main(["--claims", "200"]) == 0
+    lines = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines() if "B/claim" in line}
+    assert set(lines) == {"body", "index"}
+    per_claim = {name: float(words[3]) for name, words in lines.items()}
+    assert per_claim["index"] * 3 < per_claim["body"]  # a view of what the controller reads, not the object
+    view = indexed.claim(claim_index_memory.claim_body(7))
+    assert view.allocated and len(view.results) == 4 and view.pod_owners[0].name == "job-7"
