@@ -19,6 +19,8 @@ import yaml
 
 from gpuplane.controller import indexed, names, steps
 from gpuplane.controller.gang import queue_runner, reconciler, status, world
+from gpuplane.controller.gang import view as gang_view
+from gpuplane.controller.gang.view import GangView
 from gpuplane.controller.imex import hold
 from gpuplane.controller.node import snapshot_builder
 from gpuplane.driver import inventory
@@ -167,18 +169,24 @@ def member_pod(
 
 def make_world(
     slices_: Sequence[Mapping[str, Any]],
-    gangs_: Sequence[dict[str, Any]],
+    gangs_: Sequence[Mapping[str, Any] | GangView],
     pods: Sequence[dict[str, Any]] = (),
     claims_: Sequence[Mapping[str, Any] | indexed.ClaimView] = (),
 ) -> world.World:
     return world.World(
-        gangs={f"{g['metadata']['namespace']}/{g['metadata']['name']}": g for g in gangs_},
+        gangs=gang_index(gangs_),
         pods=world.member_lists(pods),
         claims=claim_index(claims_),
         slices=tuple(slices_),
         nodes={s["spec"]["nodeName"]: True for s in slices_},
         classes=CLASSES,
     )
+
+
+def gang_index(gangs: Iterable[Mapping[str, Any] | GangView]) -> dict[str, GangView]:
+    """Gangs as the gang index holds them (bodies through the informer's transform), by ``ns/name``."""
+    views = [g if isinstance(g, GangView) else gang_view.view(g) for g in gangs]
+    return {v.key: v for v in views}
 
 
 def claim_index(claims: Iterable[Mapping[str, Any] | indexed.ClaimView]) -> dict[str, indexed.ClaimView]:

@@ -123,7 +123,7 @@ def world_of(
 ) -> world.World:
     nodes = {s["spec"]["nodeName"]: True for s in slices if s["spec"].get("nodeName")}
     return world.World(
-        gangs={f"{NS}/{gang['metadata']['name']}": gang},
+        gangs=controllerkit.gang_index([gang]),
         pods=world.member_lists(pods),
         claims=controllerkit.claim_index(claims),
         slices=tuple(slices),

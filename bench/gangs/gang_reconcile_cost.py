@@ -28,6 +28,7 @@ from typing import Any
 from gpuplane.controller import config, indexed, metrics, names, runtime
 from gpuplane.controller.gang import placement_record, queue_runner, reconciler, status, world
 from gpuplane.controller.gang import run as gang_run
+from gpuplane.controller.gang import view as gang_view
 from gpuplane.controller.node import slice_index
 from gpuplane.driver import inventory
 from gpuplane.driver.hw.sim import SimConfig, Simulator
@@ -125,7 +126,7 @@ def indexes(
     """The controller's indexes (keyword arguments of ``gang.run.make_world``) over these objects, in
     namespace ``NS``, every node schedulable, one DeviceClass ``gpu.gpuplane.dev`` with ``class_spec``."""
     idx: dict[str, Any] = {
-        "gang_idx": {f"{NS}/{g['metadata']['name']}": [g] for g in gangs},
+        "gang_idx": {f"{NS}/{g['metadata']['name']}": [gang_view.view(g)] for g in gangs},
         "pod_idx": {f"{NS}/{p['metadata']['name']}": [p] for p in pods},
         "claim_idx": {c.key: [c] for c in claims},
         "slice_idx": {},

@@ -8,7 +8,7 @@ fields the controller reads (:mod:`gpuplane.controller.indexed`), and no body ou
 =====================  ======================  ===================================================
 index                  stream                  key -> value
 =====================  ======================  ===================================================
-``gang_idx``           GpuGangs                ``ns/name`` -> the gang (spec, status)
+``gang_idx``           GpuGangs                ``ns/name`` -> :class:`gang.view.GangView`
 ``member_pod_idx``     Pods (gang label)       ``ns/name`` -> the member pod
 ``claim_consumer_idx`` Pods                    ``ns/claim`` -> names of pods that reference it
 ``pending_pod_idx``    Pods (unbound, claims)  ``ns/name`` -> :func:`indexed.pending_pod`
@@ -36,6 +36,7 @@ from gpuplane.api import names as dn
 from gpuplane.controller import indexed, names, rejects, slim
 from gpuplane.controller import metrics as metrics_mod
 from gpuplane.controller.gang import leaderworkersets, owners
+from gpuplane.controller.gang import view as gang_view
 from gpuplane.controller.node import slice_index, untrusted
 from gpuplane.controller.rightsize import template as rs_template
 from gpuplane.informer.cache import Stream, key_of
@@ -57,7 +58,7 @@ def _labels(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 def gang(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     if rejects.rejected(obj):  # nested too deeply to read: no decision may see it
         return NOT_INDEXED
-    return {key_of(obj): indexed.plain(obj, "spec", "status")}
+    return {key_of(obj): gang_view.view(obj)}
 
 
 def member_pod(obj: Mapping[str, Any]) -> Mapping[str, Any]:

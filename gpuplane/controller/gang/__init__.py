@@ -1,7 +1,9 @@
 """GpuGangs: from member pods to an all-or-nothing placement, queued, written, and followed to the end.
 
 - ``spec``: the GpuGang spec as a frozen pydantic model, and its placement request; pure.
-- ``world``: one consistent read of the kopf indexes for a queue pass, plus the placement view; pure.
+- ``view``: a GpuGang as the gang index keeps it (``GangView``: identity, the spec parsed once, the
+  status as written); pure.
+- ``world``: one consistent read of the controller's indexes for a queue pass, plus the placement view; pure.
 - ``queue_runner``: the gang queue over :mod:`gpuplane.placement.queue` (order,
   fairness, preemption): gangs in, one action per gang out; pure.
 - ``membership``: which member a pod is (named claim, label, Job completion index, JobSet index,

@@ -29,8 +29,10 @@ from typing import Any
 import kopf
 import structlog
 
-from gpuplane.controller import events, indexed, names, rejects, runtime
+from gpuplane.controller import names, rejects, runtime
 from gpuplane.controller.gang import deleted, desired, run, world
+from gpuplane.controller.gang import view as gang_view
+from gpuplane.controller.gang.view import GangView
 
 log = structlog.get_logger(__name__)
 
@@ -54,8 +56,7 @@ def register(reg: kopf.OperatorRegistry, world_of: WorldOf) -> None:
     @kopf.on.delete(names.GROUP, names.VERSION, names.GANG_PLURAL, optional=False, registry=reg)
     async def gang_release(body: kopf.Body, namespace: str | None, name: str, memo: Any, **kw: Any) -> None:
         elapsed: datetime.timedelta = kw["runtime"]  # kopf's: since the first attempt at this deletion
-        plain = indexed.plain(body, "spec", "status")
-        await release(memo, f"{namespace}/{name}", plain, lambda: world_of(memo), elapsed.total_seconds())
+        await release(memo, f"{namespace}/{name}", body, lambda: world_of(memo), elapsed.total_seconds())
 
 
 async def release(
@@ -65,16 +66,17 @@ async def release(
     again); returning lets kopf remove the finalizer. ``elapsed_s``: since the first attempt."""
     if rejects.rejected(body):  # unreadable: never placed, nothing to release
         return
+    gang = gang_view.view(body)
     if not rt.leading() or not rt.caches.synced():
         raise kopf.TemporaryError("the leader releases a deleted gang, on complete indexes", delay=RETRY_S)
     async with rt.lock():
-        released = await release_deleted_gang(rt, key, body, world_now())
+        released = await release_deleted_gang(rt, key, gang, world_now())
     if released.not_leading:
         raise kopf.TemporaryError("lost the lease while releasing; the next leader resumes", delay=RETRY_S)
     if released.failed and elapsed_s < GIVE_UP_S:
         raise kopf.TemporaryError(f"release writes failed: {'; '.join(released.failed[:3])}", delay=RETRY_S)
     if released.failed:
-        await gang_release_abandoned(rt, key, body, released.failed)
+        await gang_release_abandoned(rt, key, gang, released.failed)
 
 
 def gang_gone(rt: runtime.Runtime, key: str) -> None:
@@ -92,7 +94,7 @@ class Released:
     not_leading: bool = False  # not the leader (any more): nothing was decided
 
 
-async def release_deleted_gang(rt: runtime.Runtime, key: str, body: Mapping[str, Any], w: world.World) -> Released:
+async def release_deleted_gang(rt: runtime.Runtime, key: str, gang: GangView, w: world.World) -> Released:
     """A GpuGang is being deleted: release what is left of it and tell its pods (:mod:`.gang.deleted`).
 
     Idempotent: members already deleted and claims already gone are not written again, so a
@@ -101,8 +103,8 @@ async def release_deleted_gang(rt: runtime.Runtime, key: str, body: Mapping[str,
         return Released(not_leading=True)
     gang_gone(rt, key)  # its status writes and overlay go now; the DELETED event repeats it on every replica
     ns, name = key.split("/", 1)
-    ref = desired.GangRef(ns, name, (body.get("metadata") or {}).get("uid", ""))
-    phase = str((body.get("status") or {}).get("phase", ""))
+    ref = desired.GangRef(ns, name, gang.uid)
+    phase = gang.phase
     owned = [c for c, e in w.gang_claims(key).items() if e.owned]
     grace = rt.cfg.eviction_grace_s
     d = deleted.deletion(ref, phase, w.pods.get(key, ()), owned, w.jobs.get(key, ()), grace_seconds=grace)
@@ -116,10 +118,10 @@ async def release_deleted_gang(rt: runtime.Runtime, key: str, body: Mapping[str,
     return Released(failed=tuple(failed), not_leading=not rt.leading())
 
 
-async def gang_release_abandoned(rt: runtime.Runtime, key: str, body: Mapping[str, Any], failed: Iterable[str]) -> None:
+async def gang_release_abandoned(rt: runtime.Runtime, key: str, gang: GangView, failed: Iterable[str]) -> None:
     """A deleted gang's release kept failing: say so on the gang and let it go."""
     what = "; ".join(list(failed)[:5])
-    ref = events.ObjectRef.of(body, names.GANG_API_VERSION, names.GANG_KIND)
+    ref = gang.ref
     text = (
         f"GpuGang {key} was deleted but some of its release kept failing ({what}); the gang is let go. "
         "Delete what is left of its member pods and claims by hand (kubectl get pods,resourceclaims "

@@ -27,6 +27,7 @@ import structlog
 from gpuplane.controller import events, steps
 from gpuplane.controller.gang import membership, world, writes
 from gpuplane.controller.gang.outcome import EventTuple, Outcome
+from gpuplane.controller.gang.view import GangView
 
 log = structlog.get_logger(__name__)
 
@@ -103,8 +104,8 @@ def leftover_steps(
 
 def victim_members(victim_key: str, w: world.World) -> membership.Members:
     """A victim gang's member pods (every labelled pod of its namespace when its spec does not parse)."""
-    body = w.gangs.get(victim_key) or {}
-    spec = world.parse_spec(body)
+    gang = w.gangs.get(victim_key)
+    spec = gang.spec if gang is not None else None
     name = victim_key.split("/", 1)[1]
     return membership.members_of(name, spec.members if spec else 1 << 20, w.pods.get(victim_key, ()))
 
@@ -114,8 +115,7 @@ def victim_outcome(victim_key: str, preemptor: str, w: world.World, grace_second
 
     Its claims are deleted by its own reconcile once its pods are gone (:func:`leftover_steps`).
     Never a gang of a system namespace."""
-    body = w.gangs.get(victim_key)
-    if body is None or victim_key.split("/", 1)[0] in SYSTEM_NAMESPACES:
+    if victim_key not in w.gangs or victim_key.split("/", 1)[0] in SYSTEM_NAMESPACES:
         return None
     members = victim_members(victim_key, w)
     why = f"{world.PREEMPTED_BY}{preemptor}"
@@ -127,7 +127,7 @@ def victim_outcome(victim_key: str, preemptor: str, w: world.World, grace_second
 
 def checked(
     run: Callable[[str, steps.Step], None],
-    body: Mapping[str, Any],
+    gang: GangView,
     outcome: Outcome,
     w: world.World,
     *,
@@ -143,8 +143,8 @@ def checked(
     why = preflight(run, victims, grace_seconds, failed)
     if not why:
         return outcome
-    log.info("gang preemption refused", gang=(body.get("metadata") or {}).get("name"), why=why)
-    return refused(outcome, body.get("status") or {}, why)
+    log.info("gang preemption refused", gang=gang.key, why=why)
+    return refused(outcome, gang.status, why)
 
 
 def terminating(pods: Iterable[Mapping[str, Any]]) -> bool:

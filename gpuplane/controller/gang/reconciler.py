@@ -50,7 +50,7 @@ from gpuplane.controller.gang import (
     writes,
 )
 from gpuplane.controller.gang.outcome import EventTuple, GangRead, Outcome, finish
-from gpuplane.controller.gang.spec import SpecError, parse_gang_spec
+from gpuplane.controller.gang.view import GangView
 from gpuplane.controller.imex import hold, readiness
 from gpuplane.controller.node import snapshot_builder
 from gpuplane.controller.steps import Step
@@ -76,7 +76,7 @@ class Settings:
 
 def decide(
     key: str,
-    body: Mapping[str, Any],
+    gang: GangView,
     w: world.World,
     *,
     planned: Planned,
@@ -95,7 +95,7 @@ def decide(
     last IMEX pass wrote (None: no pass yet); a gang across nodes of one clique keeps its gates until it names
     every member claim (:mod:`gpuplane.controller.imex.hold`).
     """
-    g = _read(key, body, w, now)
+    g = _read(key, gang, w, now)
     if isinstance(g, Outcome):
         return g
     outcome = _timed_out(g, settings, now)
@@ -108,17 +108,15 @@ def decide(
     return outcome
 
 
-def _read(key: str, body: Mapping[str, Any], w: world.World, now: float) -> GangRead | Outcome:
-    """Parse the gang and find its members and claims; an ``Invalid`` outcome for a spec that does not parse."""
+def _read(key: str, gang: GangView, w: world.World, now: float) -> GangRead | Outcome:
+    """Find the gang's members and claims; an ``Invalid`` outcome for a spec that does not parse."""
     ns, name = key.split("/", 1)
-    meta = body.get("metadata") or {}
-    prev = dict(body.get("status") or {})
-    try:
-        spec = parse_gang_spec(body.get("spec") or {})
-    except SpecError as exc:
-        st = {"phase": "Invalid", "reason": "InvalidSpec", "message": str(exc)}
+    prev = dict(gang.status)
+    spec = gang.spec
+    if spec is None:
+        st = {"phase": "Invalid", "reason": "InvalidSpec", "message": gang.invalid}
         evs: tuple[EventTuple, ...] = (
-            (("Warning", events.GANG_INVALID, str(exc)),) if prev.get("phase", "") != "Invalid" else ()
+            (("Warning", events.GANG_INVALID, gang.invalid),) if gang.phase != "Invalid" else ()
         )
         return Outcome(status=st, events=evs)
     members = w.members(key, spec.members)
@@ -127,7 +125,7 @@ def _read(key: str, body: Mapping[str, Any], w: world.World, now: float) -> Gang
     shape = release.shape_problems(spec, members, w.claims, ns)
     problems = sorted({*members.problems, *shape})
     base: dict[str, Any] = {
-        "observedGeneration": meta.get("generation"),
+        "observedGeneration": gang.generation,
         "membersPresent": len(members.by_index),
         "placedMembers": members.bound,
         "runningMembers": members.running,
@@ -138,13 +136,13 @@ def _read(key: str, body: Mapping[str, Any], w: world.World, now: float) -> Gang
         new_problems = tuple(("Warning", events.GANG_MEMBER_PROBLEM, p) for p in problems)
     return GangRead(
         key=key,
-        ref=desired.GangRef(namespace=ns, name=name, uid=meta.get("uid", "")),
+        ref=desired.GangRef(namespace=ns, name=name, uid=gang.uid),
         spec=spec,
         members=members,
         claims=w.gang_claims(key),
         prev=prev,
         stamp=status.now_rfc3339(now),
-        created=world.created_at(body),
+        created=gang.created,
         base=base,
         events=new_problems,
         jobs=jobs,
@@ -346,11 +344,11 @@ def victim_outcome(victim_key: str, preemptor: str, w: world.World, settings: Se
 
 
 def checked_preemption(
-    writer: kube.KubeWriter, body: Mapping[str, Any], outcome: Outcome, w: world.World, settings: Settings
+    writer: kube.KubeWriter, gang: GangView, outcome: Outcome, w: world.World, settings: Settings
 ) -> Outcome:
     """``outcome`` once every victim pod's eviction passed a dry run (:func:`preemption.checked`)."""
     return preemption.checked(
-        writer.run, body, outcome, w, grace_seconds=settings.eviction_grace_s, failed=kube.StepFailed
+        writer.run, gang, outcome, w, grace_seconds=settings.eviction_grace_s, failed=kube.StepFailed
     )
 
 
@@ -360,7 +358,7 @@ def apply(
     coalescer: status.Coalescer,
     *,
     key: str,
-    body: Mapping[str, Any],
+    gang: GangView,
     outcome: Outcome,
     now: float,
 ) -> tuple[dict[str, Any], bool]:
@@ -369,7 +367,7 @@ def apply(
     Returns the status patch written (empty if none) and whether every step succeeded.
     """
     ns, name = key.split("/", 1)
-    patch = status.merge_patch(body.get("status") or {}, outcome.status)
+    patch = status.merge_patch(gang.status, outcome.status)
     written: dict[str, Any] = {}
     if patch and coalescer.admit(key, patch, now):
         writer.patch_gang_status(ns, name, patch)
@@ -383,7 +381,7 @@ def apply(
             if step.kind != "wait":
                 log.warning("gang step failed; the next reconcile resumes from here", gang=key, error=str(exc))
             break
-    ref = events.ObjectRef.of(body, names.GANG_API_VERSION, names.GANG_KIND)
+    ref = gang.ref
     for etype, reason, message in outcome.events:
         recorder.event(ref, etype, reason, message)
     for target, etype, reason, message in outcome.owner_events:

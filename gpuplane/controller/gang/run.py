@@ -19,6 +19,7 @@ import structlog
 
 from gpuplane.controller import config, indexed, kube, runtime
 from gpuplane.controller.gang import queue_runner, reconciler, status, world
+from gpuplane.controller.gang.view import GangView
 from gpuplane.controller.imex import hold
 from gpuplane.controller.node import snapshot_builder
 
@@ -99,10 +100,10 @@ def make_world(
     reused = gs.worlds.get(rt.shared.version, now, inputs)
     if reused is not None:
         return reused
-    gangs_ = indexed.single(gang_idx)
+    gangs_: dict[str, GangView] = indexed.single(gang_idx)
     fresh: dict[str, dict[str, Any]] = {}
     for key, (when, patch) in list(gs.overlay.items()):
-        seen = (gangs_.get(key) or {}).get("status") or {}
+        seen = gangs_[key].status if key in gangs_ else {}
         want_id = ((patch.get("placement") or {}) or {}).get("id")
         caught_up = seen.get("phase") == patch.get("phase") and (
             want_id is None or (seen.get("placement") or {}).get("id") == want_id
@@ -154,14 +155,14 @@ def plan_for(
     return plan, view
 
 
-def overlay_entry(written: Mapping[str, Any], body: Mapping[str, Any]) -> dict[str, Any]:
+def overlay_entry(written: Mapping[str, Any], gang: GangView) -> dict[str, Any]:
     """What this replica's cache must show of a gang until its status write comes back: phase and placement.
 
-    A status that leaves ``placement`` out keeps the one the gang holds (``body`` is the gang as
+    A status that leaves ``placement`` out keeps the one the gang holds (``gang`` is the gang as
     this reconcile saw it, overlay included): recording None there let a stale cached body
     without a placement turn a ``Placed`` gang back into ``Pending`` one reconcile later.
     """
-    placement = written["placement"] if "placement" in written else (body.get("status") or {}).get("placement")
+    placement = written["placement"] if "placement" in written else gang.status.get("placement")
     return {"phase": written.get("phase"), "placement": placement}
 
 
@@ -178,11 +179,11 @@ async def reconcile_gang(rt: runtime.Runtime, key: str, w: world.World, now: flo
 async def _reconcile_gang(rt: runtime.Runtime, key: str, w: world.World, now: float) -> None:
     gs = rt.state(GangState)
     cfg = settings(rt.cfg)
-    body = w.gangs.get(key)
-    if body is None:
+    gang = w.gangs.get(key)
+    if gang is None:
         gs.coalescer.forget(key)
         return
-    if (body.get("metadata") or {}).get("deletionTimestamp"):  # being released (gang.handlers): nothing to decide
+    if gang.deleting:  # being released (gang.handlers): nothing to decide
         return
     made: list[tuple[queue_runner.Plan, snapshot_builder.ClusterView]] = []
 
@@ -197,7 +198,7 @@ async def _reconcile_gang(rt: runtime.Runtime, key: str, w: world.World, now: fl
         functools.partial(
             reconciler.decide,
             key,
-            body,
+            gang,
             w,
             planned=planned,
             domains=lambda: gs.domains.of(w),
@@ -207,17 +208,17 @@ async def _reconcile_gang(rt: runtime.Runtime, key: str, w: world.World, now: fl
         )
     )
     if outcome.victims:  # every victim pod's eviction dry-run first: a PodDisruptionBudget may refuse it
-        outcome = await asyncio.to_thread(reconciler.checked_preemption, rt.writer, body, outcome, w, cfg)
+        outcome = await asyncio.to_thread(reconciler.checked_preemption, rt.writer, gang, outcome, w, cfg)
     written, _ = await asyncio.to_thread(
         functools.partial(
-            reconciler.apply, rt.writer, rt.writer, gs.coalescer, key=key, body=body, outcome=outcome, now=now
+            reconciler.apply, rt.writer, rt.writer, gs.coalescer, key=key, gang=gang, outcome=outcome, now=now
         )
     )
     if "phase" in written or outcome.victims:
         log.info(
             "gang decision",
             gang=key,
-            previous=(body.get("status") or {}).get("phase", ""),
+            previous=gang.phase,
             phase=outcome.status.get("phase"),
             reason=outcome.status.get("reason"),
             action=getattr(made[0][0].actions.get(key), "kind", None) if made else None,
@@ -227,7 +228,7 @@ async def _reconcile_gang(rt: runtime.Runtime, key: str, w: world.World, now: fl
         rt.metrics.status_writes.inc()
         rt.metrics.decisions.labels(outcome=str(outcome.status.get("phase", "")).lower()).inc()
         if "phase" in written or "placement" in written:
-            gs.overlay[key] = (now, overlay_entry(outcome.status, body))
+            gs.overlay[key] = (now, overlay_entry(outcome.status, gang))
             rt.touched()
     if outcome.placed_after_s is not None and written.get("placement"):
         rt.metrics.wait_seconds.observe(max(0.0, outcome.placed_after_s))
@@ -235,10 +236,10 @@ async def _reconcile_gang(rt: runtime.Runtime, key: str, w: world.World, now: fl
         vo = reconciler.victim_outcome(victim, key, w, cfg)
         if vo is None:
             continue
-        vbody = w.gangs[victim]
+        vgang = w.gangs[victim]
         vwritten, _ = await asyncio.to_thread(
             functools.partial(
-                reconciler.apply, rt.writer, rt.writer, gs.coalescer, key=victim, body=vbody, outcome=vo, now=now
+                reconciler.apply, rt.writer, rt.writer, gs.coalescer, key=victim, gang=vgang, outcome=vo, now=now
             )
         )
         rt.metrics.decisions.labels(outcome="preempted").inc()

@@ -27,7 +27,8 @@ from gpuplane.controller.gang import (
     status,
     writes,
 )
-from gpuplane.controller.gang.spec import GangSpec, SpecError, parse_gang_spec
+from gpuplane.controller.gang.spec import GangSpec
+from gpuplane.controller.gang.view import GangView
 from gpuplane.controller.node import selectors, snapshot_builder
 from gpuplane.controller.node.selectors import class_selectors
 from gpuplane.placement import model
@@ -41,7 +42,7 @@ PREEMPTED_BY = "preempted by higher-priority gang "
 class World:
     """Copies of the indexes at one instant (the values are the index entries: read-only)."""
 
-    gangs: Mapping[str, Mapping[str, Any]]  # "ns/name" -> GpuGang
+    gangs: Mapping[str, GangView]  # "ns/name" -> GpuGang
     pods: Mapping[str, tuple[Mapping[str, Any], ...]]  # gang key -> member pods
     claims: Mapping[str, indexed.ClaimView]  # "ns/name" -> ResourceClaim
     slices: tuple[Mapping[str, Any], ...]
@@ -70,8 +71,8 @@ class World:
     def claim_gangs(self) -> dict[str, tuple[str, int]]:
         """ "ns/claim" -> (gang key, member index) for every claim a template member's pod was given."""
         out: dict[str, tuple[str, int]] = {}
-        for key, body in self.gangs.items():
-            spec = parse_spec(body)
+        for key, gang in self.gangs.items():
+            spec = gang.spec
             if spec is None:
                 continue
             ns = key.split("/", 1)[0]
@@ -97,32 +98,14 @@ class World:
         return out
 
 
-def overlay(
-    gangs_: Mapping[str, Mapping[str, Any]], written: Mapping[str, Mapping[str, Any]]
-) -> dict[str, Mapping[str, Any]]:
-    """Gang bodies with status fields this replica wrote but has not yet seen come back."""
-    out: dict[str, Mapping[str, Any]] = dict(gangs_)
+def overlay(gangs_: Mapping[str, GangView], written: Mapping[str, Mapping[str, Any]]) -> dict[str, GangView]:
+    """The gangs with status fields this replica wrote but has not yet seen come back."""
+    out: dict[str, GangView] = dict(gangs_)
     for key, patch in written.items():
-        body = out.get(key)
-        if body is None:
-            continue
-        st = dict(body.get("status") or {})
-        st.update({k: v for k, v in patch.items() if v is not None})
-        out[key] = {**body, "status": st}
+        gang = out.get(key)
+        if gang is not None:
+            out[key] = gang.with_status(patch)
     return out
-
-
-def parse_spec(body: Mapping[str, Any]) -> GangSpec | None:
-    """The gang's spec, or None when it is invalid."""
-    try:
-        return parse_gang_spec(body.get("spec") or {})
-    except SpecError:
-        return None
-
-
-def created_at(body: Mapping[str, Any]) -> float:
-    """Creation time of an object in epoch seconds (0 when unknown)."""
-    return status.parse_time((body.get("metadata") or {}).get("creationTimestamp")) or 0.0
 
 
 def _allocated(world: World, ns: str, claim_names: Iterable[str]) -> bool:
@@ -153,15 +136,14 @@ def reservations(world: World, base: snapshot_builder.ClusterView) -> list[snaps
     domains = {g.id: g.domain for g in base.gpus}
     out: list[snapshot_builder.Reservation] = []
     reserved: set[str] = set()
-    for key, body in sorted(world.gangs.items()):
-        st = body.get("status") or {}
-        if st.get("phase") not in HOLDING_PHASES:
+    for key, gang in sorted(world.gangs.items()):
+        if gang.phase not in HOLDING_PHASES:
             continue
-        decision = placement_record.decision_from_status(key, st.get("placement"), domains)
+        decision = placement_record.decision_from_status(key, gang.status.get("placement"), domains)
         if decision is None:
             continue
         ns, name = key.split("/", 1)
-        spec = parse_spec(body)
+        spec = gang.spec
         pods = world.members(key, spec.members).by_index if spec is not None else {}
         for m in decision.members:
             pod = pods.get(m.member)
@@ -265,22 +247,21 @@ def entries(world: World, view: snapshot_builder.ClusterView) -> list[queue_runn
     # is seen before the preemptor's nominatedVictims (two objects, two watch streams), the preemptor must
     # still wait for it rather than nominate another gang (a loaded e2e run preempted two for one).
     released_for: dict[str, list[str]] = {}
-    for key, body in sorted(world.gangs.items()):
-        st = body.get("status") or {}
-        message = str(st.get("message") or "")
-        if st.get("phase") == "Preempted" and message.startswith(PREEMPTED_BY):
+    for key, gang in sorted(world.gangs.items()):
+        message = str(gang.status.get("message") or "")
+        if gang.phase == "Preempted" and message.startswith(PREEMPTED_BY):
             released_for.setdefault(message[len(PREEMPTED_BY) :], []).append(key)
-    for key, body in sorted(world.gangs.items()):
-        spec = parse_spec(body)
+    for key, gang in sorted(world.gangs.items()):
+        spec = gang.spec
         if spec is None:
             continue
-        st = body.get("status") or {}
-        phase = st.get("phase", "")
+        st = gang.status
+        phase = gang.phase
         ns = key.split("/", 1)[0]
         members = world.members(key, spec.members)
         complete = members.complete(spec.members)
         all_gated = all(p.gated for p in members.by_index.values())
-        created = created_at(body)
+        created = gang.created
         ready = complete and all_gated and phase not in (*HOLDING_PHASES, "TimedOut", "Invalid")
         out.append(
             queue_runner.Entry(

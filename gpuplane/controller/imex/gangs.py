@@ -29,6 +29,7 @@ from typing import Any
 from gpuplane.api import imex
 from gpuplane.controller import names
 from gpuplane.controller.gang import placement_record, status, world
+from gpuplane.controller.gang.view import GangView
 from gpuplane.controller.imex import groups
 from gpuplane.controller.imex.decide import PlacedGang
 from gpuplane.controller.imex.objects import GangMembers
@@ -63,8 +64,8 @@ def recorded_channels(objects: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     return out
 
 
-def _claim_names(w: world.World, key: str, body: Mapping[str, Any], member: int) -> tuple[str, ...]:
-    spec = world.parse_spec(body)
+def _claim_names(w: world.World, key: str, gang: GangView, member: int) -> tuple[str, ...]:
+    spec = gang.spec
     pod = w.members(key, spec.members).by_index.get(member) if spec is not None else None
     if pod is not None and pod.templated:
         return pod.claims
@@ -76,11 +77,9 @@ def placed(w: world.World, gpu_domains: Mapping[str, str], channels: Mapping[str
     cliques = node_cliques(gpu_domains)
     gangs: list[PlacedGang] = []
     members: dict[str, GangMembers] = {}
-    for key, body in sorted(w.gangs.items()):
-        st = body.get("status") or {}
-        meta = body.get("metadata") or {}
-        uid = str(meta.get("uid") or "")
-        if st.get("phase") not in world.HOLDING_PHASES or not uid or meta.get("deletionTimestamp"):
+    for key, gang in sorted(w.gangs.items()):
+        st, uid = gang.status, gang.uid
+        if gang.phase not in world.HOLDING_PHASES or not uid or gang.deleting:
             continue
         try:
             decision = placement_record.decision_from_status(key, st.get("placement"), gpu_domains)
@@ -93,7 +92,7 @@ def placed(w: world.World, gpu_domains: Mapping[str, str], channels: Mapping[str
         claims: list[imex.Claim] = []
         for m in decision.members:
             nodes.append(m.node)
-            for cname in _claim_names(w, key, body, m.member):
+            for cname in _claim_names(w, key, gang, m.member):
                 claim = w.claims.get(f"{ns}/{cname}")
                 if claim is None or not claim.uid:
                     continue
@@ -102,7 +101,7 @@ def placed(w: world.World, gpu_domains: Mapping[str, str], channels: Mapping[str
                 claims.append(imex.Claim(namespace=ns, name=cname, uid=claim.uid, node=node))
         if not claims:
             continue
-        since = status.parse_time(st.get("placedAt")) or world.created_at(body)
+        since = status.parse_time(st.get("placedAt")) or gang.created
         here = tuple(sorted(set(nodes)))
         gangs.append(
             PlacedGang(

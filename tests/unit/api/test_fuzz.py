@@ -47,6 +47,7 @@ from gpuplane.driver.prepare import planning
 from gpuplane.driver.prepare.claims import ClaimError, parse_allocation
 from gpuplane.driver.publish import slices
 from tests import strategies
+from tests.controllerkit import gang_index
 
 # 10,500 cases take 380 + 350 + 61 s at load 21 on the shared 2-core machine: past the suite-wide 300 s.
 pytestmark = pytest.mark.timeout(1200)
@@ -286,7 +287,7 @@ def test_fuzz_gangs(cluster: dict[str, Any], capsys: pytest.CaptureFixture[str])
                 for i in range(members)
             )
             w = world.World(
-                gangs={"ns/g": body},
+                gangs=gang_index([body]),
                 pods={"ns/g": pods},
                 claims={},
                 slices=cluster["slices"],
@@ -298,7 +299,7 @@ def test_fuzz_gangs(cluster: dict[str, Any], capsys: pytest.CaptureFixture[str])
             plan, view = gang_run.plan_for(rt, w, 1_800_000_000.0)
             outcome = gang_reconciler.decide(
                 "ns/g",
-                body,
+                w.gangs["ns/g"],
                 w,
                 planned=lambda: (plan, view),
                 domains=lambda: world.gpu_domains(w),

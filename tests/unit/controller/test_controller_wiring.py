@@ -10,9 +10,10 @@ import pytest
 from gpuplane.controller import caches, config, events, handlers, kube, metrics, names, runtime, steps
 from gpuplane.controller.claim import handling
 from gpuplane.controller.gang import run as gang_run
+from gpuplane.controller.gang import view as gang_view
 from gpuplane.controller.gang import world
 from gpuplane.controller.node import label_sync
-from tests.controllerkit import Flag
+from tests.controllerkit import Flag, gang_index
 
 
 def test_config_reads_flags_then_environment() -> None:
@@ -82,7 +83,7 @@ def test_standby_decides_nothing_and_a_new_term_drops_the_caches() -> None:
     flag = Flag()
     rt = runtime.Runtime.create(config.parse_args(["--identity", "b"], {}), writer, metrics.ControllerMetrics(), flag)
     body = {"metadata": {"name": "g", "namespace": "ns"}, "spec": {"members": 1, "gpusPerMember": 1}}
-    w = world.World(gangs={"ns/g": body}, pods={}, claims={}, slices=(), nodes={}, classes={})
+    w = world.World(gangs=gang_index([body]), pods={}, claims={}, slices=(), nodes={}, classes={})
     asyncio.run(gang_run.reconcile_gang(rt, "ns/g", w, 0.0))  # Boom would fail on any API call
     bad = {
         "metadata": {"name": "c", "namespace": "ns", "uid": "u"},
@@ -99,14 +100,17 @@ def test_standby_decides_nothing_and_a_new_term_drops_the_caches() -> None:
 def test_the_write_overlay_keeps_the_placement_a_status_write_left_out() -> None:
     """Placed is written without ``placement``; a stale cached body (still Pending) must not lose it."""
     placement = {"id": "abc", "members": {"0": "n0", "1": "n1"}, "devices": {"0": "gpu-0", "1": "gpu-0"}}
-    seen = {"metadata": {"name": "g", "namespace": "ns"}, "status": {"phase": "Placing", "placement": placement}}
+    seen = gang_view.view(
+        {"metadata": {"name": "g", "namespace": "ns"}, "status": {"phase": "Placing", "placement": placement}}
+    )
     entry = gang_run.overlay_entry({"phase": "Placed", "reason": "GatesLifted"}, seen)
     assert entry == {"phase": "Placed", "placement": placement}
     released = {"phase": "Pending", "placement": None}
     assert gang_run.overlay_entry(released, seen) == released
-    stale = {"metadata": {"name": "g", "namespace": "ns"}, "status": {"phase": "Pending"}}
+    stale = gang_view.view({"metadata": {"name": "g", "namespace": "ns"}, "status": {"phase": "Pending"}})
     overlaid = world.overlay({"ns/g": stale}, {"ns/g": entry})["ns/g"]
-    assert overlaid["status"]["phase"] == "Placed" and overlaid["status"]["placement"] == placement
+    assert overlaid.phase == "Placed" and overlaid.status["placement"] == placement
+    assert stale.phase == "Pending"  # the index entry itself is not changed
 
 
 def test_kopf_watches_only_the_controllers_own_few_objects() -> None:

@@ -20,6 +20,8 @@
   failure semantics.
 - ``test_gang_timeout``: A template gang that times out is given up for good: its Jobs are suspended, told why, and
   nothing stays gated.
+- ``test_gang_view``: The gang index's view of a GpuGang: parsed once, total on any body, read-only, overlaid
+  without change (issue 34).
 - ``test_owner_views``: A gang's Jobs and LeaderWorkerSets as the controller indexes them: typed views parsed once
   (issue 34).
 """

@@ -31,7 +31,7 @@ def test_a_gang_still_waiting_for_members_decides_without_a_queue_pass(cluster_s
         raise AssertionError("a gang waiting for its members needs no queue pass")
 
     out = reconciler.decide(
-        "team-a/g", body, w, planned=no_pass, domains=no_pass, now=NOW, settings=reconciler.Settings()
+        "team-a/g", w.gangs["team-a/g"], w, planned=no_pass, domains=no_pass, now=NOW, settings=reconciler.Settings()
     )
     assert out.status["phase"] == "Pending" and out.status["reason"] == "WaitingForMembers"
 
@@ -45,7 +45,7 @@ def test_a_gang_still_waiting_for_members_decides_without_a_queue_pass(cluster_s
 
     domains = lambda: world.gpu_domains(w)  # noqa: E731
     out = reconciler.decide(
-        "team-a/g", body, w, planned=one_pass, domains=domains, now=NOW, settings=reconciler.Settings()
+        "team-a/g", w.gangs["team-a/g"], w, planned=one_pass, domains=domains, now=NOW, settings=reconciler.Settings()
     )
     assert out.status["phase"] in ("Placing", "Placed") and out.status.get("placement")
     assert len(calls) == 1
@@ -58,7 +58,7 @@ def test_a_gang_holding_its_placement_follows_it_without_a_queue_pass(cluster_sl
     w = make_world(cluster_slices, [body], pods)
     placing = reconciler.decide(
         "team-a/g",
-        body,
+        w.gangs["team-a/g"],
         w,
         planned=lambda: run_pass(w),
         domains=lambda: world.gpu_domains(w),
@@ -76,7 +76,7 @@ def test_a_gang_holding_its_placement_follows_it_without_a_queue_pass(cluster_sl
 
     out = reconciler.decide(
         "team-a/g",
-        held,
+        w.gangs["team-a/g"],
         w,
         planned=no_pass,
         domains=lambda: world.gpu_domains(w),

@@ -155,7 +155,7 @@ def test_a_refused_eviction_refuses_the_whole_preemption_before_anything_is_writ
     assert ("Warning", preemption.REASON_REFUSED, msg) in checked.events
     assert not [e for e in checked.events if e[1] == preemption.PREEMPTING]
     # The next pass refuses the same way without a second Event.
-    seen = {**w.gangs[HI], "status": checked.status}
+    seen = w.gangs[HI].with_status(checked.status)
     again = reconciler.checked_preemption(_Writer({"low-pod-2"}), seen, out, w, reconciler.Settings())  # type: ignore[arg-type]
     assert not [e for e in again.events if e[1] == preemption.REASON_REFUSED]
     # Every eviction allowed: the preemption stands as decided.

@@ -10,6 +10,7 @@ standby's Lease not yet won) left its member pods running on deleted claims.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,7 @@ from gpuplane.controller import caches, config, events, kube, metrics, runtime, 
 from gpuplane.controller.gang import deleted, handlers, world
 from gpuplane.controller.gang import run as gang_run
 from gpuplane.informer.cache import Caches, Informer
-from tests.controllerkit import Flag, claim_index, holding
+from tests.controllerkit import Flag, claim_index, gang_index, holding
 from tests.templatekit import NS
 
 KEY = f"{NS}/g"
@@ -58,7 +59,12 @@ def running_gang() -> tuple[dict[str, Any], Callable[[], world.World]]:
     body["metadata"]["uid"] = "uid-g"
     body["status"]["phase"] = "Running"
     w = world.World(
-        gangs={KEY: body}, pods=world.member_lists(pods), claims=claim_index(claims), slices=(), nodes={}, classes={}
+        gangs=gang_index([body]),
+        pods=world.member_lists(pods),
+        claims=claim_index(claims),
+        slices=(),
+        nodes={},
+        classes={},
     )
     return body, lambda: w
 
@@ -107,7 +113,7 @@ def test_the_standby_that_wins_the_lease_releases_on_kopfs_next_attempt() -> Non
 def test_nothing_left_writes_nothing_and_lets_the_gang_go() -> None:
     rt, rec, _ = setup()
     body, _ = running_gang()
-    empty = world.World(gangs={KEY: body}, pods={}, claims={}, slices=(), nodes={}, classes={})
+    empty = world.World(gangs=gang_index([body]), pods={}, claims={}, slices=(), nodes={}, classes={})
     asyncio.run(handlers.release(rt, KEY, body, lambda: empty, 0.0))
     assert rec.calls == []
 
@@ -180,4 +186,6 @@ def test_a_terminating_gang_is_not_reconciled_meanwhile() -> None:
     body, w = running_gang()
     body["metadata"]["deletionTimestamp"] = "2026-12-06T00:00:00Z"
     body["status"] = {"phase": "Pending"}  # would be queued and placed, were it alive
-    asyncio.run(gang_run.reconcile_gang(rt, KEY, w(), 0.0))
+    deleting = dataclasses.replace(w(), gangs=gang_index([body]))
+    assert deleting.gangs[KEY].deleting
+    asyncio.run(gang_run.reconcile_gang(rt, KEY, deleting, 0.0))

@@ -16,6 +16,7 @@ from gpuplane.controller.gang import run as gang_run
 from gpuplane.controller.gang import world
 from gpuplane.controller.imex import gangs, objects, reconcile
 from gpuplane.controller.imex.api import ImexApi
+from tests.controllerkit import gang_index
 
 NS = "team"
 CLIQUE = "cluster-1.0"
@@ -57,7 +58,7 @@ def make_world(gangs_: Sequence[Mapping[str, Any]], claims: Sequence[Mapping[str
             for i, n in g["status"]["placement"]["members"].items()
         ]
     return world.World(
-        gangs={f"{NS}/{g['metadata']['name']}": g for g in gangs_},
+        gangs=gang_index(gangs_),
         pods={},
         claims={f"{NS}/{c['metadata']['name']}": indexed.claim(c) for c in claims},
         slices=(),

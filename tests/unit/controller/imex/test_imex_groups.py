@@ -13,11 +13,12 @@ import pytest
 from gpuplane.api import imex, imex_group
 from gpuplane.api import names as dn
 from gpuplane.controller import events, indexed, names
-from gpuplane.controller.gang import world
+from gpuplane.controller.gang import status, world
 from gpuplane.controller.imex import decide, groups, reconcile
 from gpuplane.driver import config
 from gpuplane.driver.prepare import imex_claims
 from testing import driverkit
+from tests.controllerkit import gang_index
 
 CLIQUE = "cluster-1.0"
 TRAYS = [f"tray-{i}" for i in range(4)]
@@ -46,7 +47,9 @@ def make_world(
     claims: Sequence[Mapping[str, Any]], gangs: Mapping[str, Mapping[str, Any]] | None = None
 ) -> world.World:
     by_key = {f"{c['metadata']['namespace']}/{c['metadata']['name']}": indexed.claim(c) for c in claims}
-    return world.World(gangs=gangs or {}, pods={}, claims=by_key, slices=(), nodes={}, classes={})
+    return world.World(
+        gangs=gang_index((gangs or {}).values()), pods={}, claims=by_key, slices=(), nodes={}, classes={}
+    )
 
 
 # ---------------------------------------------------------------- the label
@@ -322,7 +325,7 @@ def test_the_controllers_index_keeps_what_grouping_reads() -> None:
     body = claim("a", "tray-0", created="2026-01-01T00:05:00Z")
     kept = indexed.claim(body)
     assert groups.group_of(kept) == imex_group.group_of(body) == ("train", "") and groups.pool_node(kept) == "tray-0"
-    assert groups.created_at(kept) == world.created_at({"metadata": {"creationTimestamp": "2026-01-01T00:05:00Z"}}) > 0
+    assert groups.created_at(kept) == status.parse_time("2026-01-01T00:05:00Z") > 0
     plain = indexed.claim(claim("b", "tray-0", None))
     assert not plain.labels and plain.created is None  # as before
     out = groups.gather(make_world([body, claim("c", "tray-1")]), CLIQUES, {})

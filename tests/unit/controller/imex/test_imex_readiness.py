@@ -135,7 +135,7 @@ def decide_with(w: world.World, key: str, now: float, written: hold.Written) -> 
 
 def test_a_gang_whose_domain_stays_not_ready_is_released_with_the_reason(slices: list[dict[str, Any]]) -> None:
     w, key = _placed(slices, kit.T0)
-    uid = w.gangs[key]["metadata"]["uid"]
+    uid = w.gangs[key].uid
     unready = hold.Written(at=kit.T0, unready={uid: {"tray-1": "nvidia-imex-ctl -q says NOT_READY"}})
     out = decide_with(w, key, kit.T0 + 301, unready)
     assert out.status["phase"] == "Preempted" and out.status["reason"] == readiness.RELEASED, out.status
