@@ -18,8 +18,9 @@ from typing import Any
 import yaml
 
 from gpuplane.controller import indexed, names, steps
-from gpuplane.controller.gang import queue_runner, reconciler, status, world
+from gpuplane.controller.gang import podview, queue_runner, reconciler, status, world
 from gpuplane.controller.gang import view as gang_view
+from gpuplane.controller.gang.podview import MemberPodView
 from gpuplane.controller.gang.view import GangView
 from gpuplane.controller.imex import hold
 from gpuplane.controller.node import snapshot_builder
@@ -175,7 +176,7 @@ def make_world(
 ) -> world.World:
     return world.World(
         gangs=gang_index(gangs_),
-        pods=world.member_lists(pods),
+        pods=world.member_lists(pod_index(pods)),
         claims=claim_index(claims_),
         slices=tuple(slices_),
         nodes={s["spec"]["nodeName"]: True for s in slices_},
@@ -187,6 +188,46 @@ def gang_index(gangs: Iterable[Mapping[str, Any] | GangView]) -> dict[str, GangV
     """Gangs as the gang index holds them (bodies through the informer's transform), by ``ns/name``."""
     views = [g if isinstance(g, GangView) else gang_view.view(g) for g in gangs]
     return {v.key: v for v in views}
+
+
+def pod_index(pods: Iterable[Mapping[str, Any] | MemberPodView]) -> list[MemberPodView]:
+    """Pods as the member-pod index holds them (bodies through the informer's transform)."""
+    return [p if isinstance(p, MemberPodView) else podview.view(p) for p in pods]
+
+
+def pod_body(v: MemberPodView) -> dict[str, Any]:
+    """A pod body the member-pod index reads back as ``v`` (``podview.view(pod_body(v)) == v``): what the fake
+    API holds of a pod its world gave it, so steps can patch it and a new world can be made from it."""
+    meta: dict[str, Any] = {"name": v.name, "namespace": v.namespace, "uid": v.uid, "labels": dict(v.labels)}
+    if v.annotations:
+        meta["annotations"] = dict(v.annotations)
+    if v.deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    if v.controller is not None:
+        meta["ownerReferences"] = [{"kind": v.controller[0], "name": v.controller[1], "controller": True}]
+    spec: dict[str, Any] = {
+        "resourceClaims": [
+            {
+                "name": r.name,
+                **({"resourceClaimName": r.claim} if r.claim else {}),
+                **({"resourceClaimTemplateName": r.template} if r.template else {}),
+            }
+            for r in v.claims
+        ],
+        "schedulingGates": [{"name": g} for g in v.gates],
+    }
+    if v.node:
+        spec["nodeName"] = v.node
+    if v.affinity is not None:
+        spec["affinity"] = copy.deepcopy(dict(v.affinity))
+    if v.priority:
+        spec["priority"] = v.priority
+    if v.never_preempts:
+        spec["preemptionPolicy"] = "Never"
+    status: dict[str, Any] = {"resourceClaimStatuses": [{"name": "c", "resourceClaimName": c} for c in v.given]}
+    if v.phase:
+        status["phase"] = v.phase
+    return {"metadata": meta, "spec": spec, "status": status}
 
 
 def claim_index(claims: Iterable[Mapping[str, Any] | indexed.ClaimView]) -> dict[str, indexed.ClaimView]:
@@ -228,7 +269,7 @@ class FakeApi:
     """Applies steps to in-memory pods and claims, with an optional crash after N writes."""
 
     def __init__(self, w: world.World, crash_after: int | None = None) -> None:
-        self.pods = {p["metadata"]["name"]: copy.deepcopy(dict(p)) for ps in w.pods.values() for p in ps}
+        self.pods = {p.name: pod_body(p) for ps in w.pods.values() for p in ps}
         # the world's claims as indexed (views), and the bodies of the claims the steps create
         self.claims: dict[str, Mapping[str, Any] | indexed.ClaimView] = {c.name: c for c in w.claims.values()}
         self.writes: list[str] = []

@@ -124,7 +124,7 @@ def world_of(
     nodes = {s["spec"]["nodeName"]: True for s in slices if s["spec"].get("nodeName")}
     return world.World(
         gangs=controllerkit.gang_index([gang]),
-        pods=world.member_lists(pods),
+        pods=world.member_lists(controllerkit.pod_index(pods)),
         claims=controllerkit.claim_index(claims),
         slices=tuple(slices),
         nodes=nodes,

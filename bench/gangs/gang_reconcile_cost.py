@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuplane.controller import config, indexed, metrics, names, runtime
-from gpuplane.controller.gang import placement_record, queue_runner, reconciler, status, world
+from gpuplane.controller.gang import placement_record, podview, queue_runner, reconciler, status, world
 from gpuplane.controller.gang import run as gang_run
 from gpuplane.controller.gang import view as gang_view
 from gpuplane.controller.node import slice_index
@@ -127,7 +127,7 @@ def indexes(
     namespace ``NS``, every node schedulable, one DeviceClass ``gpu.gpuplane.dev`` with ``class_spec``."""
     idx: dict[str, Any] = {
         "gang_idx": {f"{NS}/{g['metadata']['name']}": [gang_view.view(g)] for g in gangs},
-        "pod_idx": {f"{NS}/{p['metadata']['name']}": [p] for p in pods},
+        "pod_idx": {f"{NS}/{p['metadata']['name']}": [podview.view(p)] for p in pods},
         "claim_idx": {c.key: [c] for c in claims},
         "slice_idx": {},
         "node_idx": {n: [indexed.NodeView(n, schedulable=True)] for n in nodes},

@@ -9,7 +9,7 @@ fields the controller reads (:mod:`gpuplane.controller.indexed`), and no body ou
 index                  stream                  key -> value
 =====================  ======================  ===================================================
 ``gang_idx``           GpuGangs                ``ns/name`` -> :class:`gang.view.GangView`
-``member_pod_idx``     Pods (gang label)       ``ns/name`` -> the member pod
+``member_pod_idx``     Pods (gang label)       ``ns/name`` -> :class:`gang.podview.MemberPodView`
 ``claim_consumer_idx`` Pods                    ``ns/claim`` -> names of pods that reference it
 ``pending_pod_idx``    Pods (unbound, claims)  ``ns/name`` -> :func:`indexed.pending_pod`
 ``claim_idx``          ResourceClaims          ``ns/name`` -> :func:`indexed.claim`
@@ -35,7 +35,7 @@ from typing import Any
 from gpuplane.api import names as dn
 from gpuplane.controller import indexed, names, rejects, slim
 from gpuplane.controller import metrics as metrics_mod
-from gpuplane.controller.gang import leaderworkersets, owners
+from gpuplane.controller.gang import leaderworkersets, owners, podview
 from gpuplane.controller.gang import view as gang_view
 from gpuplane.controller.node import slice_index, untrusted
 from gpuplane.controller.rightsize import template as rs_template
@@ -64,7 +64,7 @@ def gang(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 def member_pod(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     if rejects.rejected(obj) or names.LABEL_GANG not in _labels(obj):
         return NOT_INDEXED
-    return {key_of(obj): indexed.plain(obj, "spec", "status")}
+    return {key_of(obj): podview.view(obj)}
 
 
 def claim_consumer(obj: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -6,6 +6,8 @@
 - ``world``: one consistent read of the controller's indexes for a queue pass, plus the placement view; pure.
 - ``queue_runner``: the gang queue over :mod:`gpuplane.placement.queue` (order,
   fairness, preemption): gangs in, one action per gang out; pure.
+- ``podview``: a member pod as the member-pod index keeps it (``MemberPodView``: the labels and annotations
+  a member index is read from, its claims, gates, node, phase, affinity, controller, priority); pure.
 - ``membership``: which member a pod is (named claim, label, Job completion index, JobSet index,
   LeaderWorkerSet worker index),
   where its claims come from, the gang's member pods by index and why a pod was not counted; pure.

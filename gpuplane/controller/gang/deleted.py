@@ -19,13 +19,14 @@ Pure: :func:`end` makes the writes (the Events first, then every step, each trie
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gpuplane.controller import events
 from gpuplane.controller.gang import membership, owners, release
 from gpuplane.controller.gang.desired import GangRef
+from gpuplane.controller.gang.podview import MemberPodView
 from gpuplane.controller.steps import Step
 
 REASON = "GangDeleted"
@@ -49,7 +50,7 @@ class Deletion:
 def deletion(
     ref: GangRef,
     phase: str,
-    pods: Iterable[Mapping[str, Any]],
+    pods: Iterable[MemberPodView],
     claims: Iterable[str],
     jobs: Sequence[owners.JobView],
     *,

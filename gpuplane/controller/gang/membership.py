@@ -47,16 +47,41 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuplane.controller import indexed, names
-from gpuplane.controller.gang import owners
+from gpuplane.controller.gang.podview import (
+    COMPLETION_INDEX,
+    JOBSET_GLOBAL_INDEX,
+    JOBSET_GLOBAL_REPLICAS,
+    JOBSET_NAME,
+    LWS_GROUP_INDEX,
+    LWS_NAME,
+    LWS_SIZE,
+    LWS_WORKER_INDEX,
+    MemberPodView,
+)
 
-COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
-JOBSET_GLOBAL_INDEX = "jobset.sigs.k8s.io/job-global-index"
-JOBSET_GLOBAL_REPLICAS = "jobset.sigs.k8s.io/global-replicas"
-JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
-LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
-LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
-LWS_SIZE = "leaderworkerset.sigs.k8s.io/size"
-LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
+__all__ = [
+    "COMPLETION_INDEX",
+    "JOBSET_GLOBAL_INDEX",
+    "JOBSET_GLOBAL_REPLICAS",
+    "JOBSET_NAME",
+    "LWS_GROUP_INDEX",
+    "LWS_NAME",
+    "LWS_SIZE",
+    "LWS_WORKER_INDEX",
+    "MODE_NAMED",
+    "MODE_TEMPLATE",
+    "SYSTEM_NAMESPACES",
+    "Identity",
+    "MemberPod",
+    "Members",
+    "claim_shape_problem",
+    "device_count",
+    "gang_claim_names",
+    "identity",
+    "members_of",
+    "named_claim_index",
+    "uses_templates",
+]
 
 SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease", "gpuplane-system"})
 """Namespaces whose gangs gpuplane never preempts (issue 32; :mod:`gpuplane.controller.gang.preemption`)."""
@@ -79,22 +104,19 @@ def _int(raw: Any) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def named_claim_index(gang: str, pod: Mapping[str, Any]) -> int | None:
+def named_claim_index(gang: str, pod: MemberPodView) -> int | None:
     """``i`` of a ``resourceClaimName: <gang>-<i>`` entry, if the pod has one."""
     pattern = re.compile(rf"^{re.escape(gang)}-(\d+)$")
-    for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
-        m = pattern.match(str(ref.get("resourceClaimName") or ""))
+    for ref in pod.claims:
+        m = pattern.match(ref.claim)
         if m:
             return int(m.group(1))
     return None
 
 
-def identity(gang: str, members: int, pod: Mapping[str, Any]) -> Identity:
+def identity(gang: str, members: int, pod: MemberPodView) -> Identity:
     """The pod's member index in a gang of ``members`` (rules in the module docstring)."""
-    meta = pod.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    annotations = meta.get("annotations") or {}
-    name = meta.get("name", "")
+    labels, annotations, name = pod.labels, pod.annotations, pod.name
     named = named_claim_index(gang, pod)
     if named is not None:
         return Identity(named, MODE_NAMED)
@@ -155,19 +177,9 @@ def _lws_identity(name: str, members: int, labels: Mapping[str, Any], annotation
     return Identity(worker, MODE_TEMPLATE)
 
 
-def claim_names(pod: Mapping[str, Any]) -> tuple[str, ...]:
-    """Claims the pod's template entries and extended resources were given (known once they exist)."""
-    status = pod.get("status") or {}
-    out = [str(s["resourceClaimName"]) for s in status.get("resourceClaimStatuses") or [] if s.get("resourceClaimName")]
-    extended = (status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
-    if extended:
-        out.append(str(extended))
-    return tuple(out)
-
-
-def uses_templates(pod: Mapping[str, Any]) -> bool:
+def uses_templates(pod: MemberPodView) -> bool:
     """Whether any claim of the pod comes from a ResourceClaimTemplate."""
-    return any(r.get("resourceClaimTemplateName") for r in (pod.get("spec") or {}).get("resourceClaims") or [])
+    return any(r.template for r in pod.claims)
 
 
 def device_count(claim: indexed.ClaimView, device_class: str) -> int | None:
@@ -271,54 +283,35 @@ class Members:
         return not any(p.never_preempts for p in self.by_index.values())
 
 
-def _member(pod: Mapping[str, Any], who: Identity) -> MemberPod:
-    meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
-    gates = tuple(g.get("name", "") for g in spec.get("schedulingGates") or [])
-    controller = owners.controller_of(pod)
+def _member(pod: MemberPodView, who: Identity) -> MemberPod:
+    controller = pod.controller
     return MemberPod(
-        name=meta.get("name", ""),
+        name=pod.name,
         index=who.index,
-        gated=names.SCHEDULING_GATE in gates,
-        node=spec.get("nodeName") or "",
-        phase=(pod.get("status") or {}).get("phase") or "Pending",
-        uid=meta.get("uid", ""),
-        affinity=spec.get("affinity"),
-        gates=gates,
+        gated=names.SCHEDULING_GATE in pod.gates,
+        node=pod.node,
+        phase=pod.phase or "Pending",
+        uid=pod.uid,
+        affinity=pod.affinity,
+        gates=pod.gates,
         mode=who.mode,
-        claims=claim_names(pod) if who.mode == MODE_TEMPLATE else (),
+        claims=pod.given if who.mode == MODE_TEMPLATE else (),
         controlled=controller is not None,
         job=controller[1] if controller is not None and controller[0] == "Job" else "",
-        priority=pod_priority(spec),
-        never_preempts=spec.get("preemptionPolicy") == "Never",
+        priority=pod.priority,
+        never_preempts=pod.never_preempts,
     )
 
 
-PRIORITY_BOUND = 2_000_001_000  # the API server's limit (system-node-critical); anything past it is not a priority
-
-
-def pod_priority(spec: Mapping[str, Any]) -> int:
-    """A pod's Kubernetes priority: ``spec.priority``, which the API server's Priority admission writes from
-    the pod's ``priorityClassName`` (and refuses when a pod states another number); 0 when absent or unreadable."""
-    raw = spec.get("priority")
-    if isinstance(raw, bool) or not isinstance(raw, int) or abs(raw) > PRIORITY_BOUND:
-        return 0
-    return raw
-
-
-def members_of(gang: str, member_count: int, pods: Iterable[Mapping[str, Any]]) -> Members:
+def members_of(gang: str, member_count: int, pods: Iterable[MemberPodView]) -> Members:
     """Member pods of ``gang``: live pods with the gang label and a member index (rules above)."""
     by_index: dict[int, MemberPod] = {}
     failed: dict[int, MemberPod] = {}
     problems: list[str] = []
-    for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("name", "")):
-        meta = pod.get("metadata") or {}
-        status = pod.get("status") or {}
-        if (meta.get("labels") or {}).get(names.LABEL_GANG) != gang:
+    for pod in sorted(pods, key=lambda p: p.name):
+        if pod.gang != gang or pod.deleting:
             continue
-        if meta.get("deletionTimestamp"):
-            continue
-        name = meta.get("name", "")
+        name = pod.name
         who = identity(gang, member_count, pod)
         if who.problem:
             problems.append(who.problem)
@@ -326,8 +319,8 @@ def members_of(gang: str, member_count: int, pods: Iterable[Mapping[str, Any]]) 
         if who.index >= member_count:
             problems.append(f"pod {name} claims member index {who.index}, but the gang has {member_count} members")
             continue
-        if status.get("phase") in ("Succeeded", "Failed"):
-            if status.get("phase") == "Failed":
+        if pod.phase in ("Succeeded", "Failed"):
+            if pod.phase == "Failed":
                 failed.setdefault(who.index, _member(pod, who))
             continue
         if who.index in by_index:

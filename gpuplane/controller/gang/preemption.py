@@ -27,6 +27,7 @@ import structlog
 from gpuplane.controller import events, steps
 from gpuplane.controller.gang import membership, world, writes
 from gpuplane.controller.gang.outcome import EventTuple, Outcome
+from gpuplane.controller.gang.podview import MemberPodView
 from gpuplane.controller.gang.view import GangView
 
 log = structlog.get_logger(__name__)
@@ -147,10 +148,6 @@ def checked(
     return refused(outcome, gang.status, why)
 
 
-def terminating(pods: Iterable[Mapping[str, Any]]) -> bool:
+def terminating(pods: Iterable[MemberPodView]) -> bool:
     """Whether a pod of these is being deleted and not finished (it may still use its devices)."""
-    return any(
-        (p.get("metadata") or {}).get("deletionTimestamp")
-        and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-        for p in pods
-    )
+    return any(p.deleting and p.phase not in ("Succeeded", "Failed") for p in pods)

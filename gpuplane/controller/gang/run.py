@@ -19,6 +19,7 @@ import structlog
 
 from gpuplane.controller import config, indexed, kube, runtime
 from gpuplane.controller.gang import queue_runner, reconciler, status, world
+from gpuplane.controller.gang.podview import MemberPodView
 from gpuplane.controller.gang.view import GangView
 from gpuplane.controller.imex import hold
 from gpuplane.controller.node import snapshot_builder
@@ -112,7 +113,7 @@ def make_world(
             del gs.overlay[key]
         else:
             fresh[key] = patch
-    pods: list[Mapping[str, Any]] = [p for store in pod_idx.values() for p in store]
+    pods: list[MemberPodView] = [p for store in pod_idx.values() for p in store]
     nodes_ = indexed.single(node_idx)
     w = world.World(
         gangs=world.overlay(gangs_, fresh),

@@ -27,6 +27,7 @@ from gpuplane.controller.gang import (
     status,
     writes,
 )
+from gpuplane.controller.gang.podview import MemberPodView
 from gpuplane.controller.gang.spec import GangSpec
 from gpuplane.controller.gang.view import GangView
 from gpuplane.controller.node import selectors, snapshot_builder
@@ -43,7 +44,7 @@ class World:
     """Copies of the indexes at one instant (the values are the index entries: read-only)."""
 
     gangs: Mapping[str, GangView]  # "ns/name" -> GpuGang
-    pods: Mapping[str, tuple[Mapping[str, Any], ...]]  # gang key -> member pods
+    pods: Mapping[str, tuple[MemberPodView, ...]]  # gang key -> member pods
     claims: Mapping[str, indexed.ClaimView]  # "ns/name" -> ResourceClaim
     slices: tuple[Mapping[str, Any], ...]
     nodes: Mapping[str, bool]  # node -> schedulable
@@ -55,9 +56,7 @@ class World:
     @functools.cached_property
     def member_uids(self) -> frozenset[str]:
         """The uids of every gang member pod (computed once per world)."""
-        return frozenset(
-            str(u) for pods in self.pods.values() for p in pods if (u := (p.get("metadata") or {}).get("uid"))
-        )
+        return frozenset(p.uid for pods in self.pods.values() for p in pods if p.uid)
 
     @functools.cached_property
     def claim_keys(self) -> tuple[str, ...]:
@@ -281,12 +280,10 @@ def entries(world: World, view: snapshot_builder.ClusterView) -> list[queue_runn
     return out
 
 
-def member_lists(pods: Iterable[Mapping[str, Any]]) -> dict[str, tuple[Mapping[str, Any], ...]]:
+def member_lists(pods: Iterable[MemberPodView]) -> dict[str, tuple[MemberPodView, ...]]:
     """Group labelled pods by gang key."""
-    out: dict[str, list[Mapping[str, Any]]] = {}
+    out: dict[str, list[MemberPodView]] = {}
     for pod in pods:
-        meta = pod.get("metadata") or {}
-        gang = (meta.get("labels") or {}).get(names.LABEL_GANG)
-        if gang:
-            out.setdefault(f"{meta.get('namespace', '')}/{gang}", []).append(pod)
+        if pod.gang_key:
+            out.setdefault(pod.gang_key, []).append(pod)
     return {k: tuple(v) for k, v in out.items()}

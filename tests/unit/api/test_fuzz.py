@@ -47,7 +47,7 @@ from gpuplane.driver.prepare import planning
 from gpuplane.driver.prepare.claims import ClaimError, parse_allocation
 from gpuplane.driver.publish import slices
 from tests import strategies
-from tests.controllerkit import gang_index
+from tests.controllerkit import gang_index, pod_index
 
 # 10,500 cases take 380 + 350 + 61 s at load 21 on the shared 2-core machine: past the suite-wide 300 s.
 pytestmark = pytest.mark.timeout(1200)
@@ -288,7 +288,7 @@ def test_fuzz_gangs(cluster: dict[str, Any], capsys: pytest.CaptureFixture[str])
             )
             w = world.World(
                 gangs=gang_index([body]),
-                pods={"ns/g": pods},
+                pods={"ns/g": tuple(pod_index(pods))},
                 claims={},
                 slices=cluster["slices"],
                 nodes=cluster["nodes"],

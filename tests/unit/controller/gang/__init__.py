@@ -22,6 +22,8 @@
   nothing stays gated.
 - ``test_gang_view``: The gang index's view of a GpuGang: parsed once, total on any body, read-only, overlaid
   without change (issue 34).
+- ``test_member_pod_view``: The member-pod index's view of a gang's pod: what membership reads, nothing a
+  tenant can inflate, any shape (issue 34).
 - ``test_owner_views``: A gang's Jobs and LeaderWorkerSets as the controller indexes them: typed views parsed once
   (issue 34).
 """

@@ -16,7 +16,7 @@ from gpuplane.controller import events
 from gpuplane.controller.gang import deleted, owners, world
 from gpuplane.controller.gang.desired import GangRef
 from gpuplane.controller.steps import Step
-from tests.controllerkit import claim_index, holding, member_pod
+from tests.controllerkit import claim_index, holding, member_pod, pod_index
 from tests.templatekit import NS, indexed, job
 
 REF = GangRef(NS, "g", "uid-g")
@@ -29,7 +29,7 @@ def _claims(w: world.World, key: str) -> list[str]:
 def test_a_running_hand_written_gang_tells_then_deletes_every_member_and_its_claims() -> None:
     _body, pods, claims = holding("g", NS, 0, ["hgx-0", "hgx-1"], 0.0)
     w = world.World(
-        gangs={}, pods=world.member_lists(pods), claims=claim_index(claims), slices=(), nodes={}, classes={}
+        gangs={}, pods=world.member_lists(pod_index(pods)), claims=claim_index(claims), slices=(), nodes={}, classes={}
     )
     d = deleted.deletion(REF, "Running", w.pods[f"{NS}/g"], _claims(w, f"{NS}/g"), (), grace_seconds=5)
     assert [(s.kind, s.name, s.body) for s in d.steps] == [
@@ -50,7 +50,7 @@ def test_a_running_hand_written_gang_tells_then_deletes_every_member_and_its_cla
 
 def test_a_gang_deleted_mid_placement_releases_gated_and_ungated_members() -> None:
     pods = [member_pod("g", 0, ns=NS, gated=False), member_pod("g", 1, ns=NS, gated=True)]
-    d = deleted.deletion(REF, "Placing", pods, ["g-0"], (), grace_seconds=None)
+    d = deleted.deletion(REF, "Placing", pod_index(pods), ["g-0"], (), grace_seconds=None)
     assert [(s.kind, s.name) for s in d.steps] == [
         ("delete-pod", "g-pod-0"),
         ("delete-pod", "g-pod-1"),
@@ -62,7 +62,7 @@ def test_a_gang_deleted_mid_placement_releases_gated_and_ungated_members() -> No
 def test_a_jobs_members_are_left_to_their_suspended_job_and_the_job_is_told() -> None:
     pods = [indexed("g", 0), indexed("g", 1, gated=False, node="nvl-0")]
     jobs = owners.jobs_by_gang([job("g", "g")])[f"{NS}/g"]
-    d = deleted.deletion(REF, "Placed", pods, [], jobs, grace_seconds=None)
+    d = deleted.deletion(REF, "Placed", pod_index(pods), [], jobs, grace_seconds=None)
     assert [(s.kind, s.name) for s in d.steps] == [("suspend-job", "g")]
     by_kind: dict[str, list[tuple[events.ObjectRef, str]]] = {}
     for target, _etype, _reason, text in d.told:
@@ -77,7 +77,7 @@ def test_a_jobs_members_are_left_to_their_suspended_job_and_the_job_is_told() ->
 def test_nothing_left_nothing_written(phase: str) -> None:
     finished = member_pod("g", 0, ns=NS)
     finished["status"]["phase"] = "Succeeded"
-    d = deleted.deletion(REF, phase, [finished], [], (), grace_seconds=None)
+    d = deleted.deletion(REF, phase, pod_index([finished]), [], (), grace_seconds=None)
     assert d.steps == () and d.told == ()
 
 
@@ -98,7 +98,7 @@ class _Writer:
 
 def test_end_tells_first_and_a_failed_write_does_not_stop_the_rest() -> None:
     pods: list[dict[str, Any]] = [member_pod("g", i, ns=NS) for i in range(3)]
-    d = deleted.deletion(REF, "Queued", pods, ["g-0"], (), grace_seconds=None)
+    d = deleted.deletion(REF, "Queued", pod_index(pods), ["g-0"], (), grace_seconds=None)
     writer = _Writer(failing="g-pod-1")
     failed = deleted.end(writer, writer, NS, d)
     assert writer.events == [f"Pod g-pod-{i} {deleted.REASON}" for i in range(3)]

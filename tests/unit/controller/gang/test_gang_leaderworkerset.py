@@ -13,7 +13,8 @@ import pytest
 
 from gpuplane.controller import events, names
 from gpuplane.controller.gang import leaderworkersets, membership, owners, world
-from tests.controllerkit import GB200, gang_body
+from gpuplane.controller.gang.podview import view
+from tests.controllerkit import GB200, gang_body, pod_index
 from tests.templatekit import (
     NS,
     cluster_slices_fixture,  # noqa: F401
@@ -66,9 +67,11 @@ def with_lws(w: world.World, *items: dict[str, Any]) -> world.World:
 
 class TestIdentity:
     def test_the_leader_is_member_0_and_each_worker_its_worker_index(self) -> None:
-        assert membership.identity("g", 3, lws_pod("g", 0, size=3)) == membership.Identity(0, membership.MODE_TEMPLATE)
-        assert membership.identity("g", 3, lws_pod("g", 2, size=3)).index == 2
-        got = membership.members_of("g", 2, [lws_pod("g", 0), lws_pod("g", 1)])
+        assert membership.identity("g", 3, view(lws_pod("g", 0, size=3))) == membership.Identity(
+            0, membership.MODE_TEMPLATE
+        )
+        assert membership.identity("g", 3, view(lws_pod("g", 2, size=3))).index == 2
+        got = membership.members_of("g", 2, pod_index([lws_pod("g", 0), lws_pod("g", 1)]))
         assert sorted(got.by_index) == [0, 1] and got.problems == ()
         assert all(p.templated and p.controlled and not p.job for p in got.by_index.values())
 
@@ -80,12 +83,12 @@ class TestIdentity:
         ],
     )
     def test_problems_say_what_to_fix(self, pod: dict[str, Any], members: int, says: str) -> None:
-        who = membership.identity("g", members, pod)
+        who = membership.identity("g", members, view(pod))
         assert who.index == -1 and says in who.problem
 
     def test_a_second_group_is_a_problem_not_a_member(self) -> None:
         pods = [lws_pod("g", 0), lws_pod("g", 1), lws_pod("g", 0, group=1), lws_pod("g", 1, group=1)]
-        got = membership.members_of("g", 2, pods)
+        got = membership.members_of("g", 2, pod_index(pods))
         assert [p.name for _, p in sorted(got.by_index.items())] == [f"{LWS}-0", f"{LWS}-0-1"]
         assert len(got.problems) == 2 and all("replicas: 1" in p for p in got.problems)
 

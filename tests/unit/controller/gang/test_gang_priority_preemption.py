@@ -13,9 +13,9 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from gpuplane.controller import kube, steps
-from gpuplane.controller.gang import membership, preemption, reconciler, world
+from gpuplane.controller.gang import membership, podview, preemption, reconciler, world
 from tests import controllerkit
-from tests.controllerkit import GB200, T0, decide, gang_body, holding, make_world, member_pod, run_pass
+from tests.controllerkit import GB200, T0, decide, gang_body, holding, make_world, member_pod, pod_index, run_pass
 
 HI = "team-a/hi"
 
@@ -88,7 +88,7 @@ def test_gangs_in_system_namespaces_are_never_victims(cluster_slices: list[dict[
 def test_a_pod_of_another_namespace_is_never_a_member() -> None:
     mine = member_pod("hi", 0, priority=10)
     foreign = member_pod("hi", 1, ns="team-b", priority=1_000_000_000)
-    lists = world.member_lists([mine, foreign])
+    lists = world.member_lists(pod_index([mine, foreign]))
     assert set(lists) == {"team-a/hi", "team-b/hi"}
     members = membership.members_of("hi", 2, lists["team-a/hi"])
     assert list(members.by_index) == [0] and members.priority == 10
@@ -96,8 +96,8 @@ def test_a_pod_of_another_namespace_is_never_a_member() -> None:
 
 def test_unreadable_pod_priority_counts_as_zero() -> None:
     for raw in ("1000", True, 10**12, None, 1.5):
-        assert membership.pod_priority({"priority": raw}) == 0
-    assert membership.pod_priority({"priority": -5}) == -5
+        assert podview.priority_of(raw) == 0
+    assert podview.priority_of(-5) == -5
 
 
 def test_victim_is_evicted_by_uid_and_its_claims_go_only_after_its_pods(cluster_slices: list[dict[str, Any]]) -> None:

@@ -23,7 +23,7 @@ from gpuplane.controller import caches, config, events, kube, metrics, runtime, 
 from gpuplane.controller.gang import deleted, handlers, world
 from gpuplane.controller.gang import run as gang_run
 from gpuplane.informer.cache import Caches, Informer
-from tests.controllerkit import Flag, claim_index, gang_index, holding
+from tests.controllerkit import Flag, claim_index, gang_index, holding, pod_index
 from tests.templatekit import NS
 
 KEY = f"{NS}/g"
@@ -60,7 +60,7 @@ def running_gang() -> tuple[dict[str, Any], Callable[[], world.World]]:
     body["status"]["phase"] = "Running"
     w = world.World(
         gangs=gang_index([body]),
-        pods=world.member_lists(pods),
+        pods=world.member_lists(pod_index(pods)),
         claims=claim_index(claims),
         slices=(),
         nodes={},

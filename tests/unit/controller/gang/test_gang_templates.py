@@ -13,8 +13,9 @@ import pytest
 from gpuplane.controller import events, names
 from gpuplane.controller.gang import desired, membership, owners, placement_record, release, world, writes
 from gpuplane.controller.gang import spec as gangspec
+from gpuplane.controller.gang.podview import view
 from gpuplane.controller.node import snapshot_builder
-from tests.controllerkit import GB200, claim_index, gang_body
+from tests.controllerkit import GB200, claim_index, gang_body, pod_index
 from tests.templatekit import (
     NS,
     cluster_slices_fixture,  # noqa: F401
@@ -32,13 +33,13 @@ from tests.templatekit import (
 class TestIdentity:
     def test_named_claim_wins(self) -> None:
         pod = {"metadata": {"name": "p"}, "spec": {"resourceClaims": [{"name": "g", "resourceClaimName": "tp8-3"}]}}
-        assert membership.identity("tp8", 4, pod) == membership.Identity(3, membership.MODE_NAMED)
+        assert membership.identity("tp8", 4, view(pod)) == membership.Identity(3, membership.MODE_NAMED)
 
     def test_label_then_completion_index(self) -> None:
         pod = job_pod("g", "p", labels={names.LABEL_MEMBER_INDEX: "2", membership.COMPLETION_INDEX: "0"})
-        assert membership.identity("g", 4, pod) == membership.Identity(2, membership.MODE_TEMPLATE)
+        assert membership.identity("g", 4, view(pod)) == membership.Identity(2, membership.MODE_TEMPLATE)
         pod = job_pod("g", "p", annotations={membership.COMPLETION_INDEX: "1"})
-        assert membership.identity("g", 4, pod).index == 1
+        assert membership.identity("g", 4, view(pod)).index == 1
 
     def test_jobset_global_index_times_pods_per_job(self) -> None:
         labels = {
@@ -46,7 +47,7 @@ class TestIdentity:
             membership.JOBSET_GLOBAL_REPLICAS: "2",
             membership.COMPLETION_INDEX: "1",
         }
-        assert membership.identity("g", 4, job_pod("g", "p", labels=labels)).index == 3  # 1 x 2 + 1
+        assert membership.identity("g", 4, view(job_pod("g", "p", labels=labels))).index == 3  # 1 x 2 + 1
 
     @pytest.mark.parametrize(
         ("labels", "count", "says"),
@@ -66,24 +67,24 @@ class TestIdentity:
         ],
     )
     def test_problems_say_what_to_fix(self, labels: dict[str, str], count: int, says: str) -> None:
-        who = membership.identity("g", count, job_pod("g", "p", labels=labels))
+        who = membership.identity("g", count, view(job_pod("g", "p", labels=labels)))
         assert who.index == -1 and says in who.problem
 
 
 class TestMembers:
     def test_failed_pod_is_remembered_until_its_index_is_taken_again(self) -> None:
         pods = [indexed("g", 0, phase="Running", gated=False, node="n0"), indexed("g", 1, phase="Failed", node="n1")]
-        got = membership.members_of("g", 2, pods)
+        got = membership.members_of("g", 2, pod_index(pods))
         assert sorted(got.by_index) == [0] and sorted(got.failed) == [1]
         assert got.by_index[0].templated and got.by_index[0].controlled
         replacement = job_pod("g", "g-1-y", labels={membership.COMPLETION_INDEX: "1"})
-        got = membership.members_of("g", 2, [*pods, replacement])
+        got = membership.members_of("g", 2, pod_index([*pods, replacement]))
         assert sorted(got.by_index) == [0, 1] and got.failed == {} and got.problems == ()
 
     def test_template_claims_are_read_from_the_pod_status(self) -> None:
         pod = indexed("g", 0, claims=("g-0-x-gpus-abc",))
         pod["status"]["extendedResourceClaimStatus"] = {"resourceClaimName": "g-0-x-extended-resources-q"}
-        (m,) = membership.members_of("g", 1, [pod]).by_index.values()
+        (m,) = membership.members_of("g", 1, pod_index([pod])).by_index.values()
         assert m.claims == ("g-0-x-gpus-abc", "g-0-x-extended-resources-q")
 
 
@@ -95,7 +96,7 @@ class TestApplySteps:
             desired.GangRef(NS, "g", "u"),
             spec,
             decision_of({0: "nvl-0", 1: "nvl-1"}),
-            membership.members_of("g", 2, pods),
+            membership.members_of("g", 2, pod_index(pods)),
             {},
         )
         assert [s.kind for s in plan.steps] == ["patch-pod"] * 4
@@ -123,7 +124,7 @@ class TestOwners:
 class TestRelease:
     def test_a_job_still_retrying_keeps_the_gang(self) -> None:
         pods = [indexed("g", 0, phase="Running", gated=False, node="n0"), indexed("g", 1, phase="Failed", node="n1")]
-        m = membership.members_of("g", 2, pods)
+        m = membership.members_of("g", 2, pod_index(pods))
         assert release.verdict(owners.Verdict(False), m, 2, "Running", 1) is None
 
     def test_a_bare_member_that_fails_ends_the_gang(self) -> None:
@@ -131,19 +132,19 @@ class TestRelease:
             indexed("g", 0, phase="Running", gated=False, node="n0", controlled=False),
             indexed("g", 1, phase="Failed", node="n1", controlled=False),
         ]
-        ends = release.verdict(owners.Verdict(False), membership.members_of("g", 2, pods), 2, "Running", 1)
+        ends = release.verdict(owners.Verdict(False), membership.members_of("g", 2, pod_index(pods)), 2, "Running", 1)
         assert ends is not None and ends.reason == events.GANG_MEMBER_FAILED and "member 1" in ends.message
 
     def test_a_bare_member_deleted_after_start_ends_the_gang_but_not_before(self) -> None:
         pods = [indexed("g", 0, phase="Running", gated=False, node="n0", controlled=False)]
-        m = membership.members_of("g", 2, pods)
+        m = membership.members_of("g", 2, pod_index(pods))
         assert release.verdict(owners.Verdict(False), m, 2, "Placed", 1) is None
         ends = release.verdict(owners.Verdict(False), m, 2, "Running", 1)
         assert ends is not None and "went away after the gang started" in ends.message
 
     def test_claim_shape_must_match_the_gang(self) -> None:
         spec = gangspec.parse_gang_spec({"members": 1, "gpusPerMember": 4})
-        m = membership.members_of("g", 1, [indexed("g", 0, claims=("c",))])
+        m = membership.members_of("g", 1, pod_index([indexed("g", 0, claims=("c",))]))
         assert release.shape_problems(spec, m, claim_index([template_claim("c", 4)]), NS) == []
         (problem,) = release.shape_problems(spec, m, claim_index([template_claim("c", 2)]), NS)
         assert "asks 2 device(s)" in problem and "per member" in problem

@@ -15,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuplane.controller import events, kube, steps
 from gpuplane.controller.gang import desired, membership, owners, release
-from tests.controllerkit import GB200, gang_body
+from tests.controllerkit import GB200, gang_body, pod_index
 from tests.templatekit import (
     NS,
     cluster_slices_fixture,  # noqa: F401
@@ -69,7 +69,7 @@ class TestTimedOutTemplateGang:
 
     def test_pods_no_suspended_job_makes_are_still_deleted(self) -> None:
         bare = indexed("g", 1, controlled=False)
-        members = membership.members_of("g", 2, [indexed("g", 0), bare])
+        members = membership.members_of("g", 2, pod_index([indexed("g", 0), bare]))
         ref = desired.GangRef(NS, "g", "u")
         stop = release.timeout_steps(
             ref, members, ["g-0"], [owners.job_view(job("g", "g"))], grace_seconds=0, why="late"

@@ -16,7 +16,7 @@ from gpuplane.controller.gang import run as gang_run
 from gpuplane.controller.gang import world
 from gpuplane.controller.imex import gangs, objects, reconcile
 from gpuplane.controller.imex.api import ImexApi
-from tests.controllerkit import gang_index
+from tests.controllerkit import gang_index, pod_index
 
 NS = "team"
 CLIQUE = "cluster-1.0"
@@ -168,7 +168,9 @@ def test_a_template_members_claims_are_its_pods() -> None:
         for i in range(2)
     ]
     w = make_world([g], [claim("t-0-gpu-x", "tray-0"), claim("t-1-gpu-x", "tray-1")])
-    w = world.World(gangs=w.gangs, pods=world.member_lists(pods), claims=w.claims, slices=(), nodes={}, classes={})
+    w = world.World(
+        gangs=w.gangs, pods=world.member_lists(pod_index(pods)), claims=w.claims, slices=(), nodes={}, classes={}
+    )
     assert {p.templated for p in w.members(f"{NS}/t", 2).by_index.values()} == {True}
     (obj,) = reconcile.desired(w, GPU_DOMAINS, []).diff.create
     assert [c["name"] for c in obj["spec"]["gangs"][0]["claims"]] == ["t-0-gpu-x", "t-1-gpu-x"]
