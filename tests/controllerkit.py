@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from gpuplane.controller import indexed, names, steps
+from gpuplane.controller import deviceclass, indexed, names, steps
 from gpuplane.controller.gang import podview, queue_runner, reconciler, status, world
 from gpuplane.controller.gang import view as gang_view
 from gpuplane.controller.gang.podview import MemberPodView
@@ -95,7 +95,7 @@ MIG_CLASS = {
         ]
     },
 }
-CLASSES = {"gpu.gpuplane.dev": GPU_CLASS, "mig.gpuplane.dev": MIG_CLASS}
+CLASSES = {"gpu.gpuplane.dev": deviceclass.view(GPU_CLASS), "mig.gpuplane.dev": deviceclass.view(MIG_CLASS)}
 
 
 def claim_body(
@@ -347,13 +347,15 @@ def pods_bound(gang: str, n: int, bound: int) -> Iterator[dict[str, Any]]:
         yield member_pod(gang, i, gated=False, node="hgx-0" if i < bound else "")
 
 
-def shipped_classes(files: Sequence[str] = ("gpu.yaml", "mig.yaml")) -> dict[str, dict[str, Any]]:
-    """The DeviceClasses of ``manifests/deviceclasses`` named by ``files``, by name, as users apply them."""
+def shipped_classes(files: Sequence[str] = ("gpu.yaml", "mig.yaml")) -> dict[str, deviceclass.ClassView]:
+    """The DeviceClasses of ``manifests/deviceclasses`` named by ``files`` (every one: ``("*.yaml",)``), by name,
+    as users apply them and the class index keeps them."""
     root = Path(__file__).resolve().parents[1] / "manifests" / "deviceclasses"
     out = {}
-    for f in files:
-        body = yaml.safe_load((root / f).read_text())
-        out[body["metadata"]["name"]] = body
+    for pattern in files:
+        for path in sorted(root.glob(pattern)):
+            body = yaml.safe_load(path.read_text())
+            out[body["metadata"]["name"]] = deviceclass.view(body)
     return out
 
 

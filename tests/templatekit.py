@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpuplane.controller import names
+from gpuplane.controller import deviceclass, names
 from gpuplane.controller.gang import membership, owners, placement_record, queue_runner, world
 from gpuplane.controller.gang import reconciler as gang_reconciler
 from gpuplane.placement import model
@@ -128,7 +128,7 @@ def world_of(
         claims=controllerkit.claim_index(claims),
         slices=tuple(slices),
         nodes=nodes,
-        classes={"gpu.gpuplane.dev": GPU_CLASS},
+        classes={"gpu.gpuplane.dev": deviceclass.view(GPU_CLASS)},
         jobs=owners.jobs_by_gang(jobs),
     )
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpuplane.controller import config, indexed, metrics, names, runtime
+from gpuplane.controller import config, deviceclass, indexed, metrics, names, runtime
 from gpuplane.controller.gang import placement_record, podview, queue_runner, reconciler, status, world
 from gpuplane.controller.gang import run as gang_run
 from gpuplane.controller.gang import view as gang_view
@@ -125,13 +125,14 @@ def indexes(
 ) -> dict[str, Any]:
     """The controller's indexes (keyword arguments of ``gang.run.make_world``) over these objects, in
     namespace ``NS``, every node schedulable, one DeviceClass ``gpu.gpuplane.dev`` with ``class_spec``."""
+    gpu_class = {"metadata": {"name": "gpu.gpuplane.dev"}, "spec": dict(class_spec or {})}
     idx: dict[str, Any] = {
         "gang_idx": {f"{NS}/{g['metadata']['name']}": [gang_view.view(g)] for g in gangs},
         "pod_idx": {f"{NS}/{p['metadata']['name']}": [podview.view(p)] for p in pods},
         "claim_idx": {c.key: [c] for c in claims},
         "slice_idx": {},
         "node_idx": {n: [indexed.NodeView(n, schedulable=True)] for n in nodes},
-        "class_idx": {"gpu.gpuplane.dev": [{"metadata": {"name": "gpu.gpuplane.dev"}, "spec": dict(class_spec or {})}]},
+        "class_idx": {"gpu.gpuplane.dev": [deviceclass.view(gpu_class)]},
     }
     for d in digests:
         idx["slice_idx"].setdefault(d.node, []).append(d)

@@ -15,7 +15,7 @@ index                  stream                  key -> value
 ``claim_idx``          ResourceClaims          ``ns/name`` -> :func:`indexed.claim`
 ``slice_idx``          ResourceSlices (ours)   node -> :class:`~gpuplane.controller.node.slice_index.SliceDigest`
 ``node_idx``           Nodes                   name -> :func:`indexed.node`
-``class_idx``          DeviceClasses           name -> metadata and spec
+``class_idx``          DeviceClasses           name -> :class:`deviceclass.ClassView`
 ``claim_template_idx`` ResourceClaimTemplates  ``ns/name`` -> the template (spec)
 ``template_idx``       ... right-sizing label  ``ns/name`` -> the template (spec)
 ``gang_job_idx``       Jobs making members     ``ns/gang`` -> :class:`gang.owners.JobView`
@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuplane.api import names as dn
-from gpuplane.controller import indexed, names, rejects, slim
+from gpuplane.controller import deviceclass, indexed, names, rejects, slim
 from gpuplane.controller import metrics as metrics_mod
 from gpuplane.controller.gang import leaderworkersets, owners, podview
 from gpuplane.controller.gang import view as gang_view
@@ -103,7 +103,7 @@ def node(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 def device_class(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     if rejects.rejected(obj):
         return NOT_INDEXED
-    return {key_of(obj): {"metadata": dict(obj.get("metadata") or {}), "spec": obj.get("spec") or {}}}
+    return {key_of(obj): deviceclass.view(obj)}
 
 
 def claim_template(obj: Mapping[str, Any]) -> Mapping[str, Any]:

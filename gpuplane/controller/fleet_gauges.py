@@ -32,12 +32,12 @@ import asyncio
 import time
 from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import structlog
 
 from gpuplane.controller import indexed, metrics, runtime
 from gpuplane.controller.claim import checks
+from gpuplane.controller.deviceclass import ClassView
 from gpuplane.controller.gang import run as gang_run
 from gpuplane.controller.gang import status, world
 from gpuplane.controller.node import snapshot_builder
@@ -66,7 +66,7 @@ class Free:
 
 def pending_claims(
     claims: Iterable[indexed.ClaimView],
-    classes: Mapping[str, Mapping[str, Any]],
+    classes: Mapping[str, ClassView],
     waited_for: Container[str],
     now: float,
 ) -> Pending:

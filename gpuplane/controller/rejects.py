@@ -20,6 +20,7 @@ from gpuplane.api import boundedjson
 from gpuplane.controller import events, names
 from gpuplane.controller.claim import checks as claims
 from gpuplane.controller.claim import failfast
+from gpuplane.controller.deviceclass import ClassView
 
 log = structlog.get_logger(__name__)
 
@@ -30,7 +31,7 @@ def rejected(body: Mapping[str, Any]) -> bool:
 
 
 async def refuse_claim(
-    rt: Any, body: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], consumers: Iterable[str] = ()
+    rt: Any, body: Mapping[str, Any], classes: Mapping[str, ClassView], consumers: Iterable[str] = ()
 ) -> None:
     """Record, once per claim, why a quarantined claim of ours is ignored, and fail its pending pods (leader)."""
     reason = boundedjson.rejection(body)

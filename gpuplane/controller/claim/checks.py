@@ -22,6 +22,7 @@ from gpuplane.api import names as dn
 from gpuplane.api.boundedjson import mapping, mappings
 from gpuplane.controller import indexed, names
 from gpuplane.controller.claim import no_match
+from gpuplane.controller.deviceclass import ClassView
 from gpuplane.controller.node import selectors, snapshot_builder
 from gpuplane.controller.node.selectors import class_selectors
 
@@ -89,34 +90,27 @@ def _share(value: Any) -> tuple[int | None, str | None]:
         return None, f"capacity.requests.{exc}; the driver refuses it"
 
 
-def class_is_ours(device_class: Mapping[str, Any] | None) -> bool:
-    """A DeviceClass selects this driver's devices (by its selectors or its config)."""
-    if not device_class:
-        return False
-    spec = device_class.get("spec") or {}
-    text = " ".join(str((s.get("cel") or {}).get("expression", "")) for s in spec.get("selectors") or [])
-    by_config = any((c.get("opaque") or {}).get("driver") == dn.DRIVER_NAME for c in spec.get("config") or [])
-    return dn.DRIVER_NAME in text or by_config
+def class_is_ours(device_class: ClassView | None) -> bool:
+    """A DeviceClass selects this driver's devices (by its selectors or its config); None: no such class."""
+    return device_class is not None and device_class.ours
 
 
-def class_device_type(device_class: Mapping[str, Any] | None) -> str:
+def class_device_type(device_class: ClassView | None) -> str:
     """``mig`` when the class selects MIG devices, else ``gpu``."""
-    spec = (device_class or {}).get("spec") or {}
-    text = " ".join(str((s.get("cel") or {}).get("expression", "")) for s in spec.get("selectors") or [])
-    return dn.DEVICE_TYPE_MIG if re.search(r'type\s*==\s*"mig"', text) else dn.DEVICE_TYPE_GPU
+    return device_class.device_type if device_class is not None else dn.DEVICE_TYPE_GPU
 
 
-def is_ours(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]]) -> bool:
+def is_ours(claim: Mapping[str, Any], classes: Mapping[str, ClassView]) -> bool:
     """Whether any request of the claim body uses one of this driver's classes."""
     return ours_in(_body_requests(claim), classes)
 
 
-def ours_in(requests: Iterable[Mapping[str, Any]], classes: Mapping[str, Mapping[str, Any]]) -> bool:
+def ours_in(requests: Iterable[Mapping[str, Any]], classes: Mapping[str, ClassView]) -> bool:
     """Whether any of ``requests`` (``spec.devices.requests``) uses one of this driver's classes."""
     return any(class_is_ours(classes.get(r.device_class)) for r in requests_in(requests))
 
 
-def validate(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]]) -> list[str]:
+def validate(claim: Mapping[str, Any], classes: Mapping[str, ClassView]) -> list[str]:
     """Problems with the claim's opaque configs for this driver, one message per request (empty: valid)."""
     spec_devices = (claim.get("spec") or {}).get("devices") or {}
     claim_entries = [
@@ -138,11 +132,8 @@ def validate(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]])
         if req.share_problem:
             problems.append(f"request {req.name!r}: {req.share_problem}")
         class_entries = [
-            configs.SourcedConfig(
-                source="FromClass", requests=(), parameters=(c.get("opaque") or {}).get("parameters") or {}
-            )
-            for c in ((dclass or {}).get("spec") or {}).get("config") or []
-            if (c.get("opaque") or {}).get("driver") == dn.DRIVER_NAME
+            configs.SourcedConfig(source="FromClass", requests=(), parameters=parameters)
+            for parameters in (dclass.configs if dclass is not None else ())
         ]
         try:
             merged = configs.merge_configs([*class_entries, *claim_entries], req.name, class_device_type(dclass))
@@ -165,7 +156,7 @@ def validate(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]])
     return list(dict.fromkeys(problems))
 
 
-def domain_warning(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]]) -> str | None:
+def domain_warning(claim: Mapping[str, Any], classes: Mapping[str, ClassView]) -> str | None:
     """A warning when a multi-GPU request of this driver has no NVLink-domain matchAttribute constraint.
 
     Not for the scheduler's claim behind an extended resource (``nvidia.com/gpu: 2``): KEP-5004 builds
@@ -213,7 +204,7 @@ def mig_profile_of(request: Request) -> str | None:
 
 def explain_unallocated(
     claim: Mapping[str, Any],
-    classes: Mapping[str, Mapping[str, Any]],
+    classes: Mapping[str, ClassView],
     view: snapshot_builder.ClusterView,
 ) -> str:
     """Why the claim body's requests find no room now, from the placement view ('' when it looks satisfiable)."""
@@ -222,7 +213,7 @@ def explain_unallocated(
 
 def explain_requests(
     requests: Iterable[Mapping[str, Any]],
-    classes: Mapping[str, Mapping[str, Any]],
+    classes: Mapping[str, ClassView],
     view: snapshot_builder.ClusterView,
 ) -> str:
     """Why ``requests`` (``spec.devices.requests``) find no room now, from the placement view ('' when they
@@ -290,10 +281,10 @@ class ReasonCache:
         self._view: snapshot_builder.ClusterView | None = None
         self._reasons: dict[str, str] = {}
         self._by_uid: dict[tuple[str, str], str] = {}
-        self._classes: tuple[Mapping[str, Mapping[str, Any]], str] | None = None
+        self._classes: tuple[Mapping[str, ClassView], str] | None = None
         self.hits = 0
 
-    def _classes_key(self, classes: Mapping[str, Mapping[str, Any]]) -> str:
+    def _classes_key(self, classes: Mapping[str, ClassView]) -> str:
         """The classes as text, encoded once per classes mapping (the explainer passes one per pass)."""
         if self._classes is None or self._classes[0] is not classes:
             self._classes = (classes, json.dumps(classes, sort_keys=True, default=str))
@@ -302,7 +293,7 @@ class ReasonCache:
     def reason(
         self,
         claim: indexed.ClaimView,
-        classes: Mapping[str, Mapping[str, Any]],
+        classes: Mapping[str, ClassView],
         view: snapshot_builder.ClusterView,
     ) -> str:
         """``explain_requests(claim.requests, classes, view)``, computed once per distinct requests and view."""
@@ -324,7 +315,7 @@ class ReasonCache:
     def _by_requests(
         self,
         requests: tuple[Mapping[str, Any], ...],
-        classes: Mapping[str, Mapping[str, Any]],
+        classes: Mapping[str, ClassView],
         view: snapshot_builder.ClusterView,
     ) -> str:
         used = sorted({r.device_class for r in requests_in(requests)})

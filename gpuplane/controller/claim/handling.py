@@ -18,6 +18,7 @@ from typing import Any, Self
 
 from gpuplane.controller import config, events, indexed, names, runtime
 from gpuplane.controller.claim import checks, failfast, review
+from gpuplane.controller.deviceclass import ClassView
 from gpuplane.controller.gang import run, status, world
 
 EXPLAIN_VIEW_AGE_S = 5.0  # an unallocated claim's explanation may use a view this old (one per claim timer otherwise)
@@ -42,7 +43,7 @@ class ClaimState:
 
 
 async def check_claim(
-    rt: runtime.Runtime, claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], consumers: Iterable[str]
+    rt: runtime.Runtime, claim: Mapping[str, Any], classes: Mapping[str, ClassView], consumers: Iterable[str]
 ) -> None:
     """Validate a claim's config and its NVLink-domain constraint; record findings once (annotations)."""
     if not rt.leading():
@@ -82,7 +83,7 @@ def _gang_member_claim(claim: indexed.ClaimView, w: world.World) -> bool:
 async def explain_claim(
     rt: runtime.Runtime,
     claim: indexed.ClaimView,
-    classes: Mapping[str, Mapping[str, Any]],
+    classes: Mapping[str, ClassView],
     w: world.World,
     now: float,
 ) -> None:

@@ -20,6 +20,7 @@ import structlog
 from gpuplane.api import names as dn
 from gpuplane.controller import events, indexed, kube, names
 from gpuplane.controller.claim import checks
+from gpuplane.controller.deviceclass import ClassView
 from gpuplane.controller.gang import status
 
 log = structlog.get_logger(__name__)
@@ -75,7 +76,7 @@ def has_our_config(claim: Mapping[str, Any]) -> bool:
 
 
 def decide(
-    claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], consumers: Iterable[str], now: str
+    claim: Mapping[str, Any], classes: Mapping[str, ClassView], consumers: Iterable[str], now: str
 ) -> Review | None:
     """The review of ``claim`` (None when it is none of this driver's business). Pure.
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuplane.controller import indexed, names
+from gpuplane.controller.deviceclass import ClassView
 from gpuplane.controller.gang import (
     leaderworkersets,
     membership,
@@ -48,7 +49,7 @@ class World:
     claims: Mapping[str, indexed.ClaimView]  # "ns/name" -> ResourceClaim
     slices: tuple[Mapping[str, Any], ...]
     nodes: Mapping[str, bool]  # node -> schedulable
-    classes: Mapping[str, Mapping[str, Any]]  # DeviceClass name -> body
+    classes: Mapping[str, ClassView]  # DeviceClass name -> its view
     jobs: Mapping[str, tuple[owners.JobView, ...]] = field(default_factory=dict)  # gang key -> its Jobs
     leaderworkersets: Mapping[str, tuple[leaderworkersets.LwsView, ...]] = field(default_factory=dict)  # gang -> LWSs
     addresses: Mapping[str, str] = field(default_factory=dict)  # node -> its InternalIP (IMEX node files)

@@ -18,7 +18,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+
+from gpuplane.controller.deviceclass import ClassView
 
 AttrValue = str | int | bool
 Attributes = Mapping[str, AttrValue]  # qualified name ("gpu.gpuplane.dev/type") -> value
@@ -252,7 +253,6 @@ def compile_all(expressions: Iterable[str]) -> Compiled:
     return Compiled(predicate=matches, unsupported=tuple(unsupported))
 
 
-def class_selectors(device_class: Mapping[str, Any] | None) -> tuple[str, ...]:
-    """The CEL expressions of a DeviceClass (as the API serves it; None: no class, none)."""
-    spec = (device_class or {}).get("spec") or {}
-    return tuple(str((s.get("cel") or {}).get("expression", "")) for s in spec.get("selectors") or [])
+def class_selectors(device_class: ClassView | None) -> tuple[str, ...]:
+    """The CEL expressions of a DeviceClass (None: no class, none)."""
+    return device_class.selectors if device_class is not None else ()

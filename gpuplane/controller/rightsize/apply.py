@@ -18,6 +18,7 @@ import structlog
 from kubernetes.client.exceptions import ApiException
 
 from gpuplane.controller import config, events, kube
+from gpuplane.controller.deviceclass import ClassView
 from gpuplane.controller.rightsize import decide, template
 
 log = structlog.get_logger(__name__)
@@ -78,7 +79,7 @@ async def reconcile(
     request: Mapping[str, Any],
     existing: Mapping[str, Any] | None,
     slices: Iterable[Any],  # API slices or the controller's digests
-    classes: Mapping[str, Mapping[str, Any]],
+    classes: Mapping[str, ClassView],
     *,
     created: Callable[[Mapping[str, Any]], None] = lambda _: None,
 ) -> decide.Outcome:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuplane.controller import events
+from gpuplane.controller.deviceclass import ClassView
 from gpuplane.controller.rightsize import alternatives, fleet, template
 from gpuplane.controller.rightsize.need import NeedError, parse_need
 
@@ -47,7 +48,7 @@ def decide(
     request: Mapping[str, Any],
     existing: Mapping[str, Any] | None,
     slices: Iterable[Any],  # API slices or the controller's digests
-    classes: Mapping[str, Mapping[str, Any]],
+    classes: Mapping[str, ClassView],
 ) -> Outcome:
     """The writes that bring ``request``'s template and status in line with its need and the fleet."""
     meta = request.get("metadata") or {}

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuplane.api import configs, names, quantity
+from gpuplane.controller.deviceclass import ClassView
 from gpuplane.controller.node import slice_index
 
 TIER_CLASS_PREFIX = "mps-"
@@ -140,27 +141,23 @@ def tier_class(tier: str) -> str:
     return f"{TIER_CLASS_PREFIX}{tier}{TIER_CLASS_SUFFIX}"
 
 
-def tiers(classes: Mapping[str, Mapping[str, Any]]) -> dict[str, TierLimits]:
+def tiers(classes: Mapping[str, ClassView]) -> dict[str, TierLimits]:
     """MPS tiers by name, from the DeviceClasses named ``mps-<tier>.gpu.gpuplane.dev``.
 
     A class whose MPS config does not parse has no usable limits and is left out (the claim
     checks report such a class on every claim that uses it).
     """
     out: dict[str, TierLimits] = {}
-    for class_name, body in classes.items():
+    for class_name, dclass in classes.items():
         tier = tier_of_class(class_name)
         if tier is None:
             continue
-        spec = body.get("spec") if isinstance(body, Mapping) else None
         pct: int | None = None
         mem: int | None = None
         ok = True
-        for entry in (spec or {}).get("config") or []:
-            opaque = entry.get("opaque") if isinstance(entry, Mapping) else None
-            if not isinstance(opaque, Mapping) or opaque.get("driver") != names.DRIVER_NAME:
-                continue
+        for parameters in dclass.configs:  # this driver's config entries only
             try:
-                parsed = configs.parse_config(opaque.get("parameters"), f"DeviceClass {class_name}")
+                parsed = configs.parse_config(parameters, f"DeviceClass {class_name}")
             except configs.ConfigError:
                 ok = False
                 break

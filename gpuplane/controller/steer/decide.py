@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gpuplane.controller import names
+from gpuplane.controller.deviceclass import ClassView
 from gpuplane.controller.indexed import ClaimView, PodView
 from gpuplane.controller.node import pod_nodes, snapshot_builder
 from gpuplane.controller.steer import gate, offer_wait, shape
@@ -75,7 +76,7 @@ class Inputs:
     view: snapshot_builder.ClusterView
     claims: Mapping[str, ClaimView]  # the claim index: "ns/name" -> its entry
     templates: Mapping[str, Mapping[str, Any]]
-    classes: Mapping[str, Mapping[str, Any]]
+    classes: Mapping[str, ClassView]
     waiting: Mapping[fragmentation.Shape, int] = field(default_factory=dict)  # released, still pending
     node_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # node -> labels
     # Nodes whose driver is rewriting its slices now (mixed generations): their devices are not all visible.

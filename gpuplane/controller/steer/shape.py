@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuplane.api import names as dn
+from gpuplane.controller.deviceclass import ClassView
 from gpuplane.controller.indexed import ClaimView, PodView
 from gpuplane.controller.node import selectors, snapshot_builder
 from gpuplane.controller.node.selectors import class_selectors
@@ -76,7 +77,7 @@ def shape_of(
     pod: PodView,
     spec: Mapping[str, Any],
     label: str,
-    classes: Mapping[str, Mapping[str, Any]],
+    classes: Mapping[str, ClassView],
     view: snapshot_builder.ClusterView,
 ) -> Shape | str:
     """The placement request for the pod's claim ``spec``, or why it is not steered."""

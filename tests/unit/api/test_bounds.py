@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from gpuplane.api import configs, names, quantity
+from gpuplane.controller import deviceclass
 from gpuplane.controller.claim import checks as controller_claims
 from gpuplane.controller.node import selectors
 from testing.driverkit import DriverUnderTest, driver_env, make_claim, ref
@@ -163,7 +164,9 @@ class TestPrepare:
 
 class TestControllerValidation:
     CLASSES = {
-        "gpu.gpuplane.dev": {"spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.gpuplane.dev"'}}]}}
+        "gpu.gpuplane.dev": deviceclass.view(
+            {"spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.gpuplane.dev"'}}]}}
+        )
     }
 
     def claim(self, share: Any = None, params: dict[str, Any] | None = None) -> dict[str, Any]:

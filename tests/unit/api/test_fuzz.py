@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuplane.api import boundedjson, configs, names
-from gpuplane.controller import config, metrics, runtime
+from gpuplane.controller import config, deviceclass, metrics, runtime
 from gpuplane.controller.claim import checks as controller_claims
 from gpuplane.controller.claim import failfast
 from gpuplane.controller.gang import reconciler as gang_reconciler
@@ -97,12 +97,13 @@ class Tally:
             )
 
 
-def _load_classes() -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
+def _load_classes() -> dict[str, deviceclass.ClassView]:
+    """The shipped DeviceClasses, as the class index keeps them."""
+    out: dict[str, deviceclass.ClassView] = {}
     for path in sorted((ROOT / "manifests" / "deviceclasses").glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             if doc and doc.get("kind") == "DeviceClass":
-                out[doc["metadata"]["name"]] = doc
+                out[doc["metadata"]["name"]] = deviceclass.view(doc)
     return out
 
 
@@ -173,10 +174,7 @@ def test_fuzz_opaque_configs(capsys: pytest.CaptureFixture[str]) -> None:
                 _bounded_message(exc)
             dclass = CLASSES[class_name]
             dtype = controller_claims.class_device_type(dclass)
-            entries = [
-                configs.SourcedConfig("FromClass", (), (c.get("opaque") or {}).get("parameters") or {})
-                for c in dclass["spec"].get("config") or []
-            ]
+            entries = [configs.SourcedConfig("FromClass", (), parameters) for parameters in dclass.configs]
             entries.append(configs.SourcedConfig("FromClaim", (), cfg if isinstance(cfg, dict) else {}))
             try:
                 merged = configs.merge_configs(entries, "gpu", dtype)

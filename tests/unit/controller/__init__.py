@@ -16,6 +16,8 @@
   turns, not when it hangs.
 - ``test_controller_wiring``: Controller wiring without a cluster: config parsing, lease settings, the kopf
   registry, write fencing.
+- ``test_deviceclass``: The class index's view of a DeviceClass: its selectors, this driver's configs, whether
+  ours, whether MIG.
 - ``test_fleet_gauges``: The controller's fleet gauges (``gpuplane.controller.fleet_gauges``): the numbers the
   operator's alerts read.
 - ``test_heap``: The controller's C-allocator settings: the arena cap, and the trim loop's timing.

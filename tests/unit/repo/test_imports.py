@@ -44,6 +44,7 @@ CONTROLLER_BASE = (
     "steps",
     "events",
     "indexed",
+    "deviceclass",
     "periodic",
     "leader",
     "probes",

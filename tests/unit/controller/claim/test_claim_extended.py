@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuplane.controller import deviceclass
 from gpuplane.controller.claim import checks
 from tests.controllerkit import GPU_CLASS
 
@@ -17,10 +18,10 @@ def claim(annotations: dict[str, str]) -> dict[str, Any]:
 
 
 def test_a_user_claim_for_two_gpus_without_a_constraint_is_warned() -> None:
-    warning = checks.domain_warning(claim({}), {"gpu.gpuplane.dev": GPU_CLASS})
+    warning = checks.domain_warning(claim({}), {"gpu.gpuplane.dev": deviceclass.view(GPU_CLASS)})
     assert warning is not None and "matchAttribute" in warning
 
 
 def test_the_schedulers_extended_resource_claim_is_not_warned() -> None:
     special = claim({checks.EXTENDED_RESOURCE_CLAIM_ANNOTATION: "true"})
-    assert checks.domain_warning(special, {"gpu.gpuplane.dev": GPU_CLASS}) is None
+    assert checks.domain_warning(special, {"gpu.gpuplane.dev": deviceclass.view(GPU_CLASS)}) is None

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from gpuplane.controller import config, events, indexed, kube, metrics, names, runtime
+from gpuplane.controller import config, deviceclass, events, indexed, kube, metrics, names, runtime
 from gpuplane.controller.claim import checks, handling
 from gpuplane.controller.gang import run as gang_run
 from gpuplane.controller.gang import world
@@ -32,8 +32,10 @@ def view_fixture(tmp_path_factory: pytest.TempPathFactory) -> snapshot_builder.C
     return snapshot_builder.build_view(kit.cluster_slices(tmp_path_factory.mktemp("sim")))
 
 
-def _nothing_class(expression: str) -> dict[str, Any]:
-    return {"metadata": {"name": "odd.gpuplane.dev"}, "spec": {"selectors": [{"cel": {"expression": expression}}]}}
+def _nothing_class(expression: str) -> deviceclass.ClassView:
+    return deviceclass.view(
+        {"metadata": {"name": "odd.gpuplane.dev"}, "spec": {"selectors": [{"cel": {"expression": expression}}]}}
+    )
 
 
 def test_a_class_that_matches_no_gpu_is_named_not_counted(view: snapshot_builder.ClusterView) -> None:

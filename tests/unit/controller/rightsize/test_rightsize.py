@@ -13,15 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from gpuplane.api import configs
+from gpuplane.controller import deviceclass
 from gpuplane.controller.rightsize import alternatives, decide, fleet, template
 from gpuplane.controller.rightsize.need import Need, NeedError, parse_need
 from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.inventory import discover
 from gpuplane.driver.publish.slices import build_pool, render_slices
 from testing.driverkit import short_tmpdir
+from tests import controllerkit
 
 REPO = Path(__file__).resolve().parents[4]
 GIB = 2**30
@@ -46,12 +47,8 @@ def fleet_slices() -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def classes() -> dict[str, dict[str, Any]]:
-    out = {}
-    for path in sorted((REPO / "manifests" / "deviceclasses").glob("*.yaml")):
-        body = yaml.safe_load(path.read_text())
-        out[body["metadata"]["name"]] = body
-    return out
+def classes() -> dict[str, deviceclass.ClassView]:
+    return controllerkit.shipped_classes(("*.yaml",))
 
 
 @pytest.fixture(scope="module")
@@ -233,7 +230,7 @@ def request(spec: dict[str, Any], status: dict[str, Any] | None = None) -> dict[
 
 
 def test_template_has_first_available_and_config_for_the_mps_subrequest(
-    fleet_slices: list[dict[str, Any]], classes: dict[str, dict[str, Any]]
+    fleet_slices: list[dict[str, Any]], classes: dict[str, deviceclass.ClassView]
 ) -> None:
     out = decide.decide(
         request({"memory": "12Gi", "compute": 20, "isolation": "soft", "tier": "bronze"}), None, fleet_slices, classes
@@ -249,9 +246,7 @@ def test_template_has_first_available_and_config_for_the_mps_subrequest(
     # The driver's own parser accepts it, and the tier allows it.
     parsed = configs.merge_configs(
         [
-            configs.SourcedConfig(
-                "FromClass", (), classes["mps-bronze.gpu.gpuplane.dev"]["spec"]["config"][0]["opaque"]["parameters"]
-            ),
+            configs.SourcedConfig("FromClass", (), classes["mps-bronze.gpu.gpuplane.dev"].configs[0]),
             configs.SourcedConfig("FromClaim", ("gpu/mps",), cfg["opaque"]["parameters"]),
         ],
         "gpu/mps",
@@ -264,7 +259,7 @@ def test_template_has_first_available_and_config_for_the_mps_subrequest(
 
 
 def test_decide_writes_nothing_when_template_and_status_are_current(
-    fleet_slices: list[dict[str, Any]], classes: dict[str, dict[str, Any]]
+    fleet_slices: list[dict[str, Any]], classes: dict[str, deviceclass.ClassView]
 ) -> None:
     spec = {"memory": "12Gi", "compute": 20}
     first = decide.decide(request(spec), None, fleet_slices, classes)
@@ -280,7 +275,7 @@ def test_decide_writes_nothing_when_template_and_status_are_current(
 
 
 def test_invalid_need_deletes_our_template_and_says_why(
-    fleet_slices: list[dict[str, Any]], classes: dict[str, dict[str, Any]]
+    fleet_slices: list[dict[str, Any]], classes: dict[str, deviceclass.ClassView]
 ) -> None:
     ok = decide.decide(request({"memory": "12Gi", "compute": 20}), None, fleet_slices, classes)
     assert ok.create is not None
@@ -292,7 +287,7 @@ def test_invalid_need_deletes_our_template_and_says_why(
 
 
 def test_a_template_we_do_not_own_is_left_alone(
-    fleet_slices: list[dict[str, Any]], classes: dict[str, dict[str, Any]]
+    fleet_slices: list[dict[str, Any]], classes: dict[str, deviceclass.ClassView]
 ) -> None:
     foreign = {"metadata": {"name": "infer", "ownerReferences": []}, "spec": {}}
     out = decide.decide(request({"memory": "12Gi", "compute": 20}), foreign, fleet_slices, classes)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpuplane.controller import indexed, steps
+from gpuplane.controller import deviceclass, indexed, steps
 from gpuplane.controller.node import snapshot_builder
 from gpuplane.controller.steer import decide, gate, reconciler, shape
 from gpuplane.driver import inventory
@@ -40,7 +40,7 @@ def pool() -> Iterator[list[dict[str, Any]]]:
 
 
 @pytest.fixture(scope="module")
-def classes() -> dict[str, dict[str, Any]]:
+def classes() -> dict[str, deviceclass.ClassView]:
     return controllerkit.shipped_classes()
 
 

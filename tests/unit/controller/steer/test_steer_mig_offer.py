@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from gpuplane.api.mig_offer import Offer
-from gpuplane.controller import indexed, kube, steps
+from gpuplane.controller import deviceclass, indexed, kube, steps
 from gpuplane.controller.migoffer import decide as offer_decide
 from gpuplane.controller.migoffer import snapshot
 from gpuplane.controller.node import slice_index, snapshot_builder
@@ -51,7 +51,7 @@ def sims() -> Iterator[dict[str, Simulator]]:
 
 
 @pytest.fixture(scope="module")
-def classes() -> dict[str, dict[str, Any]]:
+def classes() -> dict[str, deviceclass.ClassView]:
     return controllerkit.shipped_classes()
 
 
