@@ -20,7 +20,7 @@ from __future__ import annotations
 import datetime
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kubernetes import client
@@ -37,7 +37,7 @@ INTERVAL_S = 2.0
 PROFILE = "7g.80gb"
 
 
-def fleet_nodes(slices: fleetslices.FleetSlices, claims: Sequence[Mapping[str, Any]] = ()) -> tuple[decide.Node, ...]:
+def fleet_nodes(slices: fleetslices.FleetSlices, claims: Sequence[indexed.ClaimView] = ()) -> tuple[decide.Node, ...]:
     """The controller's view of the fleet from the publishers' inventories (pool: the GPU product)."""
     base = {
         n: tuple((g.name, g.info.product_name) for g in p.inventory.gpus if g.info.mig_capable)
@@ -47,8 +47,8 @@ def fleet_nodes(slices: fleetslices.FleetSlices, claims: Sequence[Mapping[str, A
     mig: set[tuple[str, str]] = set()
     whole: set[tuple[str, str]] = set()
     for c in claims:
-        for r in (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []:
-            device, pool = str(r.get("device", "")), str(r.get("pool", ""))
+        for r in c.results:  # this driver's
+            device, pool = r.device, r.pool
             gpu = "-".join(device.split("-")[:2])
             (whole if device == gpu else mig).add((pool, gpu))
     return tuple(
@@ -124,7 +124,7 @@ class OfferLoop:
         raw: Any = custom.list_namespaced_custom_object(
             fleet_sched.GROUP, fleet_sched.VERSION, fleet_sched.NAMESPACE, "resourceclaims", label_selector=selector
         )
-        claims = {f"{c['metadata']['namespace']}/{c['metadata']['name']}": c for c in raw.get("items") or []}
+        claims = {v.key: v for v in map(indexed.claim, raw.get("items") or [])}  # as the claim index keeps them
         pods = {
             f"{p.metadata.namespace}/{p.metadata.name}": indexed.PodView(
                 str(p.metadata.name), str(p.metadata.namespace)
