@@ -27,8 +27,9 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 MAX_OBJECT_DEPTH = 64
@@ -217,3 +218,23 @@ def mapping(value: Any) -> Mapping[str, Any]:
 def mappings(value: Any) -> list[Mapping[str, Any]]:
     """The mappings in ``value`` if it is a list (its other items left out), else none."""
     return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
+
+
+EMPTY: Mapping[str, Any] = MappingProxyType({})
+"""One read-only empty mapping, shared by every view that keeps nothing of a map."""
+
+
+def empty() -> Mapping[str, Any]:
+    """:data:`EMPTY` (a dataclass field's default factory)."""
+    return EMPTY
+
+
+def text(value: Any) -> str:
+    """``value`` if it is a string, else "" (a name of another type names nothing)."""
+    return value if isinstance(value, str) else ""
+
+
+def strings(values: Mapping[str, Any], keys: Iterable[str]) -> Mapping[str, str]:
+    """The string values of ``keys`` in ``values``, read-only (:data:`EMPTY` when none)."""
+    kept = {k: values[k] for k in keys if isinstance(values.get(k), str)}
+    return MappingProxyType(kept) if kept else EMPTY

@@ -43,7 +43,7 @@ from typing import Any
 
 from gpuplane.api import imex, imex_group
 from gpuplane.api import names as dn
-from gpuplane.api.boundedjson import mapping, mappings
+from gpuplane.api.boundedjson import EMPTY, empty, mapping, mappings, strings, text
 from gpuplane.controller import names
 
 MAX_SHAPES = 1024  # distinct request lists shared between claims (more are kept per claim, not shared)
@@ -83,13 +83,6 @@ REQUESTS = Shapes()  # process-wide, like the slice interner: it holds values, n
 def _i(value: Any) -> Any:
     """``value`` interned where it is a short string (names that repeat across claims), else as it is."""
     return sys.intern(value) if isinstance(value, str) and len(value) <= MAX_INTERNED else value
-
-
-_EMPTY: Mapping[str, str] = MappingProxyType({})
-
-
-def _empty() -> Mapping[str, str]:
-    return _EMPTY
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,8 +131,8 @@ class ClaimView:
     name: str
     namespace: str = ""
     uid: str = ""
-    annotations: Mapping[str, str] = field(default_factory=_empty)  # decision, rebalancing and explained only
-    labels: Mapping[str, str] = field(default_factory=_empty)  # gang, member-index and IMEX-group only
+    annotations: Mapping[str, str] = field(default_factory=empty)  # decision, rebalancing and explained only
+    labels: Mapping[str, str] = field(default_factory=empty)  # gang, member-index and IMEX-group only
     owners: tuple[OwnerRef, ...] = ()  # owner references to GpuGangs and to Pods
     deleting: bool = False  # deletionTimestamp is set
     created: str | None = None  # creationTimestamp, kept while unallocated or labelled for an IMEX group
@@ -187,30 +180,18 @@ def _owner(r: Mapping[str, Any]) -> OwnerRef | None:
     if kind not in (names.GANG_KIND, "Pod"):
         return None
     get = r.get
-    return OwnerRef(
-        str(kind), _text(get("name")), _text(get("uid")), _text(get("apiVersion")), get("controller") is True
-    )
-
-
-def _text(value: Any) -> str:
-    """``value`` if it is a string, else "" (a name of another type names nothing)."""
-    return value if isinstance(value, str) else ""
+    return OwnerRef(str(kind), text(get("name")), text(get("uid")), text(get("apiVersion")), get("controller") is True)
 
 
 def _consumer(r: Mapping[str, Any], owners: tuple[OwnerRef, ...]) -> Consumer:
     """A reservedFor entry; the pod's name and uid shared with its owner reference when they are equal (a
     template member's claim is reserved for the pod that owns it): one copy of each string, not two."""
-    name, uid = _text(r.get("name")), _text(r.get("uid"))
+    name, uid = text(r.get("name")), text(r.get("uid"))
     for o in owners:
         if o.uid == uid and o.name == name:
             name, uid = o.name, o.uid
             break
-    return Consumer(_i(_text(r.get("resource"))), name, uid)
-
-
-def _strings(values: Mapping[str, Any], keys: Iterable[str]) -> Mapping[str, str]:
-    kept = {k: values[k] for k in keys if isinstance(values.get(k), str)}
-    return MappingProxyType(kept) if kept else _EMPTY
+    return Consumer(_i(text(r.get("resource"))), name, uid)
 
 
 def claim(body: Mapping[str, Any], driver: str = dn.DRIVER_NAME) -> ClaimView:
@@ -225,9 +206,9 @@ def claim(body: Mapping[str, Any], driver: str = dn.DRIVER_NAME) -> ClaimView:
     requests = REQUESTS(tuple(copy.deepcopy(raw))) if raw else ()
     results = tuple(
         DeviceResult(
-            request=_i(_text(r.get("request"))),
-            pool=_i(_text(r.get("pool"))),
-            device=_i(_text(r.get("device"))),
+            request=_i(text(r.get("request"))),
+            pool=_i(text(r.get("pool"))),
+            device=_i(text(r.get("device"))),
             share_percent=_i(mapping(r.get("consumedCapacity")).get(dn.CAP_SHARE_PERCENT)),
         )
         for r in mappings(mapping(mapping(allocation).get("devices")).get("results"))
@@ -238,8 +219,8 @@ def claim(body: Mapping[str, Any], driver: str = dn.DRIVER_NAME) -> ClaimView:
         name=str(meta.get("name") or ""),
         namespace=_i(str(meta.get("namespace") or "")),
         uid=str(meta.get("uid") or ""),
-        annotations=_strings(mapping(meta.get("annotations")), _ANNOTATIONS),
-        labels=_strings(labels, (names.LABEL_MEMBER_INDEX, names.LABEL_GANG, imex_group.LABEL)),
+        annotations=strings(mapping(meta.get("annotations")), _ANNOTATIONS),
+        labels=strings(labels, (names.LABEL_MEMBER_INDEX, names.LABEL_GANG, imex_group.LABEL)),
         owners=owners,
         deleting=bool(meta.get("deletionTimestamp")),
         created=created if keep_created else None,
@@ -257,7 +238,7 @@ class NodeView:
     name: str
     uid: str = ""
     schedulable: bool = False  # Ready and not cordoned
-    labels: Mapping[str, str] = field(default_factory=_empty)  # every label
+    labels: Mapping[str, str] = field(default_factory=empty)  # every label
     nvlink_domains: str | None = None  # the annotation gpuplane.dev/nvlink-domains the controller maintains
     address: str = ""  # its first InternalIP (its IMEX daemon's address); "" when it reports none
 
@@ -327,7 +308,7 @@ class PodView:
     node_name: str = ""
     gates: tuple[str, ...] = ()  # spec.schedulingGates, in order
     claims: tuple[PodClaimRef, ...] = ()  # spec.resourceClaims
-    node_selector: Mapping[str, str] = field(default_factory=_empty)
+    node_selector: Mapping[str, str] = field(default_factory=empty)
     affinity: Mapping[str, Any] | None = None  # spec.affinity as written (read-only; steering copies it)
     annotations: Mapping[str, str] | None = None  # gpuplane's keys; None when the pod has no annotation at all
     annotation_bytes: int = 0  # the size the API counts of all its annotations
@@ -375,7 +356,7 @@ def pending_pod(body: Mapping[str, Any]) -> PodView:
             )
             for r in mappings(spec.get("resourceClaims"))
         ),
-        node_selector=MappingProxyType(selector) if selector else _EMPTY,
+        node_selector=MappingProxyType(selector) if selector else EMPTY,
         affinity=copy.deepcopy(dict(affinity)) if isinstance(affinity, Mapping) else None,
         # present even when none is ours: a patch then adds keys, not the map
         annotations=MappingProxyType(own) if annotations else None,

@@ -16,10 +16,9 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
-from gpuplane.api.boundedjson import mapping, mappings
+from gpuplane.api.boundedjson import empty, mapping, mappings, strings, text
 from gpuplane.controller import indexed, names
 
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
@@ -45,12 +44,6 @@ LABELS = (
 ANNOTATIONS = (COMPLETION_INDEX, LWS_SIZE)
 PRIORITY_BOUND = 2_000_001_000  # the API server's limit (system-node-critical); anything past it is not a priority
 
-_EMPTY: Mapping[str, str] = MappingProxyType({})
-
-
-def _empty() -> Mapping[str, str]:
-    return _EMPTY
-
 
 @dataclass(frozen=True, slots=True)
 class MemberPodView:
@@ -59,8 +52,8 @@ class MemberPodView:
     name: str
     namespace: str = ""
     uid: str = ""
-    labels: Mapping[str, str] = field(default_factory=_empty)  # the keys of :data:`LABELS` only
-    annotations: Mapping[str, str] = field(default_factory=_empty)  # the keys of :data:`ANNOTATIONS` only
+    labels: Mapping[str, str] = field(default_factory=empty)  # the keys of :data:`LABELS` only
+    annotations: Mapping[str, str] = field(default_factory=empty)  # the keys of :data:`ANNOTATIONS` only
     deleting: bool = False  # deletionTimestamp is set
     claims: tuple[indexed.PodClaimRef, ...] = ()  # spec.resourceClaims
     given: tuple[str, ...] = ()  # the claims its template entries and extended resources were given
@@ -83,15 +76,6 @@ class MemberPodView:
         return f"{self.namespace}/{self.gang}" if self.gang else ""
 
 
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else ""
-
-
-def _strings(values: Mapping[str, Any], keys: tuple[str, ...]) -> Mapping[str, str]:
-    kept = {k: values[k] for k in keys if isinstance(values.get(k), str)}
-    return MappingProxyType(kept) if kept else _EMPTY
-
-
 def priority_of(raw: Any) -> int:
     """A pod's Kubernetes priority from ``spec.priority``, which the API server's Priority admission writes
     from the pod's ``priorityClassName`` (and refuses when a pod states another number); 0 when absent or
@@ -104,33 +88,33 @@ def priority_of(raw: Any) -> int:
 def _controller(meta: Mapping[str, Any]) -> tuple[str, str] | None:
     for ref in mappings(meta.get("ownerReferences")):
         if ref.get("controller") is True:
-            return _text(ref.get("kind")), _text(ref.get("name"))
+            return text(ref.get("kind")), text(ref.get("name"))
     return None
 
 
 def view(body: Mapping[str, Any]) -> MemberPodView:
     """The indexed form of a pod with the gang label."""
     meta, spec, status = mapping(body.get("metadata")), mapping(body.get("spec")), mapping(body.get("status"))
-    given = [_text(s.get("resourceClaimName")) for s in mappings(status.get("resourceClaimStatuses"))]
-    given.append(_text(mapping(status.get("extendedResourceClaimStatus")).get("resourceClaimName")))
+    given = [text(s.get("resourceClaimName")) for s in mappings(status.get("resourceClaimStatuses"))]
+    given.append(text(mapping(status.get("extendedResourceClaimStatus")).get("resourceClaimName")))
     affinity = spec.get("affinity")
     return MemberPodView(
-        name=_text(meta.get("name")),
-        namespace=_text(meta.get("namespace")),
-        uid=_text(meta.get("uid")),
-        labels=_strings(mapping(meta.get("labels")), LABELS),
-        annotations=_strings(mapping(meta.get("annotations")), ANNOTATIONS),
+        name=text(meta.get("name")),
+        namespace=text(meta.get("namespace")),
+        uid=text(meta.get("uid")),
+        labels=strings(mapping(meta.get("labels")), LABELS),
+        annotations=strings(mapping(meta.get("annotations")), ANNOTATIONS),
         deleting=bool(meta.get("deletionTimestamp")),
         claims=tuple(
             indexed.PodClaimRef(
-                _text(r.get("name")), _text(r.get("resourceClaimName")), _text(r.get("resourceClaimTemplateName"))
+                text(r.get("name")), text(r.get("resourceClaimName")), text(r.get("resourceClaimTemplateName"))
             )
             for r in mappings(spec.get("resourceClaims"))
         ),
         given=tuple(g for g in given if g),
-        gates=tuple(_text(g.get("name")) for g in mappings(spec.get("schedulingGates"))),
-        node=_text(spec.get("nodeName")),
-        phase=_text(status.get("phase")),
+        gates=tuple(text(g.get("name")) for g in mappings(spec.get("schedulingGates"))),
+        node=text(spec.get("nodeName")),
+        phase=text(status.get("phase")),
         affinity=copy.deepcopy(dict(affinity)) if isinstance(affinity, Mapping) else None,
         controller=_controller(meta),
         priority=priority_of(spec.get("priority")),

@@ -20,16 +20,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from gpuplane.api.boundedjson import mapping
+from gpuplane.api.boundedjson import empty, mapping
 from gpuplane.controller import events, names
 from gpuplane.controller.gang import status
 from gpuplane.controller.gang.spec import GangSpec, SpecError, parse_gang_spec
-
-_EMPTY: Mapping[str, Any] = MappingProxyType({})
-
-
-def _empty() -> Mapping[str, Any]:
-    return _EMPTY
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +38,7 @@ class GangView:
     deleting: bool = False  # deletionTimestamp is set (the release on deletion runs: gang.handlers)
     spec: GangSpec | None = None  # None: the spec does not parse, and ``invalid`` says why
     invalid: str = ""
-    status: Mapping[str, Any] = field(default_factory=_empty)
+    status: Mapping[str, Any] = field(default_factory=empty)
 
     @property
     def key(self) -> str:
