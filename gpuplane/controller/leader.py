@@ -33,13 +33,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
+
+from gpuplane.api import boundedjson
+from gpuplane.controller import kube
+from gpuplane.informer.client import ApiError, Resource
 
 log = structlog.get_logger(__name__)
+LEASES = Resource("coordination.k8s.io", "v1", "leases")
 
 JITTER = 1.2  # client-go's JitterFactor for a candidate's retries
 
@@ -312,53 +315,66 @@ class Elector:
 # --- the Lease in the API -----------------------------------------------------------------------
 
 
-def _micro(epoch: float | None) -> datetime.datetime | None:
-    return None if epoch is None else datetime.datetime.fromtimestamp(epoch, datetime.UTC)
+def _micro(epoch: float | None) -> str | None:
+    """A MicroTime as the API writes it (RFC 3339, microseconds, UTC)."""
+    if epoch is None:
+        return None
+    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _epoch(moment: datetime.datetime | None) -> float | None:
-    return None if moment is None else moment.timestamp()
+def _epoch(value: Any) -> float | None:
+    """A MicroTime (or Time) of the API as seconds since the epoch; None when absent or not a time."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 class KubeLeaseStore:
-    """A :class:`LeaseStore` on ``coordination.k8s.io/v1`` (every request with a timeout)."""
+    """A :class:`LeaseStore` on ``coordination.k8s.io/v1``, through the controller's client (every request
+    bounded by its timeout; its own event loop, so the renewer does not wait on the operator's)."""
 
-    def __init__(self, api_client: client.ApiClient, namespace: str, name: str, request_timeout_s: float) -> None:
-        self.api = client.CoordinationV1Api(api_client)
+    def __init__(self, api: kube.Api, namespace: str, name: str, request_timeout_s: float) -> None:
+        self.api = api
         self.namespace = namespace
         self.name = name
         self.timeout = request_timeout_s
 
-    def _record(self, lease: client.V1Lease) -> LeaseRecord:
-        spec = lease.spec or client.V1LeaseSpec()
+    def _record(self, lease: Any) -> LeaseRecord:
+        if not isinstance(lease, dict):
+            raise ApiError(200, "NotALease", f"the Lease {self.namespace}/{self.name} answer is not an object")
+        spec, meta = boundedjson.mapping(lease.get("spec")), boundedjson.mapping(lease.get("metadata"))
+        duration, transitions = spec.get("leaseDurationSeconds"), spec.get("leaseTransitions")
         return LeaseRecord(
-            holder=spec.holder_identity or "",
-            lease_duration_s=int(spec.lease_duration_seconds or 0),
-            acquire_time=_epoch(spec.acquire_time),
-            renew_time=_epoch(spec.renew_time),
-            transitions=int(spec.lease_transitions or 0),
-            resource_version=str((lease.metadata or client.V1ObjectMeta()).resource_version or ""),
+            holder=str(spec.get("holderIdentity") or ""),
+            lease_duration_s=duration if isinstance(duration, int) else 0,
+            acquire_time=_epoch(spec.get("acquireTime")),
+            renew_time=_epoch(spec.get("renewTime")),
+            transitions=transitions if isinstance(transitions, int) else 0,
+            resource_version=str(meta.get("resourceVersion") or ""),
         )
 
-    def _body(self, record: LeaseRecord) -> client.V1Lease:
-        return client.V1Lease(
-            metadata=client.V1ObjectMeta(
-                name=self.name, namespace=self.namespace, resource_version=record.resource_version or None
-            ),
-            spec=client.V1LeaseSpec(
-                holder_identity=record.holder or None,
-                lease_duration_seconds=record.lease_duration_s,
-                acquire_time=_micro(record.acquire_time),
-                renew_time=_micro(record.renew_time),
-                lease_transitions=record.transitions,
-            ),
-        )
+    def _body(self, record: LeaseRecord) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+        if record.resource_version:
+            meta["resourceVersion"] = record.resource_version
+        spec = {
+            "holderIdentity": record.holder or None,
+            "leaseDurationSeconds": record.lease_duration_s,
+            "acquireTime": _micro(record.acquire_time),
+            "renewTime": _micro(record.renew_time),
+            "leaseTransitions": record.transitions,
+        }
+        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta}
+        return {**body, "spec": {k: v for k, v in spec.items() if v is not None}}
 
     def get(self) -> LeaseRecord | None:
         """Read the Lease (None: 404)."""
         try:
-            lease = self.api.read_namespaced_lease(self.name, self.namespace, _request_timeout=self.timeout)
-        except ApiException as exc:
+            lease = self.api.request("GET", LEASES.path(self.namespace, self.name), timeout_s=self.timeout)
+        except ApiError as exc:
             if exc.status == 404:
                 return None
             raise
@@ -367,11 +383,10 @@ class KubeLeaseStore:
     def create(self, record: LeaseRecord) -> LeaseRecord:
         """Create the Lease (409 raises)."""
         body = self._body(dataclasses.replace(record, resource_version=""))
-        return self._record(self.api.create_namespaced_lease(self.namespace, body, _request_timeout=self.timeout))
+        return self._record(self.api.request("POST", LEASES.path(self.namespace), body=body, timeout_s=self.timeout))
 
     def update(self, record: LeaseRecord) -> LeaseRecord:
         """Replace the Lease at ``record.resource_version`` (409 on a conflict raises)."""
         body = self._body(record)
-        return self._record(
-            self.api.replace_namespaced_lease(self.name, self.namespace, body, _request_timeout=self.timeout)
-        )
+        path = LEASES.path(self.namespace, self.name)
+        return self._record(self.api.request("PUT", path, body=body, timeout_s=self.timeout))

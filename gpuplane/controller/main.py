@@ -48,16 +48,16 @@ from gpuplane.controller import (
 from gpuplane.controller.migoffer import decide as migoffer_decide
 from gpuplane.controller.migoffer import reconcile as migoffer
 from gpuplane.controller.steer import reconciler as steer_reconciler
-from gpuplane.httpauth.review import KubeReviewer
+from gpuplane.httpauth.review import RequestReviewer
+from gpuplane.informer.blocking import BlockingClient
 from gpuplane.informer.client import Client, Endpoint
 
 log = structlog.get_logger(__name__)
 
 
 def _login(cfg: config.ControllerConfig) -> kopf.ConnectionInfo:
-    """Credentials for kopf from the same kubeconfig (or service account) as our API client."""
-    api = kube.make_api_client(cfg.kubeconfig)
-    c = api.configuration
+    """Credentials for kopf from the same kubeconfig (or service account) as our client (read again: it rotates)."""
+    c = kube.load_configuration(cfg.kubeconfig)
     token = (c.api_key or {}).get("authorization") or (c.api_key or {}).get("BearerToken")
     scheme = None
     if token and " " in token:
@@ -73,9 +73,11 @@ def _login(cfg: config.ControllerConfig) -> kopf.ConnectionInfo:
     )
 
 
-def make_elector(cfg: config.ControllerConfig, api: Any) -> leader.Elector:
-    """The Lease elector of this replica (requests time out well within the renew deadline)."""
+def make_elector(cfg: config.ControllerConfig, endpoint: Endpoint) -> leader.Elector:
+    """The Lease elector of this replica: its own client and loop (a renewal never queues behind a write),
+    requests timing out well within the renew deadline."""
     timing = cfg.lease_timing
+    api = BlockingClient(endpoint)
     store = leader.KubeLeaseStore(api, cfg.lease_namespace, cfg.lease_name, timing.renew_deadline_s / 2)
     return leader.Elector(cfg.identity, store, timing)
 
@@ -86,15 +88,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure(cfg.log_level, cfg.log_format)
     heap.configure()  # before any thread: few malloc arenas (each thread would fragment its own)
     memdump.install()  # kill -USR2: what the memory is made of ($TMPDIR/gpuplane-controller-memory-<pid>.txt)
-    api = kube.make_api_client(cfg.kubeconfig)
+    endpoint = Endpoint.of(kube.load_configuration(cfg.kubeconfig))
+    writes = BlockingClient(endpoint)  # the writes and the few direct reads, from worker threads
     m = metrics.ControllerMetrics()
     if cfg.metrics_port:
-        m.serve(cfg.metrics_port, cfg.metrics_host, serving=cfg.metrics_serving, reviewer=lambda: KubeReviewer(api))
-    elector = None if cfg.standalone else make_elector(cfg, api)
+        reviewer = lambda: RequestReviewer(writes)  # noqa: E731
+        m.serve(cfg.metrics_port, cfg.metrics_host, serving=cfg.metrics_serving, reviewer=reviewer)
+    elector = None if cfg.standalone else make_elector(cfg, endpoint)
     leadership: leader.Leadership = elector if elector is not None else leader.AlwaysLeader()
     m.is_leader.set_function(lambda: float(leadership.is_leader()))
-    memo = runtime.Runtime.create(cfg, kube.KubeWriter(api, guard=leadership.is_leader), m, leadership)
-    client = Client(Endpoint.of(api.configuration))
+    memo = runtime.Runtime.create(cfg, kube.KubeWriter(writes, guard=leadership.is_leader), m, leadership)
+    client = Client(endpoint)  # the informers' lists and watches, in the operator's loop
     reads = handlers.make_reads(cfg, memo, client)  # memo.caches: the informers' indexes
     registry = handlers.make_registry(cfg)
     migoffer.register(

@@ -103,6 +103,56 @@ class KubeReviewer:
         return bool(review.status is not None and review.status.allowed)
 
 
+class Requests(Protocol):
+    """One request to the API server, its answer decoded (:class:`gpuplane.informer.blocking.BlockingClient`)."""
+
+    def request(self, method: str, path: str, *, body: Any = None, timeout_s: float = ...) -> Any: ...
+
+
+class RequestReviewer:
+    """:class:`Reviewer` over any client with a ``request`` (the controller's: :mod:`gpuplane.informer`)."""
+
+    def __init__(self, api: Requests, *, timeout_s: float = 5.0) -> None:
+        self._api = api
+        self._timeout_s = timeout_s
+
+    def _post(self, what: str, path: str, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        try:
+            answer = self._api.request("POST", path, body=dict(body), timeout_s=self._timeout_s)
+        except Exception as exc:
+            raise ReviewFailed(f"{what} failed: {exc.__class__.__name__}") from exc
+        status = answer.get("status") if isinstance(answer, Mapping) else None
+        return status if isinstance(status, Mapping) else {}
+
+    def authenticate(self, token: str) -> Identity | None:
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
+        status = self._post("TokenReview", "/apis/authentication.k8s.io/v1/tokenreviews", body)
+        user = status.get("user")
+        if status.get("authenticated") is not True or not isinstance(user, Mapping):
+            return None
+        groups, extra = user.get("groups"), user.get("extra")
+        return Identity(
+            str(user.get("username") or ""),
+            str(user.get("uid") or ""),
+            tuple(str(g) for g in groups) if isinstance(groups, list) else (),
+            tuple(sorted((str(k), tuple(str(x) for x in v) if isinstance(v, list) else ()) for k, v in extra.items()))
+            if isinstance(extra, Mapping)
+            else (),
+        )
+
+    def authorize(self, who: Identity, verb: str, path: str) -> bool:
+        spec: dict[str, Any] = {"user": who.username, "nonResourceAttributes": {"path": path, "verb": verb}}
+        if who.uid:
+            spec["uid"] = who.uid
+        if who.groups:
+            spec["groups"] = list(who.groups)
+        if who.extra:
+            spec["extra"] = {k: list(v) for k, v in who.extra}
+        body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec}
+        status = self._post("SubjectAccessReview", "/apis/authorization.k8s.io/v1/subjectaccessreviews", body)
+        return status.get("allowed") is True
+
+
 def bearer_token(header: str | None) -> str | None:
     """The token of an ``Authorization: Bearer <token>`` header (None: absent, another scheme, empty)."""
     if not header:

@@ -26,9 +26,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import structlog
-from kubernetes.client.exceptions import ApiException
 
 from gpuplane.controller import events
+from gpuplane.informer.client import ApiError
 
 log = structlog.get_logger(__name__)
 
@@ -65,7 +65,7 @@ async def fail_pending_consumers(rt: Any, claim: Mapping[str, Any], named_by: It
     for pod in consumers_of(claim, named_by):
         try:
             done = await asyncio.to_thread(rt.writer.fail_pending_pod, ns, pod, REASON, text)
-        except ApiException as exc:
+        except ApiError as exc:
             log.info("could not fail a consumer pod", pod=f"{ns}/{pod}", status=exc.status, reason=exc.reason)
             continue
         if not done:

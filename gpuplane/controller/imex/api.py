@@ -3,7 +3,7 @@
 Through the controller's one client (:class:`gpuplane.controller.kube.KubeWriter`): every write is fenced
 (a replica that lost the lease writes nothing) and tolerates having been done already (create -> 409 and
 delete -> 404 are done), so a pass repeated after a crash at any point converges. The list is read through
-the bounded decoder (:mod:`gpuplane.api.kuberesponse`): an object nested too deeply comes back quarantined,
+the bounded decoder (:mod:`gpuplane.api.boundedjson`): an object nested too deeply comes back quarantined,
 which the parser refuses like any other garbled object. Only the controller's namespace is read and written
 (the Role ``gpuplane-controller-imex`` grants nothing else).
 """
@@ -14,11 +14,11 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
-from gpuplane.api import imex, kuberesponse
+from gpuplane.api import imex
 from gpuplane.controller import kube
 from gpuplane.controller.imex.objects import MANAGED_BY, Diff
+
+DOMAINS = kube.Resource(imex.GROUP, imex.VERSION, imex.PLURAL)
 
 
 class ImexApi:
@@ -30,52 +30,26 @@ class ImexApi:
 
     def existing(self) -> list[dict[str, Any]]:
         """Every ``ImexDomain`` in the namespace (the controller's own and anything else there)."""
-        raw = self.writer.custom.list_namespaced_custom_object(
-            imex.GROUP, imex.VERSION, self.namespace, imex.PLURAL, _preload_content=False
-        )
-        items = kuberesponse.read_list(raw).get("items") or []
-        return [i for i in items if isinstance(i, dict)]
+        return self.writer.list_objects(DOMAINS, self.namespace)
 
     def create(self, body: Mapping[str, Any]) -> None:
-        self.writer.fence()
         try:
-            kuberesponse.discard(
-                self.writer.custom.create_namespaced_custom_object(
-                    imex.GROUP, imex.VERSION, self.namespace, imex.PLURAL, dict(body), _preload_content=False
-                )
-            )
-        except ApiException as exc:
+            self.writer.create(DOMAINS, self.namespace, body)
+        except kube.ApiError as exc:
             if exc.status != 409:
                 raise
             self.replace_spec(body)  # made by an earlier pass whose answer was lost: make its spec ours
 
     def replace_spec(self, body: Mapping[str, Any]) -> None:
         """Merge-patch the whole spec (every field of it is replaced: lists and strings) and our labels."""
-        self.writer.fence()
         name = str(body["metadata"]["name"])
         patch = {"metadata": {"labels": dict(MANAGED_BY)}, "spec": body["spec"]}
-        kuberesponse.discard(
-            self.writer.custom.patch_namespaced_custom_object(
-                imex.GROUP,
-                imex.VERSION,
-                self.namespace,
-                imex.PLURAL,
-                name,
-                patch,
-                _content_type=kube.MERGE,
-                _preload_content=False,
-            )
-        )
+        self.writer.patch(DOMAINS, self.namespace, name, patch)
 
     def delete(self, name: str) -> None:
-        self.writer.fence()
         try:
-            kuberesponse.discard(
-                self.writer.custom.delete_namespaced_custom_object(
-                    imex.GROUP, imex.VERSION, self.namespace, imex.PLURAL, name, _preload_content=False
-                )
-            )
-        except ApiException as exc:
+            self.writer.delete(DOMAINS, self.namespace, name)
+        except kube.ApiError as exc:
             if exc.status != 404:
                 raise
 
@@ -91,8 +65,8 @@ class ImexApi:
         for verb, name, write in steps:
             try:
                 write()
-            except ApiException as exc:
-                failed.append(f"{verb} {name}: {exc.status} {kube.api_message(exc)}")
+            except kube.ApiError as exc:
+                failed.append(f"{verb} {name}: {exc.status} {exc.said}")
         return failed
 
 

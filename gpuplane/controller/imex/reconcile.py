@@ -36,7 +36,6 @@ from typing import Any
 
 import kopf
 import structlog
-from kubernetes.client.exceptions import ApiException
 
 from gpuplane.api import imex, imex_group
 from gpuplane.controller import events, kube, runtime
@@ -159,7 +158,7 @@ class Pass:
         try:
             existing = await asyncio.to_thread(self.api.existing)
             unready = await self.read_status(existing, now)
-        except ApiException as exc:
+        except kube.ApiError as exc:
             log.warning("IMEX status look failed; retrying", status=exc.status, reason=exc.reason)
             self.looked_at = now
             return
@@ -172,7 +171,7 @@ class Pass:
         version = self.rt.shared.version
         try:
             existing = await asyncio.to_thread(self.api.existing)
-        except ApiException as exc:
+        except kube.ApiError as exc:
             if exc.status not in (403, 404):
                 raise
             if not self.unserved:

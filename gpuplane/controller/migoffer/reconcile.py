@@ -22,8 +22,6 @@ from typing import Any
 
 import kopf
 import structlog
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from gpuplane.api import mig_offer
 from gpuplane.controller import events, indexed, kube, periodic, runtime
@@ -44,13 +42,11 @@ class OfferApi:
 
     def read(self) -> tuple[mig_offer.Offer, bool]:
         """The offer the API holds, and whether the ConfigMap exists (a garbled one reads as empty)."""
-        try:
-            cm = self.writer.core.read_namespaced_config_map(mig_offer.CONFIGMAP, mig_offer.NAMESPACE)
-        except ApiException as exc:
-            if exc.status == 404:
-                return mig_offer.Offer(), False
-            raise
-        text = (cm.data or {}).get(mig_offer.DATA_KEY)
+        cm = self.writer.get(kube.CONFIGMAPS, mig_offer.NAMESPACE, mig_offer.CONFIGMAP)
+        if cm is None:
+            return mig_offer.Offer(), False
+        data = cm.get("data")
+        text = data.get(mig_offer.DATA_KEY) if isinstance(data, dict) else None
         try:
             return mig_offer.parse(text if isinstance(text, str) else ""), True
         except mig_offer.OfferError as exc:
@@ -58,24 +54,24 @@ class OfferApi:
             return mig_offer.Offer(), True
 
     def write(self, offer: mig_offer.Offer, exists: bool) -> None:
-        body = client.V1ConfigMap(
-            metadata=client.V1ObjectMeta(
-                name=mig_offer.CONFIGMAP,
-                namespace=mig_offer.NAMESPACE,
-                labels={"app.kubernetes.io/managed-by": "gpuplane-controller"},
-            ),
-            data={mig_offer.DATA_KEY: mig_offer.render(offer)},
-        )
-        self.writer.fence()
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": mig_offer.CONFIGMAP,
+                "namespace": mig_offer.NAMESPACE,
+                "labels": {"app.kubernetes.io/managed-by": "gpuplane-controller"},
+            },
+            "data": {mig_offer.DATA_KEY: mig_offer.render(offer)},
+        }
         if not exists:
             try:
-                self.writer.core.create_namespaced_config_map(mig_offer.NAMESPACE, body)
+                self.writer.create(kube.CONFIGMAPS, mig_offer.NAMESPACE, body)
                 return
-            except ApiException as exc:
+            except kube.ApiError as exc:
                 if exc.status != 409:
                     raise
-        self.writer.fence()
-        self.writer.core.replace_namespaced_config_map(mig_offer.CONFIGMAP, mig_offer.NAMESPACE, body)
+        self.writer.replace(kube.CONFIGMAPS, mig_offer.NAMESPACE, mig_offer.CONFIGMAP, body)
 
 
 class Pass:
@@ -107,7 +103,7 @@ class Pass:
                 await asyncio.to_thread(
                     self.rt.writer.patch_node, node, {"metadata": {"labels": {mig_offer.NODE_LABEL: value}}}
                 )
-            except ApiException as exc:
+            except kube.ApiError as exc:
                 if exc.status != 404:  # a node deleted meanwhile needs no label
                     raise
             self.label_writes += 1

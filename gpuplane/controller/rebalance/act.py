@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
-from kubernetes.client.exceptions import ApiException
 
 from gpuplane.controller import events, indexed, kube
 from gpuplane.controller.metrics import ControllerMetrics
@@ -189,8 +188,8 @@ class Rebalancer:
         try:
             await asyncio.to_thread(self.w.delete_device_taint_rule, name)  # an expired rule not yet removed
             await asyncio.to_thread(self.w.create_device_taint_rule, body)
-        except ApiException as exc:
-            why = f"cannot create DeviceTaintRule {name} to keep the replacement off the GPU: {kube.api_message(exc)}"
+        except kube.ApiError as exc:
+            why = f"cannot create DeviceTaintRule {name} to keep the replacement off the GPU: {exc.said}"
             return await self._report(d, claims, "no-taint-rules", why, now)
         refused = await asyncio.to_thread(self.w.evict_pod, hog.namespace, move.pod, uid)
         if refused is not None:
@@ -261,7 +260,7 @@ class Rebalancer:
             await asyncio.to_thread(
                 self.w.annotate_claim, hog.namespace, hog.name, {ANNOTATION: f"{outcome}@{d.alert.since:.0f}@{now:.0f}"}
             )
-        except ApiException as exc:
+        except kube.ApiError as exc:
             log.info("could not annotate claim", claim=hog.label(), status=exc.status)
         return outcome
 

@@ -9,13 +9,11 @@ validation error, 422), the GpuRequest says so in its status instead of retrying
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Self
 
 import structlog
-from kubernetes.client.exceptions import ApiException
 
 from gpuplane.controller import config, events, kube
 from gpuplane.controller.deviceclass import ClassView
@@ -96,8 +94,8 @@ async def reconcile(
             created(out.create)
     except kube.NotLeader:
         return out
-    except ApiException as exc:
-        message = f"the API refused the generated ResourceClaimTemplate: {exc.status} {_api_message(exc)}"
+    except kube.ApiError as exc:
+        message = f"the API refused the generated ResourceClaimTemplate: {exc.status} {exc.message or exc.reason}"
         log.error("gpu request template refused", gpu_request=f"{ns}/{name}", status=exc.status, error=message)
         failed = template.invalid_status(message, meta.get("generation"))
         if out.create is not None:  # not tried again until the plan changes (decide reads this back)
@@ -124,10 +122,3 @@ async def reconcile(
             message=status.get("message"),
         )
     return out
-
-
-def _api_message(exc: ApiException) -> str:
-    try:
-        return str(json.loads(exc.body or "{}").get("message") or exc.reason)
-    except ValueError:
-        return str(exc.reason)

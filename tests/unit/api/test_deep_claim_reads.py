@@ -4,8 +4,9 @@ An HTTP server stands in for the API server and answers GET, list and PATCH of
 ResourceClaims with the deep claim between two ordinary ones, exactly as the API
 server would (it accepts such claims). The production clients are used as they
 run: :class:`gpuplane.driver.kube.KubeApi` (prepare's ``get_claim``, the checkpoint
-rebuild's ``list_claims``) and :class:`gpuplane.controller.kube.KubeWriter` (the
-annotation the controller writes on every invalid claim). Before issue 18 each of
+rebuild's ``list_claims``) and :class:`gpuplane.controller.kube.KubeWriter` over the
+controller's :class:`~gpuplane.informer.blocking.BlockingClient` (the annotation the
+controller writes on every invalid claim, and its direct reads). Before issue 18 each of
 these raised ``RecursionError`` in the kubernetes client's ``json.loads``.
 """
 
@@ -20,8 +21,11 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from gpuplane.controller import kube
 from gpuplane.controller.kube import KubeWriter
 from gpuplane.driver.kube import KubeApi
+from gpuplane.informer.blocking import BlockingClient
+from gpuplane.informer.client import Endpoint
 from tests.hostile import claim_text, wrap
 
 REJECTED = "gpuplane.dev/rejected"  # boundedjson.REJECTED, spelled out: the marker users see
@@ -87,9 +91,26 @@ def test_the_checkpoint_rebuild_lists_past_the_deep_claim(api: client.ApiClient)
     assert items[0]["spec"]["devices"]["config"][0]["opaque"]["driver"] == "gpu.gpuplane.dev"
 
 
-def test_the_controller_annotates_the_deep_claim(api: client.ApiClient) -> None:
-    KubeWriter(api).annotate_claim("ns", "deep", {"gpuplane.dev/config-error": "nested too deeply"})
+@pytest.fixture(name="writer")
+def writer_fixture(api: client.ApiClient) -> Iterator[KubeWriter]:
+    blocking = BlockingClient(Endpoint(api.configuration.host, ssl=False, authorization=lambda: "Bearer t"))
+    try:
+        yield KubeWriter(blocking)
+    finally:
+        blocking.close()
+
+
+def test_the_controller_annotates_the_deep_claim(writer: KubeWriter) -> None:
+    writer.annotate_claim("ns", "deep", {"gpuplane.dev/config-error": "nested too deeply"})
     ((path, content_type, body),) = _Handler.patches
     assert path.split("?")[0] == "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/deep"
     assert "merge-patch" in content_type
     assert json.loads(body) == {"metadata": {"annotations": {"gpuplane.dev/config-error": "nested too deeply"}}}
+
+
+def test_the_controller_reads_the_deep_claim_quarantined_and_lists_past_it(writer: KubeWriter) -> None:
+    one = writer.get(kube.CLAIMS, "ns", "deep")
+    assert one is not None and one["metadata"]["name"] == "deep" and REJECTED in one
+    items = writer.list_objects(kube.CLAIMS, "ns")
+    assert [i["metadata"]["name"] for i in items] == ["a", "deep", "c"]
+    assert [REJECTED in i for i in items] == [False, True, False]

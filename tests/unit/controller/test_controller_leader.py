@@ -16,6 +16,7 @@ import itertools
 import pytest
 
 from gpuplane.controller import config, leader
+from testing.kubeapi import FakeApi
 
 T = leader.Timing(lease_duration_s=15, renew_deadline_s=10, retry_period_s=2)
 
@@ -203,3 +204,27 @@ def test_two_candidates_racing_for_an_expired_lease_one_wins() -> None:
 def test_always_leader_for_a_single_replica() -> None:
     solo = leader.AlwaysLeader()
     assert solo.is_leader() and solo.term == 1
+
+
+# --- the Lease in the API (KubeLeaseStore over the controller's client) ----------------------------------
+
+
+def test_the_lease_store_writes_and_reads_the_lease_as_the_api_holds_it() -> None:
+    api = FakeApi()
+    store = leader.KubeLeaseStore(api, "gpuplane-system", "gpuplane-controller", 5.0)
+    assert store.get() is None  # 404
+    made = store.create(leader.LeaseRecord("a", 15, acquire_time=1_765_000_000.25, renew_time=1_765_000_000.25))
+    assert made.holder == "a" and made.renew_time == pytest.approx(1_765_000_000.25)
+    path = leader.LEASES.path("gpuplane-system", "gpuplane-controller")
+    assert path == "/apis/coordination.k8s.io/v1/namespaces/gpuplane-system/leases/gpuplane-controller"
+    spec = api.objects[path]["spec"]
+    assert spec["renewTime"] == "2025-12-06T05:46:40.250000Z" and spec["leaseDurationSeconds"] == 15
+    api.objects[path]["metadata"]["resourceVersion"] = "7"
+    got = store.get()
+    assert got is not None and (got.holder, got.resource_version, got.transitions) == ("a", "7", 0)
+    store.update(dataclasses.replace(got, holder="", lease_duration_s=1))
+    assert api.calls[-1].method == "PUT" and api.calls[-1].body["metadata"]["resourceVersion"] == "7"
+    assert "holderIdentity" not in api.objects[path]["spec"]  # released
+    api.objects[path] = {"metadata": {"name": "x"}, "spec": {"renewTime": "yesterday", "leaseDurationSeconds": "15"}}
+    odd = store.get()  # fields of the wrong type read as absent
+    assert odd is not None and (odd.holder, odd.renew_time, odd.lease_duration_s) == ("", None, 0)

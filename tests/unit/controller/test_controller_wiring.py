@@ -55,15 +55,14 @@ def test_the_informers_declare_exactly_the_indexes_the_handlers_read() -> None:
 
 
 class Boom:
-    """An API client stand-in that fails the test if anything reaches the API."""
+    """An API client stand-in that fails the test if anything reaches the API (its ``request``)."""
 
     def __getattr__(self, name: str) -> Any:
         raise AssertionError(f"API call {name} made by a replica that is not the leader")
 
 
 def test_a_replica_that_is_not_the_leader_writes_nothing() -> None:
-    writer = kube.KubeWriter.__new__(kube.KubeWriter)
-    writer.core, writer.custom, writer.component, writer.guard = Boom(), Boom(), "x", lambda: False
+    writer = kube.KubeWriter(Boom(), "x", guard=lambda: False)
     with pytest.raises(kube.NotLeader):
         writer.patch_gang_status("ns", "g", {"phase": "Placing"})
     with pytest.raises(kube.NotLeader):
@@ -78,8 +77,7 @@ def test_a_replica_that_is_not_the_leader_writes_nothing() -> None:
 def test_standby_decides_nothing_and_a_new_term_drops_the_caches() -> None:
     """The gate is ``Runtime.leading``: the writer's own fence lets every write through here, so any
     reconcile that got past the gate would reach the API (Boom) and fail the test."""
-    writer = kube.KubeWriter.__new__(kube.KubeWriter)
-    writer.core, writer.custom, writer.component, writer.guard = Boom(), Boom(), "x", lambda: True
+    writer = kube.KubeWriter(Boom(), "x", guard=lambda: True)
     flag = Flag()
     rt = runtime.Runtime.create(config.parse_args(["--identity", "b"], {}), writer, metrics.ControllerMetrics(), flag)
     body = {"metadata": {"name": "g", "namespace": "ns"}, "spec": {"members": 1, "gpusPerMember": 1}}
@@ -182,8 +180,7 @@ def test_before_the_informers_synced_events_only_queue_work_and_after_it_each_ke
     """Until every informer has listed, node, slice and claim events queue their keys and nothing runs (a
     leader whose every write would reach the API, Boom, writes nothing); the queues keep one entry per key
     with what the check reads of the claim, not the whole body."""
-    writer = kube.KubeWriter.__new__(kube.KubeWriter)
-    writer.core, writer.custom, writer.component, writer.guard = Boom(), Boom(), "x", lambda: True
+    writer = kube.KubeWriter(Boom(), "x", guard=lambda: True)
     cfg = config.parse_args(["--identity", "b"], {})
     rt = runtime.Runtime.create(cfg, writer, metrics.ControllerMetrics(), Flag(True))
     reads = handlers.make_reads(cfg, rt, None)

@@ -6,14 +6,13 @@ The NVL72 clique of the simulated cluster is full with tenant B's running gang; 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
 from gpuplane.controller import kube, steps
 from gpuplane.controller.gang import membership, podview, preemption, reconciler, world
+from testing.kubeapi import FakeApi
 from tests import controllerkit
 from tests.controllerkit import GB200, T0, decide, gang_body, holding, make_world, member_pod, pod_index, run_pass
 
@@ -163,48 +162,36 @@ def test_a_refused_eviction_refuses_the_whole_preemption_before_anything_is_writ
     assert ok is out
 
 
-class _Core:
-    """CoreV1Api.create_namespaced_pod_eviction, recording what was sent; ``status`` is the answer."""
-
-    def __init__(self, status: int = 0) -> None:
-        self.status = status
-        self.calls: list[tuple[str, str, Any, dict[str, Any]]] = []
-
-    def create_namespaced_pod_eviction(self, name: str, namespace: str, body: Any, **kw: Any) -> None:
-        self.calls.append((name, namespace, body, kw))
-        if self.status:
-            exc = ApiException(status=self.status, reason="Too Many Requests")
-            exc.body = json.dumps(
-                {
-                    "message": "Cannot evict pod as it would violate the pod's disruption budget.",
-                    "details": {"causes": [{"message": "The disruption budget b-pdb needs 4 healthy pods"}]},
-                }
-            )
-            raise exc
+BUDGET = "Cannot evict pod as it would violate the pod's disruption budget."
+BUDGET_CAUSE = "The disruption budget b-pdb needs 4 healthy pods"
+EVICTION = "/api/v1/namespaces/team-b/pods/low-pod-0/eviction"
 
 
-def _kube_writer(core: _Core) -> kube.KubeWriter:
-    w = kube.KubeWriter.__new__(kube.KubeWriter)
-    w.core = core  # type: ignore[assignment]
-    w.guard = lambda: True
-    return w
+def _kube_writer(status: int = 0) -> tuple[kube.KubeWriter, FakeApi]:
+    """KubeWriter over the API in memory; ``status``: its answer to an eviction (a budget's 429, say)."""
+    api = FakeApi(fail={("POST", "eviction"): status} if status else {}, message=BUDGET, causes=(BUDGET_CAUSE,))
+    return kube.KubeWriter(api), api
 
 
 def test_eviction_step_pins_the_uid_and_passes_dry_run() -> None:
-    core = _Core()
-    _kube_writer(core).run("team-b", steps.Step("evict-pod", "low-pod-0", steps.Eviction("u-1", 5, dry_run=True)))
-    name, ns, body, kw = core.calls[0]
-    assert (name, ns, kw.get("dry_run")) == ("low-pod-0", "team-b", "All")
-    assert body.delete_options.preconditions.uid == "u-1" and body.delete_options.grace_period_seconds == 5
-    _kube_writer(core).run("team-b", steps.Step("evict-pod", "low-pod-0", steps.Eviction("u-1")))
-    assert "dry_run" not in core.calls[1][3]
+    writer, api = _kube_writer()
+    writer.run("team-b", steps.Step("evict-pod", "low-pod-0", steps.Eviction("u-1", 5, dry_run=True)))
+    first = api.calls[0]
+    assert (first.method, first.path, first.params) == ("POST", EVICTION, {"dryRun": "All"})
+    assert first.body["metadata"] == {"name": "low-pod-0", "namespace": "team-b"}
+    assert first.body["deleteOptions"] == {"preconditions": {"uid": "u-1"}, "gracePeriodSeconds": 5}
+    writer.run("team-b", steps.Step("evict-pod", "low-pod-0", steps.Eviction("u-1")))
+    assert api.calls[1].params == {}
+    assert api.calls[1].body["deleteOptions"] == {"preconditions": {"uid": "u-1"}}
 
 
 def test_eviction_step_refused_by_a_budget_says_which() -> None:
     step = steps.Step("evict-pod", "low-pod-0", steps.Eviction("u-1"))
     with pytest.raises(kube.StepFailed, match=r"refused: Cannot evict pod .* \(The disruption budget b-pdb"):
-        _kube_writer(_Core(429)).run("team-b", step)
+        _kube_writer(429)[0].run("team-b", step)
     for done in (404, 409):  # gone, or another pod of the name: not the one meant
-        _kube_writer(_Core(done)).run("team-b", step)
+        _kube_writer(done)[0].run("team-b", step)
+    writer, api = _kube_writer()
     with pytest.raises(kube.StepFailed, match="no uid"):
-        _kube_writer(_Core()).run("team-b", steps.Step("evict-pod", "low-pod-0", steps.Eviction("")))
+        writer.run("team-b", steps.Step("evict-pod", "low-pod-0", steps.Eviction("")))
+    assert api.calls == []  # nothing sent

@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
 from gpuplane.controller import events, kube, steps
 from gpuplane.controller.gang import desired, membership, owners, release
+from testing.kubeapi import FakeApi
 from tests.controllerkit import GB200, gang_body, pod_index
 from tests.templatekit import (
     NS,
@@ -119,30 +119,20 @@ class TestAllPodsGoneWhileTheJobIsActive:
         assert (out.status["phase"], out.status["reason"]) == ("Released", "MembersGone")
 
 
-class FakeCustom:
-    """Records the custom-objects calls the writer makes."""
-
-    def __init__(self, status: int = 0) -> None:
-        self.calls: list[tuple[Any, ...]] = []
-        self.status = status
-
-    def patch_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> None:
-        self.calls.append((*args, kwargs.get("_content_type")))
-        if self.status:
-            raise ApiException(status=self.status, reason="x")
-
-
 def test_the_writer_suspends_a_job_or_jobset_by_merge_patch_and_a_gone_one_is_done() -> None:
-    writer = kube.KubeWriter.__new__(kube.KubeWriter)
-    writer.custom, writer.component, writer.guard = FakeCustom(), "x", lambda: True
+    job_path, jobset_path = (
+        f"/apis/batch/v1/namespaces/{NS}/jobs/j",
+        f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NS}/jobsets/js",
+    )
+    api = FakeApi({job_path: {"spec": {"parallelism": 2}}, jobset_path: {"spec": {}}})
+    writer = kube.KubeWriter(api)
     writer.run(NS, steps.Step("suspend-job", "j"))
     writer.run(NS, steps.Step("suspend-jobset", "js"))
-    assert writer.custom.calls == [
-        ("batch", "v1", NS, "jobs", "j", {"spec": {"suspend": True}}, kube.MERGE),
-        ("jobset.x-k8s.io", "v1alpha2", NS, "jobsets", "js", {"spec": {"suspend": True}}, kube.MERGE),
+    assert [(c.method, c.path, c.body, c.content_type) for c in api.calls] == [
+        ("PATCH", job_path, {"spec": {"suspend": True}}, kube.MERGE),
+        ("PATCH", jobset_path, {"spec": {"suspend": True}}, kube.MERGE),
     ]
-    writer.custom = FakeCustom(404)
-    writer.run(NS, steps.Step("suspend-job", "gone"))  # nothing left to stop
-    writer.custom = FakeCustom(403)
+    assert api.objects[job_path] == {"spec": {"parallelism": 2, "suspend": True}}
+    writer.run(NS, steps.Step("suspend-job", "gone"))  # 404: nothing left to stop
     with pytest.raises(kube.StepFailed, match="403"):
-        writer.run(NS, steps.Step("suspend-job", "j"))
+        kube.KubeWriter(FakeApi(fail={("PATCH", job_path): 403})).run(NS, steps.Step("suspend-job", "j"))

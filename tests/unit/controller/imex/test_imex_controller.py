@@ -7,7 +7,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
 from gpuplane.api import imex
 from gpuplane.api import names as dn
@@ -16,6 +15,7 @@ from gpuplane.controller.gang import run as gang_run
 from gpuplane.controller.gang import world
 from gpuplane.controller.imex import gangs, objects, reconcile
 from gpuplane.controller.imex.api import ImexApi
+from testing.kubeapi import Call, FakeApi
 from tests.controllerkit import gang_index, pod_index
 
 NS = "team"
@@ -194,52 +194,42 @@ def test_a_status_no_replica_wrote_is_skipped_not_raised() -> None:
 # --- the pass and its API calls -------------------------------------------------------------------
 
 
-class FakeCustom:
-    """The four CustomObjectsApi calls ImexApi makes, on a dict of objects."""
+class FakeCustom(FakeApi):
+    """The ImexDomains in the API, in memory: the writes as (verb, name); ``failing``: verb -> status."""
+
+    VERBS = {"GET": "list", "POST": "create", "PATCH": "patch", "DELETE": "delete", "PUT": "replace"}
+    WHERE = kube.Resource(imex.GROUP, imex.VERSION, imex.PLURAL).path(imex.NAMESPACE)
 
     def __init__(self) -> None:
-        self.objects: dict[str, dict[str, Any]] = {}
-        self.calls: list[tuple[str, str]] = []
-        self.fail: dict[str, int] = {}  # verb -> status to raise
+        super().__init__()
+        self.failing: dict[str, int] = {}
 
-    def _maybe_fail(self, verb: str) -> None:
-        if verb in self.fail:
-            raise ApiException(status=self.fail[verb], reason="nope")
+    def request(self, method: str, path: str, **kw: Any) -> Any:
+        assert path.startswith(self.WHERE), path  # only the controller's namespace
+        if self.VERBS[method] in self.failing:
+            self.calls.append(Call(method, path, {}, kw.get("body"), ""))
+            raise kube.ApiError(self.failing[self.VERBS[method]], "nope", "refused")
+        return super().request(method, path, **kw)
 
-    def list_namespaced_custom_object(self, group: str, version: str, ns: str, plural: str, **_: Any) -> bytes:
-        import json
+    def put(self, name: str, obj: dict[str, Any]) -> None:
+        self.objects[f"{self.WHERE}/{name}"] = obj
 
-        self._maybe_fail("list")
-        assert (group, version, ns, plural) == (imex.GROUP, imex.VERSION, imex.NAMESPACE, imex.PLURAL)
-        return json.dumps({"items": list(self.objects.values())}).encode()
+    @property
+    def named(self) -> dict[str, dict[str, Any]]:
+        return {p.rsplit("/", 1)[1]: o for p, o in self.objects.items()}
 
-    def create_namespaced_custom_object(self, g: str, v: str, ns: str, p: str, body: Any, **_: Any) -> bytes:
-        self.calls.append(("create", body["metadata"]["name"]))
-        self._maybe_fail("create")
-        if body["metadata"]["name"] in self.objects:
-            raise ApiException(status=409, reason="exists")
-        self.objects[body["metadata"]["name"]] = body
-        return b"{}"
-
-    def patch_namespaced_custom_object(self, *args: Any, **_: Any) -> bytes:
-        name, patch = args[4], args[5]
-        self.calls.append(("patch", name))
-        self._maybe_fail("patch")
-        self.objects[name] = {**self.objects[name], "spec": patch["spec"]}
-        return b"{}"
-
-    def delete_namespaced_custom_object(self, g: str, v: str, ns: str, p: str, name: str, **_: Any) -> bytes:
-        self.calls.append(("delete", name))
-        self._maybe_fail("delete")
-        if self.objects.pop(name, None) is None:
-            raise ApiException(status=404, reason="gone")
-        return b"{}"
+    @property
+    def writes(self) -> list[tuple[str, str]]:
+        out = []
+        for c in self.calls:
+            if c.method != "GET":
+                name = c.body["metadata"]["name"] if c.method == "POST" else c.path.rsplit("/", 1)[1]
+                out.append((self.VERBS[c.method], name))
+        return out
 
 
 def rt_with(custom: FakeCustom, leader: list[bool]) -> Any:
-    writer = kube.KubeWriter.__new__(kube.KubeWriter)
-    writer.custom = custom  # type: ignore[assignment]
-    writer.guard = lambda: leader[0]
+    writer = kube.KubeWriter(custom, guard=lambda: leader[0])
     return runtime.Runtime.create(config.parse_args(["--identity", "t"], {}), writer, metrics.ControllerMetrics())
 
 
@@ -250,10 +240,10 @@ def test_a_pass_creates_then_updates_then_deletes_and_is_quiet_when_nothing_chan
     one = reconcile.Pass(rt, lambda: make_world(state["gangs"]), ImexApi(rt.writer))
 
     asyncio.run(one.once(0.0))
-    assert custom.calls == [("create", "imex-uid-a")]
+    assert custom.writes == [("create", "imex-uid-a")]
     assert not one.due(1.0)  # nothing indexed changed
     asyncio.run(one.once(1.0))
-    assert custom.calls == [("create", "imex-uid-a")]  # the same plan: no write
+    assert custom.writes == [("create", "imex-uid-a")]  # the same plan: no write
     assert one.due(reconcile.RESYNC_S + 1)
 
     state["gangs"] = [
@@ -263,26 +253,26 @@ def test_a_pass_creates_then_updates_then_deletes_and_is_quiet_when_nothing_chan
     rt.touched()
     assert one.due(2.0)
     asyncio.run(one.once(2.0))
-    assert custom.calls[-1] == ("patch", "imex-uid-a")
-    channels = {g["name"]: g["channel"] for g in custom.objects["imex-uid-a"]["spec"]["gangs"]}
+    assert custom.writes[-1] == ("patch", "imex-uid-a")
+    channels = {g["name"]: g["channel"] for g in custom.named["imex-uid-a"]["spec"]["gangs"]}
     assert channels == {"a": 1, "b": 2}
 
     state["gangs"] = []
     rt.touched()
     asyncio.run(one.once(3.0))
-    assert custom.calls[-1] == ("delete", "imex-uid-a") and custom.objects == {}
+    assert custom.writes[-1] == ("delete", "imex-uid-a") and custom.named == {}
 
 
 def test_a_create_that_finds_the_object_replaces_its_spec_and_a_failure_is_retried_later() -> None:
     custom = FakeCustom()
-    custom.objects["imex-uid-a"] = {"metadata": {"name": "imex-uid-a"}, "spec": {"junk": 1}}
+    custom.put("imex-uid-a", {"metadata": {"name": "imex-uid-a"}, "spec": {"junk": 1, "gangs": []}})
     api = ImexApi(rt_with(custom, [True]).writer)
     obj = reconcile.desired(make_world([gang("a", ["tray-0", "tray-1"])]), GPU_DOMAINS, []).diff.create[0]
     assert api.apply(objects.Diff((obj,), (), ())) == []
-    assert custom.calls == [("create", "imex-uid-a"), ("patch", "imex-uid-a")]
-    assert custom.objects["imex-uid-a"]["spec"] == obj["spec"]
+    assert custom.writes == [("create", "imex-uid-a"), ("patch", "imex-uid-a")]
+    assert custom.named["imex-uid-a"]["spec"] == {"junk": 1, **obj["spec"]}  # a merge patch (the CRD prunes junk)
 
-    custom.fail["delete"] = 500
+    custom.failing["delete"] = 500
     failed = api.apply(objects.Diff((), (), ("imex-uid-a", "imex-other")))
     assert [f.split(":")[0] for f in failed] == ["delete imex-uid-a", "delete imex-other"]  # every write tried
 
@@ -300,16 +290,16 @@ def test_a_replica_that_lost_the_lease_writes_nothing() -> None:
     one = reconcile.Pass(rt, lambda: make_world([gang("a", ["tray-0", "tray-1"])]), ImexApi(rt.writer))
     with pytest.raises(kube.NotLeader):
         asyncio.run(one.once(0.0))
-    assert custom.calls == [] and custom.objects == {}
+    assert custom.writes == [] and custom.named == {}
 
 
 def test_without_the_crd_a_pass_writes_nothing_and_says_so_once() -> None:
     custom = FakeCustom()
-    custom.fail["list"] = 404
+    custom.failing["list"] = 404
     rt = rt_with(custom, [True])
     one = reconcile.Pass(rt, lambda: make_world([gang("a", ["tray-0", "tray-1"])]), ImexApi(rt.writer))
     assert asyncio.run(one.once(0.0)) is None and one.unserved
-    assert custom.calls == [] and not one.due(1.0)
+    assert custom.writes == [] and not one.due(1.0)
 
 
 def test_the_controller_starts_the_imex_loop_on_its_registry() -> None:

@@ -253,7 +253,7 @@ def test_each_pass_leaves_what_the_api_holds_in_the_shared_state() -> None:
     assert got.listed == {"uid-a": frozenset({"cuid-a-0", "cuid-a-1"})} and got.refused == {}
 
     custom.objects.clear()
-    custom.fail["create"] = 404  # the namespace does not exist
+    custom.failing["create"] = 404  # the namespace does not exist
     rt.touched()
     asyncio.run(one.once(10.0))
     assert (
@@ -261,7 +261,7 @@ def test_each_pass_leaves_what_the_api_holds_in_the_shared_state() -> None:
         and "could not be written: create imex-uid-a: 404" in rt.state(hold.ImexState).written.failed
     )
 
-    custom.fail = {"list": 404}  # the CRD is gone
+    custom.failing = {"list": 404}  # the CRD is gone
     rt.touched()
     asyncio.run(one.once(20.0))
     assert rt.state(hold.ImexState).written is not None and not rt.state(hold.ImexState).written.served

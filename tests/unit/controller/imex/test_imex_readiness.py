@@ -164,8 +164,8 @@ def test_the_pass_looks_at_the_status_between_passes_and_tells_each_gang() -> No
     )
     assert not one.watch_due(0.0)  # no domain known yet
     asyncio.run(one.once(0.0))
-    (name,) = custom.objects
-    obj = custom.objects[name]
+    (name,) = custom.named
+    obj = custom.named[name]
     generation = obj["metadata"].get("generation", 0)
     obj["status"] = {"nodes": [{"node": n, "ready": True, "observedGeneration": generation} for n in NODES]}
     assert one.watch_due(imex_reconcile.WATCH_S)
@@ -188,7 +188,7 @@ def test_the_pass_looks_at_the_status_between_passes_and_tells_each_gang() -> No
     assert rt.state(hold.ImexState).written.unready == {"uid-a": {"tray-1": "peer lost"}}
     assert rt.state(hold.ImexState).written.listed  # the status-only look kept what the pass wrote
 
-    custom.fail["list"] = 500  # a failed look changes nothing and releases no gang's gates
+    custom.failing["list"] = 500  # a failed look changes nothing and releases no gang's gates
     before = rt.state(hold.ImexState).written
     asyncio.run(one.look(3 * imex_reconcile.WATCH_S))
     assert rt.state(hold.ImexState).written is before and before.failed == ""
