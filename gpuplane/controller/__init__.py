@@ -27,6 +27,7 @@ The operator around them (these modules do I/O unless marked pure):
   handlers for GpuGang deletion and GpuRequests, and the background loops' start.
 - ``indexed``: what those indexes keep of a ResourceClaim, a Node and a pending Pod; pure.
 - ``deviceclass``: what the class index keeps of a DeviceClass (``ClassView``); pure.
+- ``claimtemplate``: what the template indexes keep of a ResourceClaimTemplate (``TemplateView``); pure.
 - ``periodic``: a leader's background loop (one pass per interval, once synced): explaining, rebalancing.
 - ``fleet_gauges``: the gauges the operator's alerts read (pending claims, the largest free block), set by a
   loop on every replica.

@@ -16,8 +16,8 @@ index                  stream                  key -> value
 ``slice_idx``          ResourceSlices (ours)   node -> :class:`~gpuplane.controller.node.slice_index.SliceDigest`
 ``node_idx``           Nodes                   name -> :func:`indexed.node`
 ``class_idx``          DeviceClasses           name -> :class:`deviceclass.ClassView`
-``claim_template_idx`` ResourceClaimTemplates  ``ns/name`` -> the template (spec)
-``template_idx``       ... right-sizing label  ``ns/name`` -> the template (spec)
+``claim_template_idx`` ResourceClaimTemplates  ``ns/name`` -> :class:`claimtemplate.TemplateView`
+``template_idx``       ... right-sizing label  ``ns/name`` -> :class:`claimtemplate.TemplateView`
 ``gang_job_idx``       Jobs making members     ``ns/gang`` -> :class:`gang.owners.JobView`
 ``gang_lws_idx``       LeaderWorkerSets        ``ns/gang`` -> :class:`gang.leaderworkersets.LwsView`
 =====================  ======================  ===================================================
@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuplane.api import names as dn
-from gpuplane.controller import deviceclass, indexed, names, rejects, slim
+from gpuplane.controller import claimtemplate, deviceclass, indexed, names, rejects, slim
 from gpuplane.controller import metrics as metrics_mod
 from gpuplane.controller.gang import leaderworkersets, owners, podview
 from gpuplane.controller.gang import view as gang_view
@@ -109,7 +109,7 @@ def device_class(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 def claim_template(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     if rejects.rejected(obj):
         return NOT_INDEXED
-    return {key_of(obj): indexed.plain(obj, "spec")}
+    return {key_of(obj): claimtemplate.view(obj)}
 
 
 def rightsized_template(obj: Mapping[str, Any]) -> Mapping[str, Any]:

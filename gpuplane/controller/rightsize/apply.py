@@ -15,7 +15,8 @@ from typing import Any, Protocol, Self
 
 import structlog
 
-from gpuplane.controller import config, events, kube
+from gpuplane.controller import claimtemplate, config, events, kube
+from gpuplane.controller.claimtemplate import TemplateView
 from gpuplane.controller.deviceclass import ClassView
 from gpuplane.controller.rightsize import decide, template
 
@@ -31,7 +32,7 @@ class Templates:
     Without this a replaced template read back stale (old plan) would be replaced again.
     """
 
-    written: dict[str, tuple[dict[str, Any], float]] = field(default_factory=dict)
+    written: dict[str, tuple[TemplateView, float]] = field(default_factory=dict)
 
     @classmethod
     def create(cls, cfg: config.ControllerConfig) -> Self:
@@ -43,24 +44,22 @@ class Templates:
         self.written.clear()
 
     def remember(self, key: str, body: Mapping[str, Any], now: float) -> None:
-        """A template this replica just created."""
-        self.written[key] = (dict(body), now)
+        """A template this replica just created (as the index will hold it)."""
+        self.written[key] = (claimtemplate.view(body), now)
 
-    def recent(self, key: str, indexed: Mapping[str, Any] | None, now: float) -> Mapping[str, Any] | None:
+    def recent(self, key: str, indexed: TemplateView | None, now: float) -> TemplateView | None:
         """The template as the index shows it, or the one just created when the index still lags behind."""
         entry = self.written.get(key)
         if entry is None:
             return indexed
-        body, when = entry
+        made, when = entry
         ann = template.ANNOTATION_HASH
         if now - when > TEMPLATE_TTL_S or (
-            indexed is not None
-            and ((indexed.get("metadata") or {}).get("annotations") or {}).get(ann)
-            == ((body.get("metadata") or {}).get("annotations") or {}).get(ann)
+            indexed is not None and indexed.annotations.get(ann) == made.annotations.get(ann)
         ):
             del self.written[key]
             return indexed
-        return body
+        return made
 
 
 class Writer(Protocol):
@@ -75,7 +74,7 @@ class Writer(Protocol):
 async def reconcile(
     writer: Writer,
     request: Mapping[str, Any],
-    existing: Mapping[str, Any] | None,
+    existing: TemplateView | None,
     slices: Iterable[Any],  # API slices or the controller's digests
     classes: Mapping[str, ClassView],
     *,

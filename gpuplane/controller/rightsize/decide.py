@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuplane.controller import events
+from gpuplane.controller.claimtemplate import TemplateView
 from gpuplane.controller.deviceclass import ClassView
 from gpuplane.controller.rightsize import alternatives, fleet, template
 from gpuplane.controller.rightsize.need import NeedError, parse_need
@@ -46,7 +47,7 @@ def _changed(current: Mapping[str, Any] | None, want: Mapping[str, Any]) -> bool
 
 def decide(
     request: Mapping[str, Any],
-    existing: Mapping[str, Any] | None,
+    existing: TemplateView | None,
     slices: Iterable[Any],  # API slices or the controller's digests
     classes: Mapping[str, ClassView],
 ) -> Outcome:
@@ -79,7 +80,7 @@ def decide(
         return Outcome(status, event=("Warning", REASON_INVALID, msg))
     want = template.desired(request, plan)
     want_hash = want["metadata"]["annotations"][template.ANNOTATION_HASH]
-    have_hash = ((existing or {}).get("metadata") or {}).get("annotations", {}).get(template.ANNOTATION_HASH)
+    have_hash = existing.annotations.get(template.ANNOTATION_HASH) if existing is not None else None
     if current.get("refusedPlan") == want_hash and existing is None:
         return Outcome(None)  # the API refused this very template; a changed need or fleet tries again
     status = template.ready_status(need, plan, generation, name)

@@ -22,6 +22,7 @@ from typing import Any
 
 from gpuplane.api import names as dn
 from gpuplane.controller import names
+from gpuplane.controller.claimtemplate import TemplateView
 from gpuplane.controller.rightsize.alternatives import Alternative, Plan
 from gpuplane.controller.rightsize.need import Need
 
@@ -90,11 +91,10 @@ def desired(request: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
     }
 
 
-def owned_by(template: Mapping[str, Any], request: Mapping[str, Any]) -> bool:
+def owned_by(template: TemplateView, request: Mapping[str, Any]) -> bool:
     """Whether ``template`` is the one this controller made for ``request`` (its controller owner)."""
     uid = (request.get("metadata") or {}).get("uid")
-    refs = (template.get("metadata") or {}).get("ownerReferences") or []
-    return any(r.get("kind") == KIND and r.get("uid") == uid and r.get("controller") for r in refs)
+    return isinstance(uid, str) and (KIND, uid) in template.controllers
 
 
 def ready_status(need: Need, plan: Plan, generation: int | None, template: str) -> dict[str, Any]:

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from gpuplane.controller import names
+from gpuplane.controller.claimtemplate import TemplateView
 from gpuplane.controller.deviceclass import ClassView
 from gpuplane.controller.indexed import ClaimView, PodView
 from gpuplane.controller.node import pod_nodes, snapshot_builder
@@ -71,11 +72,11 @@ class Action:
 
 @dataclass
 class Inputs:
-    """What one pass reads: the claim index's entries, the templates and classes (plain dicts) and the view."""
+    """What one pass reads: the claim, template and class index entries (views) and the cluster view."""
 
     view: snapshot_builder.ClusterView
     claims: Mapping[str, ClaimView]  # the claim index: "ns/name" -> its entry
-    templates: Mapping[str, Mapping[str, Any]]
+    templates: Mapping[str, TemplateView]
     classes: Mapping[str, ClassView]
     waiting: Mapping[fragmentation.Shape, int] = field(default_factory=dict)  # released, still pending
     node_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # node -> labels

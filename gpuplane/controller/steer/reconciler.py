@@ -27,6 +27,7 @@ from typing import Any, Protocol, Self
 import structlog
 
 from gpuplane.controller import config, kube, steps
+from gpuplane.controller.claimtemplate import TemplateView
 from gpuplane.controller.deviceclass import ClassView
 from gpuplane.controller.indexed import ClaimView, PodView
 from gpuplane.controller.node import snapshot_builder
@@ -242,7 +243,7 @@ def run_pass(
     pending: Sequence[PodView],
     view: snapshot_builder.ClusterView,
     claims: Mapping[str, ClaimView],
-    templates: Mapping[str, Mapping[str, Any]],
+    templates: Mapping[str, TemplateView],
     classes: Mapping[str, ClassView],
     now: float,
     node_labels: Mapping[str, Mapping[str, str]] | None = None,

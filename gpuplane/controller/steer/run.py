@@ -15,6 +15,7 @@ from typing import Any
 import structlog
 
 from gpuplane.controller import indexed, kube
+from gpuplane.controller.claimtemplate import TemplateView
 from gpuplane.controller.gang import world
 from gpuplane.controller.node import slice_index, snapshot_builder
 from gpuplane.controller.runtime import Runtime
@@ -64,7 +65,7 @@ async def steer_pass(
     w: world.World,
     *,
     pending: Iterable[indexed.PodView],
-    templates: Mapping[str, Mapping[str, Any]],
+    templates: Mapping[str, TemplateView],
     now: float,
     node_labels: Mapping[str, Mapping[str, str]] | None = None,
 ) -> None:

@@ -10,7 +10,7 @@ request (a share of a GPU), ``firstAvailable``, admin access, several claims or
 requests: all are left to the scheduler, with the reason, and the gate lifted.
 
 Pure: the pod's and its claim's index entries (:class:`~gpuplane.controller.indexed.PodView`,
-:class:`~gpuplane.controller.indexed.ClaimView`), the templates and classes as plain dicts, and the
+:class:`~gpuplane.controller.indexed.ClaimView`), the templates' and classes' views, and the
 ClusterView in; a :class:`Shape` or a reason out.
 """
 
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuplane.api import names as dn
+from gpuplane.controller.claimtemplate import TemplateView
 from gpuplane.controller.deviceclass import ClassView
 from gpuplane.controller.indexed import ClaimView, PodView
 from gpuplane.controller.node import selectors, snapshot_builder
@@ -42,7 +43,7 @@ class Shape:
 def claim_spec_of(
     pod: PodView,
     claims: Mapping[str, ClaimView],
-    templates: Mapping[str, Mapping[str, Any]],
+    templates: Mapping[str, TemplateView],
 ) -> tuple[Mapping[str, Any], str] | str:
     """The pod's one claim spec and a label for it, or the reason there is not exactly one to steer."""
     ns = pod.namespace
@@ -54,7 +55,7 @@ def claim_spec_of(
         tmpl = templates.get(f"{ns}/{name}")
         if tmpl is None:
             return f"ResourceClaimTemplate {ns}/{name} is not known (yet)"
-        return ((tmpl.get("spec") or {}).get("spec") or {}), f"template {name}"
+        return tmpl.claim_spec, f"template {name}"
     name = ref.claim
     claim = claims.get(f"{ns}/{name}")
     if claim is None:

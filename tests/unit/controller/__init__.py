@@ -16,6 +16,8 @@
   turns, not when it hangs.
 - ``test_controller_wiring``: Controller wiring without a cluster: config parsing, lease settings, the kopf
   registry, write fencing.
+- ``test_claimtemplate``: gpuplane.controller.claimtemplate: a ResourceClaimTemplate as the template index keeps
+  it, and right-sizing's memory of the templates it just made (read back as the index will hold them).
 - ``test_deviceclass``: The class index's view of a DeviceClass: its selectors, this driver's configs, whether
   ours, whether MIG.
 - ``test_fleet_gauges``: The controller's fleet gauges (``gpuplane.controller.fleet_gauges``): the numbers the

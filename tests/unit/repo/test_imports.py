@@ -45,6 +45,7 @@ CONTROLLER_BASE = (
     "events",
     "indexed",
     "deviceclass",
+    "claimtemplate",
     "periodic",
     "leader",
     "probes",

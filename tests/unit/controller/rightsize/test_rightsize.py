@@ -16,6 +16,7 @@ import pytest
 
 from gpuplane.api import configs
 from gpuplane.controller import deviceclass
+from gpuplane.controller.claimtemplate import view
 from gpuplane.controller.rightsize import alternatives, decide, fleet, template
 from gpuplane.controller.rightsize.need import Need, NeedError, parse_need
 from gpuplane.driver.hw.sim import SimConfig, Simulator
@@ -264,11 +265,11 @@ def test_decide_writes_nothing_when_template_and_status_are_current(
     spec = {"memory": "12Gi", "compute": 20}
     first = decide.decide(request(spec), None, fleet_slices, classes)
     assert first.create is not None and first.status is not None
-    again = decide.decide(request(spec, first.status), first.create, fleet_slices, classes)
+    again = decide.decide(request(spec, first.status), view(first.create), fleet_slices, classes)
     assert again == decide.Outcome(None)
     # A changed need replaces the (immutable) template.
     changed = decide.decide(
-        request({"memory": "30Gi", "compute": 20}, first.status), first.create, fleet_slices, classes
+        request({"memory": "30Gi", "compute": 20}, first.status), view(first.create), fleet_slices, classes
     )
     assert changed.delete == "infer" and changed.create is not None
     assert changed.create["metadata"]["annotations"] != first.create["metadata"]["annotations"]
@@ -279,7 +280,7 @@ def test_invalid_need_deletes_our_template_and_says_why(
 ) -> None:
     ok = decide.decide(request({"memory": "12Gi", "compute": 20}), None, fleet_slices, classes)
     assert ok.create is not None
-    bad = decide.decide(request({"memory": "500Gi", "compute": 20}, ok.status), ok.create, fleet_slices, classes)
+    bad = decide.decide(request({"memory": "500Gi", "compute": 20}, ok.status), view(ok.create), fleet_slices, classes)
     assert bad.delete == "infer" and bad.create is None
     assert bad.status is not None and bad.status["phase"] == "Invalid"
     assert bad.event is not None and bad.event[:2] == ("Warning", decide.REASON_INVALID)
@@ -290,7 +291,7 @@ def test_a_template_we_do_not_own_is_left_alone(
     fleet_slices: list[dict[str, Any]], classes: dict[str, deviceclass.ClassView]
 ) -> None:
     foreign = {"metadata": {"name": "infer", "ownerReferences": []}, "spec": {}}
-    out = decide.decide(request({"memory": "12Gi", "compute": 20}), foreign, fleet_slices, classes)
+    out = decide.decide(request({"memory": "12Gi", "compute": 20}), view(foreign), fleet_slices, classes)
     assert out.delete is None and out.create is None
     assert out.status is not None and "does not own it" in out.status["message"]
 
@@ -299,10 +300,13 @@ def test_no_gpus_yet_is_pending_and_keeps_the_template(classes: dict[str, dict[s
     ours = {
         "metadata": {"name": "infer", "ownerReferences": [{"kind": "GpuRequest", "uid": "u-1", "controller": True}]}
     }
-    out = decide.decide(request({"memory": "12Gi", "compute": 20}), ours, [], classes)
+    out = decide.decide(request({"memory": "12Gi", "compute": 20}), view(ours), [], classes)
     assert out.delete is None and out.status is not None and out.status["phase"] == "Pending"
 
 
 def test_template_owned_by_checks_the_uid() -> None:
     t = {"metadata": {"ownerReferences": [{"kind": "GpuRequest", "uid": "other", "controller": True}]}}
-    assert not template.owned_by(t, request({}))
+    assert not template.owned_by(view(t), request({}))
+    mine = {"kind": "GpuRequest", "uid": "u-1", "controller": True}
+    assert template.owned_by(view({"metadata": {"ownerReferences": [mine]}}), request({}))
+    assert not template.owned_by(view({"metadata": {"ownerReferences": [{**mine, "controller": "yes"}]}}), request({}))

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from gpuplane.api import names as dn
-from gpuplane.controller import indexed, steps
+from gpuplane.controller import claimtemplate, indexed, steps
 from gpuplane.controller.node import slice_index, snapshot_builder
 from gpuplane.controller.steer import decide as steer_decide
 from gpuplane.controller.steer import reconciler as steer_reconciler
@@ -130,7 +130,12 @@ MIG3 = {
     "selectors": [{"cel": {"expression": f'device.attributes["{dn.DRIVER_NAME}"].migProfile == "3g.40gb"'}}],
 }
 TEMPLATES = {
-    f"ns/{name}": {"spec": {"spec": {"devices": {"requests": [{"name": "g", "exactly": exactly}]}}}}
+    f"ns/{name}": claimtemplate.view(
+        {
+            "metadata": {"namespace": "ns", "name": name},
+            "spec": {"spec": {"devices": {"requests": [{"name": "g", "exactly": exactly}]}}},
+        }
+    )
     for name, exactly in (("whole", {"deviceClassName": "gpu.gpuplane.dev"}), ("t3g", MIG3))
 }
 

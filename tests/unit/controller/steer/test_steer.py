@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpuplane.controller import deviceclass, indexed, steps
+from gpuplane.controller import claimtemplate, deviceclass, indexed, steps
 from gpuplane.controller.node import snapshot_builder
 from gpuplane.controller.steer import decide, gate, reconciler, shape
 from gpuplane.driver import inventory
@@ -44,11 +44,14 @@ def classes() -> dict[str, deviceclass.ClassView]:
     return controllerkit.shipped_classes()
 
 
-def template(ns: str, name: str, exactly: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "metadata": {"namespace": ns, "name": name},
-        "spec": {"spec": {"devices": {"requests": [{"name": "g", "exactly": exactly}]}}},
-    }
+def template(ns: str, name: str, exactly: dict[str, Any]) -> claimtemplate.TemplateView:
+    """A ResourceClaimTemplate of one request, as the template index keeps it."""
+    return claimtemplate.view(
+        {
+            "metadata": {"namespace": ns, "name": name},
+            "spec": {"spec": {"devices": {"requests": [{"name": "g", "exactly": exactly}]}}},
+        }
+    )
 
 
 MIG3 = {
@@ -90,19 +93,19 @@ def test_patches_lift_only_our_gate_and_write_the_node() -> None:
 
 def test_shape_of_a_mig_and_a_whole_gpu_claim(pool: list[dict[str, Any]], classes: dict[str, Any]) -> None:
     view = snapshot_builder.build_view(pool)
-    got = shape.shape_of(pod("a"), template("ns", "t", MIG3)["spec"]["spec"], "template t", classes, view)
+    got = shape.shape_of(pod("a"), template("ns", "t", MIG3).claim_spec, "template t", classes, view)
     assert isinstance(got, shape.Shape) and got.request.mig_profile == "3g" and len(got.gpus) == 16
     two = {"deviceClassName": "gpu.gpuplane.dev", "count": 2}
-    got = shape.shape_of(pod("a"), template("ns", "t", two)["spec"]["spec"], "template t", classes, view)
+    got = shape.shape_of(pod("a"), template("ns", "t", two).claim_spec, "template t", classes, view)
     assert isinstance(got, shape.Shape) and got.request.gpus_per_member == 2 and got.request.mig_profile is None
     odd = {
         "deviceClassName": "gpu.gpuplane.dev",
         "selectors": [{"cel": {"expression": "device.capacity['x'].compareTo(quantity('1')) > 0"}}],
     }
-    reason = shape.shape_of(pod("a"), template("ns", "t", odd)["spec"]["spec"], "template t", classes, view)
+    reason = shape.shape_of(pod("a"), template("ns", "t", odd).claim_spec, "template t", classes, view)
     assert isinstance(reason, str) and "outside what the controller evaluates" in reason
     share = {"deviceClassName": "gpu.gpuplane.dev", "capacity": {"requests": {"sharePercent": "50"}}}
-    reason = shape.shape_of(pod("a"), template("ns", "t", share)["spec"]["spec"], "template t", classes, view)
+    reason = shape.shape_of(pod("a"), template("ns", "t", share).claim_spec, "template t", classes, view)
     assert isinstance(reason, str) and "share" in reason
     missing = shape.claim_spec_of(pod("a", tmpl="nope"), {}, {})
     assert isinstance(missing, str) and missing.endswith("not known (yet)")
