@@ -33,6 +33,29 @@ def make_api_client(kubeconfig: str | None) -> client.ApiClient:
     return client.ApiClient()
 
 
+class ReviewRequests:
+    """The two reviews the metrics endpoint asks (``httpauth.review.RequestReviewer``), through this client.
+
+    Only TokenReview and SubjectAccessReview are posted; the answer is read with the bounded decoder."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.authn = client.AuthenticationV1Api(api_client)
+        self.authz = client.AuthorizationV1Api(api_client)
+
+    def request(self, method: str, path: str, *, body: Any = None, timeout_s: float = 5.0) -> Any:
+        """POST the review at ``path`` (its kind read from the path); its answer as a dict."""
+        if method != "POST":
+            raise ValueError(f"only reviews are posted here, not {method} {path}")
+        raw: Any
+        if path.endswith("/tokenreviews"):
+            raw = self.authn.create_token_review(body, _preload_content=False, _request_timeout=timeout_s)
+        elif path.endswith("/subjectaccessreviews"):
+            raw = self.authz.create_subject_access_review(body, _preload_content=False, _request_timeout=timeout_s)
+        else:
+            raise ValueError(f"not a review: {path}")
+        return kuberesponse.read_object(raw)
+
+
 class KubeApi:
     """Thin wrapper over the API calls the node driver makes."""
 

@@ -19,7 +19,7 @@ from gpuplane.driver.hw import interface as hw
 from gpuplane.driver.hw.select import make_backend
 from gpuplane.driver.hw.sim import SimConfig
 from gpuplane.driver.inventory import Inventory
-from gpuplane.driver.kube import KubeApi, make_api_client
+from gpuplane.driver.kube import KubeApi, ReviewRequests, make_api_client
 from gpuplane.driver.metrics import DriverMetrics
 from gpuplane.driver.observe import cost, health, noisy, noisy_taints, telemetry
 from gpuplane.driver.observe.claim_notices import ClaimNotices
@@ -42,7 +42,7 @@ from gpuplane.driver.sharing.imex_runner import ImexDaemons, StatusApi
 from gpuplane.driver.sharing.mps import MpsControl
 from gpuplane.driver.sharing.mps_pods import DaemonPods, PodTemplate
 from gpuplane.driver.sharing.mps_spec import MpsError
-from gpuplane.httpauth.review import KubeReviewer
+from gpuplane.httpauth.review import RequestReviewer
 from gpuplane.placement.fragmentation import SizeMix
 
 log = structlog.get_logger(__name__)
@@ -151,7 +151,7 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
                 metrics.registry,
                 checks,
                 serving=cfg.metrics_serving,
-                reviewer=lambda: KubeReviewer(api_client),
+                reviewer=lambda: RequestReviewer(ReviewRequests(api_client)),
                 health_address=cfg.health_address,
             )
             if cfg.metrics_address

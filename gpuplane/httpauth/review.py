@@ -20,8 +20,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from kubernetes import client
-
 MAX_TOKEN_BYTES = 16 * 1024  # a service-account JWT is ~1 KiB; anything far longer is not a token
 
 
@@ -62,47 +60,6 @@ class Reviewer(Protocol):
         """Whether ``who`` may ``verb`` the non-resource URL ``path``."""
 
 
-class KubeReviewer:
-    """:class:`Reviewer` over the Kubernetes API (authentication.k8s.io/v1, authorization.k8s.io/v1)."""
-
-    def __init__(self, api_client: Any, *, timeout_s: float = 5.0) -> None:
-        self._authn = client.AuthenticationV1Api(api_client)
-        self._authz = client.AuthorizationV1Api(api_client)
-        self._timeout_s = timeout_s
-
-    def authenticate(self, token: str) -> Identity | None:
-        c = client
-        try:
-            review = self._authn.create_token_review(
-                c.V1TokenReview(spec=c.V1TokenReviewSpec(token=token)), _request_timeout=self._timeout_s
-            )
-        except Exception as exc:
-            raise ReviewFailed(f"TokenReview failed: {exc.__class__.__name__}") from exc
-        status = review.status
-        if status is None or not status.authenticated or status.user is None:
-            return None
-        user = status.user
-        extra = tuple(sorted((k, tuple(v or ())) for k, v in (user.extra or {}).items()))
-        return Identity(user.username or "", user.uid or "", tuple(user.groups or ()), extra)
-
-    def authorize(self, who: Identity, verb: str, path: str) -> bool:
-        c = client
-        spec = c.V1SubjectAccessReviewSpec(
-            user=who.username,
-            uid=who.uid or None,
-            groups=list(who.groups) or None,
-            extra={k: list(v) for k, v in who.extra} or None,
-            non_resource_attributes=c.V1NonResourceAttributes(path=path, verb=verb),
-        )
-        try:
-            review = self._authz.create_subject_access_review(
-                c.V1SubjectAccessReview(spec=spec), _request_timeout=self._timeout_s
-            )
-        except Exception as exc:
-            raise ReviewFailed(f"SubjectAccessReview failed: {exc.__class__.__name__}") from exc
-        return bool(review.status is not None and review.status.allowed)
-
-
 class Requests(Protocol):
     """One request to the API server, its answer decoded (:class:`gpuplane.informer.blocking.BlockingClient`)."""
 
@@ -110,7 +67,10 @@ class Requests(Protocol):
 
 
 class RequestReviewer:
-    """:class:`Reviewer` over any client with a ``request`` (the controller's: :mod:`gpuplane.informer`)."""
+    """:class:`Reviewer` over the Kubernetes API (authentication.k8s.io/v1, authorization.k8s.io/v1), through
+    either program's client: the controller's :class:`~gpuplane.informer.blocking.BlockingClient`, the
+    driver's :class:`~gpuplane.driver.kube.ReviewRequests`. Answers are read as untrusted: a field of the
+    wrong type reads as absent (not authenticated, not allowed)."""
 
     def __init__(self, api: Requests, *, timeout_s: float = 5.0) -> None:
         self._api = api

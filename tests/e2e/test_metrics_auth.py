@@ -32,7 +32,8 @@ from e2e.cluster.controlplane import free_port
 from e2e.plane import identity
 from e2e.plane.driverproc import REPO
 from gpuplane.driver import probes
-from gpuplane.httpauth.review import KubeReviewer
+from gpuplane.driver.kube import ReviewRequests
+from gpuplane.httpauth.review import RequestReviewer
 from gpuplane.httpauth.settings import ServingSettings
 from tests.e2e.conftest import eventually
 from tests.rbackit import (
@@ -150,7 +151,7 @@ def test_driver_metrics_are_refused_to_tenants(
         registry,
         checks,
         serving=ServingSettings(auth="kubernetes"),
-        reviewer=lambda: KubeReviewer(api),
+        reviewer=lambda: RequestReviewer(ReviewRequests(api)),
         health_address=f"127.0.0.1:{free_port(taken)}",
     )
     try:
