@@ -230,6 +230,13 @@ def pod_body(v: MemberPodView) -> dict[str, Any]:
     return {"metadata": meta, "spec": spec, "status": status}
 
 
+def explain(body: Mapping[str, Any], classes: Mapping[str, deviceclass.ClassView], view: Any) -> str:
+    """Why a claim finds no room, as the controller asks it: the claim through the index, its requests explained."""
+    from gpuplane.controller.claim import checks
+
+    return checks.explain_requests(indexed.claim(body).requests, classes, view)
+
+
 def claim_index(claims: Iterable[Mapping[str, Any] | indexed.ClaimView]) -> dict[str, indexed.ClaimView]:
     """Claims as the claim index holds them (bodies through the informer's transform), by ``ns/name``."""
     views = [c if isinstance(c, indexed.ClaimView) else indexed.claim(c) for c in claims]

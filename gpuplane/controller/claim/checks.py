@@ -202,15 +202,6 @@ def mig_profile_of(request: Request) -> str | None:
     return None
 
 
-def explain_unallocated(
-    claim: Mapping[str, Any],
-    classes: Mapping[str, ClassView],
-    view: snapshot_builder.ClusterView,
-) -> str:
-    """Why the claim body's requests find no room now, from the placement view ('' when it looks satisfiable)."""
-    return explain_requests(_body_requests(claim), classes, view)
-
-
 def explain_requests(
     requests: Iterable[Mapping[str, Any]],
     classes: Mapping[str, ClassView],
@@ -266,7 +257,7 @@ def explain_requests(
 
 
 class ReasonCache:
-    """:func:`explain_unallocated` memoised per placement view: claims of one template share one answer.
+    """:func:`explain_requests` memoised per placement view: claims of one template share one answer.
 
     The answer depends only on the claim's requests, their classes and the view; with 7,200 pending
     claims from one template (the fleet benchmark), every pass built 7,200 snapshots of the whole fleet

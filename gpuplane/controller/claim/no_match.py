@@ -1,6 +1,6 @@
 """Why a request's selectors admit no GPU at all: an attribute no GPU publishes, or a filter nothing passes.
 
-``explain_unallocated`` counts free GPUs among those the selectors admit; when they admit none,
+``checks.explain_requests`` counts free GPUs among those the selectors admit; when they admit none,
 "0 free in all" is wrong (the cluster may be idle) and says nothing of the cause. This module
 names it instead: a selector that reads ``device.attributes["<domain>"].<name>`` which no GPU
 publishes makes the scheduler's CEL fail at run time (no such key: nothing is ever allocated);

@@ -4,8 +4,8 @@ Each case goes through the production functions, nothing re-implemented:
 
 - configs: the JSON text through the bounded decoder, then ``configs.parse_config`` and
   ``configs.merge_configs`` under every shipped DeviceClass (``manifests/deviceclasses``);
-- claims: the controller's ``claims.validate``/``domain_warning``/``explain_unallocated``
-  (over the placement view of four simulated nodes' real ResourceSlices) and
+- claims: the controller's ``claims.validate``/``domain_warning`` and the explainer (``explain_requests`` on the
+  claim index entry; over the placement view of four simulated nodes' real ResourceSlices) and
   ``failfast.consumers_of``; then the claim as the scheduler would allocate it, through the
   driver's ``claims.parse_allocation`` and ``planning.plan_claim`` on a simulated inventory;
 - gangs: ``gangspec.parse``/``to_request`` and the controller's whole decision,
@@ -47,7 +47,7 @@ from gpuplane.driver.prepare import planning
 from gpuplane.driver.prepare.claims import ClaimError, parse_allocation
 from gpuplane.driver.publish import slices
 from tests import strategies
-from tests.controllerkit import gang_index, pod_index
+from tests.controllerkit import explain, gang_index, pod_index
 
 # 10,500 cases take 380 + 350 + 61 s at load 21 on the shared 2-core machine: past the suite-wide 300 s.
 pytestmark = pytest.mark.timeout(1200)
@@ -221,7 +221,7 @@ def test_fuzz_claims(cluster: dict[str, Any], capsys: pytest.CaptureFixture[str]
             assert all(isinstance(p, str) and 0 < len(p) <= MAX_MESSAGE * 3 for p in problems)
             warning = controller_claims.domain_warning(claim, CLASSES)
             assert warning is None or isinstance(warning, str)
-            reason = controller_claims.explain_unallocated(claim, CLASSES, cluster["view"])
+            reason = explain(claim, CLASSES, cluster["view"])
             assert isinstance(reason, str)
             assert failfast.consumers_of(claim, ["p"]) == ["p"]
             obj = _roundtrip(_allocated(claim, share))

@@ -45,7 +45,7 @@ def test_a_class_that_matches_no_gpu_is_named_not_counted(view: snapshot_builder
             'device.driver == "gpu.gpuplane.dev" && device.attributes["gpu.gpuplane.dev"].productName == "NVIDIA B300"'
         ),
     }
-    why = checks.explain_unallocated(kit.claim_body([kit.req("g", cls="odd.gpuplane.dev")]), classes, view)
+    why = kit.explain(kit.claim_body([kit.req("g", cls="odd.gpuplane.dev")]), classes, view)
     free = len(view.gpus)
     assert "0 free in all" not in why, why
     assert f"no GPU matches the selectors of DeviceClass odd.gpuplane.dev ({free} of {free} GPUs free)" in why, why
@@ -53,13 +53,13 @@ def test_a_class_that_matches_no_gpu_is_named_not_counted(view: snapshot_builder
 
 def test_a_request_selector_that_matches_no_gpu_is_named(view: snapshot_builder.ClusterView) -> None:
     sel = 'device.attributes["gpu.gpuplane.dev"].productName == "NVIDIA B300"'
-    why = checks.explain_unallocated(kit.claim_body([kit.req("g", sel=[sel])]), kit.CLASSES, view)
+    why = kit.explain(kit.claim_body([kit.req("g", sel=[sel])]), kit.CLASSES, view)
     assert "no GPU matches the selectors of DeviceClass gpu.gpuplane.dev and request g" in why, why
 
 
 def test_a_selector_on_an_attribute_no_gpu_publishes_is_a_cel_runtime_error(view: snapshot_builder.ClusterView) -> None:
     sel = 'device.attributes["gpu.gpuplane.dev"].vendorColour == "green"'
-    why = checks.explain_unallocated(kit.claim_body([kit.req("g", sel=[sel])]), kit.CLASSES, view)
+    why = kit.explain(kit.claim_body([kit.req("g", sel=[sel])]), kit.CLASSES, view)
     assert 'reads device.attributes["gpu.gpuplane.dev"].vendorColour, which no GPU publishes' in why, why
     assert "fails at run time" in why and "0 free in all" not in why, why
 
@@ -105,14 +105,14 @@ def test_claims_of_one_template_share_one_explanation_per_view(view: snapshot_bu
     first = kit.claim_body([kit.req("g", sel=[sel])])
     twin = copy.deepcopy(first)
     twin["metadata"]["name"], twin["metadata"]["uid"] = "c-2", "uid-c-2"
-    want = checks.explain_unallocated(first, kit.CLASSES, view)
+    want = kit.explain(first, kit.CLASSES, view)
     assert cache.reason(indexed.claim(first), kit.CLASSES, view) == want and cache.hits == 0
     assert cache.reason(indexed.claim(twin), kit.CLASSES, view) == want and cache.hits == 1
     # Other requests, another class definition, or a new view: worked out again.
     other = kit.claim_body([kit.req("g", sel=[sel.replace("B300", "B200")])])
-    assert cache.reason(indexed.claim(other), kit.CLASSES, view) == checks.explain_unallocated(other, kit.CLASSES, view)
+    assert cache.reason(indexed.claim(other), kit.CLASSES, view) == kit.explain(other, kit.CLASSES, view)
     odd = {**kit.CLASSES, "gpu.gpuplane.dev": _nothing_class('device.driver == "x"')}
-    assert cache.reason(indexed.claim(twin), odd, view) == checks.explain_unallocated(twin, odd, view)
+    assert cache.reason(indexed.claim(twin), odd, view) == kit.explain(twin, odd, view)
     assert cache.hits == 1
     newer = copy.copy(view)
     assert cache.reason(indexed.claim(twin), kit.CLASSES, newer) == want and cache.hits == 1
@@ -135,7 +135,7 @@ def test_a_claim_asked_again_under_the_same_view_and_classes_is_answered_by_uid(
     other_classes = dict(kit.CLASSES)  # equal content, another mapping (the next pass): classes encoded once
     assert cache.reason(claim, other_classes, view) == want and cache.hits == 2 and len(encoded) == 1
     odd = {**kit.CLASSES, "gpu.gpuplane.dev": _nothing_class('device.driver == "x"')}
-    assert cache.reason(claim, odd, view) == checks.explain_unallocated(body, odd, view)  # new classes: again
+    assert cache.reason(claim, odd, view) == kit.explain(body, odd, view)  # new classes: again
 
 
 def test_an_explanation_is_written_again_when_its_wording_changes_not_its_counts(

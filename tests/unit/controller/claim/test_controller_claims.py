@@ -14,7 +14,7 @@ import pytest
 from gpuplane.controller import events, names
 from gpuplane.controller.claim import checks, failfast, review
 from gpuplane.controller.node import snapshot_builder
-from tests.controllerkit import CLASSES, claim_body, cluster_slices, req
+from tests.controllerkit import CLASSES, claim_body, cluster_slices, explain, req
 
 NOW = "2026-12-01T00:00:00Z"
 
@@ -94,7 +94,7 @@ def test_unallocated_mig_claim_is_explained(slices: list[dict[str, Any]]) -> Non
     c = claim_body(
         [req("m", cls="mig.gpuplane.dev", sel=[f'device.attributes["gpu.gpuplane.dev"].migProfile == "{h100_4g}"'])]
     )
-    why = checks.explain_unallocated(c, CLASSES, view)
+    why = explain(c, CLASSES, view)
     assert f"no free placement for profile {h100_4g}" in why
     assert "largest free block per GPU is 3g" in why
 

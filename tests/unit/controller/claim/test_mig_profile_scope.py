@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from gpuplane.controller import indexed
-from gpuplane.controller.claim import checks
 from gpuplane.controller.node import snapshot_builder
 from tests import controllerkit as kit
 
@@ -70,6 +69,6 @@ def test_a_pending_mig_claim_whose_profile_has_no_room_is_explained(slices: list
     view = snapshot_builder.build_view(slices, [indexed.claim(c) for c in big_claims])  # as the claim index holds them
     sel = f'device.attributes["gpu.gpuplane.dev"].migProfile == "{H100_1G}"'
     claim = kit.claim_body([kit.req("m", cls="mig.gpuplane.dev", sel=[sel])])
-    why = checks.explain_unallocated(claim, kit.CLASSES, view)
+    why = kit.explain(claim, kit.CLASSES, view)
     assert f"no free placement for profile {H100_1G} (0 of 1 needed on GPUs that publish it)" in why, why
     assert "every such GPU is taken" in why, why
