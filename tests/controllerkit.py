@@ -17,8 +17,9 @@ from typing import Any
 
 import yaml
 
+from gpuplane.api import kubetime
 from gpuplane.controller import deviceclass, indexed, names, steps
-from gpuplane.controller.gang import podview, queue_runner, reconciler, status, world
+from gpuplane.controller.gang import podview, queue_runner, reconciler, world
 from gpuplane.controller.gang import view as gang_view
 from gpuplane.controller.gang.podview import MemberPodView
 from gpuplane.controller.gang.view import GangView
@@ -129,7 +130,7 @@ def gang_body(
             "namespace": ns,
             "uid": f"uid-{name}",
             "generation": 1,
-            "creationTimestamp": status.now_rfc3339(created),
+            "creationTimestamp": kubetime.rfc3339(created),
         },
         "spec": spec,
         "status": dict(status_ or {}),

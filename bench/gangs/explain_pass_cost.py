@@ -25,10 +25,10 @@ from types import MappingProxyType
 from typing import Any
 
 from bench.gangs import gang_reconcile_cost as fleetkit
+from gpuplane.api import kubetime
 from gpuplane.controller import config, events, indexed, metrics, runtime
 from gpuplane.controller.claim import checks, explainer, handling
 from gpuplane.controller.gang import run as gang_run
-from gpuplane.controller.gang import status
 
 GPU = {
     "cel": {"expression": 'device.driver == "gpu.gpuplane.dev" && device.attributes["gpu.gpuplane.dev"].type == "gpu"'}
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     t0 = time.perf_counter()
     digests, hgx_nodes, nvl_nodes = fleetkit.fleet(a.hgx, a.gb200)
-    old = status.now_rfc3339(time.time() - 60)
+    old = kubetime.rfc3339(time.time() - 60)
     bodies = [
         fleetkit.claim(f"c-{i}", hgx_nodes[i % len(hgx_nodes)], f"gpu-{i // len(hgx_nodes) % 8}")
         for i in range(a.allocated)

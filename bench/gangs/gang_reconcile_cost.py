@@ -25,8 +25,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpuplane.api import kubetime
 from gpuplane.controller import config, deviceclass, indexed, metrics, names, runtime
-from gpuplane.controller.gang import placement_record, podview, queue_runner, reconciler, status, world
+from gpuplane.controller.gang import placement_record, podview, queue_runner, reconciler, world
 from gpuplane.controller.gang import run as gang_run
 from gpuplane.controller.gang import view as gang_view
 from gpuplane.controller.node import slice_index
@@ -97,7 +98,7 @@ def gang(j: int, nodes: tuple[str, str] | None) -> tuple[dict[str, Any], list[di
         st = {"phase": "Placing", "placement": placement_record.placement_status(decision)}
     spec = {"members": 2, "gpusPerMember": 4, "tensorParallelSize": 8, "selectors": [GB200]}
     meta = {"name": f"g-{j}", "namespace": NS, "uid": f"uid-g-{j}", "generation": 1}
-    meta["creationTimestamp"] = status.now_rfc3339(time.time() - 60)
+    meta["creationTimestamp"] = kubetime.rfc3339(time.time() - 60)
     body = {"apiVersion": names.GANG_API_VERSION, "kind": names.GANG_KIND, "metadata": meta, "spec": spec, "status": st}
     pods = []
     for i in range(2):

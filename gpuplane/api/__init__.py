@@ -6,6 +6,8 @@ reads the body of a response the client already holds.
 - ``names``: what the driver publishes and the controller selects on (driver name, attribute
   keys, API group).
 - ``configs``: the opaque device configuration (``gpu.gpuplane.dev/v1alpha1``) as strict pydantic models.
+- ``kubetime``: times as the API writes them (RFC 3339, UTC): read from any field as unix seconds, or None;
+  written as a ``Time`` or ``MicroTime``.
 - ``quantity``: Kubernetes resource quantities ("6Gi", "512M") parsed into integers, within bounds.
 - ``boundedjson``: API JSON decoded with bounded nesting, so no object a user writes makes a reader recurse;
   ``mapping``/``mappings`` read a field that should be an object (or a list of them) as empty when it is not.

@@ -35,11 +35,12 @@ from dataclasses import dataclass
 
 import structlog
 
+from gpuplane.api import kubetime
 from gpuplane.controller import indexed, metrics, runtime
 from gpuplane.controller.claim import checks
 from gpuplane.controller.deviceclass import ClassView
 from gpuplane.controller.gang import run as gang_run
-from gpuplane.controller.gang import status, world
+from gpuplane.controller.gang import world
 from gpuplane.controller.node import snapshot_builder
 from gpuplane.placement import fragmentation
 
@@ -78,7 +79,7 @@ def pending_claims(
         if not checks.ours_in(claim.requests, classes):
             continue
         count += 1
-        created = status.parse_time(claim.created)
+        created = kubetime.epoch(claim.created)
         if created is not None:
             oldest = max(oldest, now - created)
     return Pending(count, oldest)

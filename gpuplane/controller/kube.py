@@ -19,7 +19,6 @@ leadership mid-reconcile stops at the next write.
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -27,6 +26,7 @@ import structlog
 from kubernetes import config
 from kubernetes.client import Configuration
 
+from gpuplane.api import kubetime
 from gpuplane.controller import events, names, steps
 from gpuplane.informer.client import JSON, JSON_PATCH, MERGE, REQUEST_TIMEOUT_S, STRATEGIC, Answer, ApiError, Resource
 
@@ -346,7 +346,7 @@ class KubeWriter:
             return
         namespace = ref.namespace or "default"
         name = events.event_name(ref, reason, message)
-        now = _ts(datetime.datetime.now(datetime.UTC))
+        now = kubetime.rfc3339()
         try:
             current = self.get(EVENTS, namespace, name)
             if current is not None:
@@ -385,10 +385,6 @@ class KubeWriter:
                 self.patch(EVENTS, namespace, name, {"lastTimestamp": now})
         except (ApiError, NotLeader) as exc:
             log.warning("could not record event", reason=reason, object=ref.name, error=str(exc))
-
-
-def _ts(moment: datetime.datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _name(obj: Mapping[str, Any]) -> str:

@@ -27,7 +27,6 @@ The rules are client-go's ``leaderelection`` package:
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import random
 import threading
 import time
@@ -37,7 +36,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from gpuplane.api import boundedjson
+from gpuplane.api import boundedjson, kubetime
 from gpuplane.controller import kube
 from gpuplane.informer.client import ApiError, Resource
 
@@ -315,23 +314,6 @@ class Elector:
 # --- the Lease in the API -----------------------------------------------------------------------
 
 
-def _micro(epoch: float | None) -> str | None:
-    """A MicroTime as the API writes it (RFC 3339, microseconds, UTC)."""
-    if epoch is None:
-        return None
-    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _epoch(value: Any) -> float | None:
-    """A MicroTime (or Time) of the API as seconds since the epoch; None when absent or not a time."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
 class KubeLeaseStore:
     """A :class:`LeaseStore` on ``coordination.k8s.io/v1``, through the controller's client (every request
     bounded by its timeout; its own event loop, so the renewer does not wait on the operator's)."""
@@ -350,8 +332,8 @@ class KubeLeaseStore:
         return LeaseRecord(
             holder=str(spec.get("holderIdentity") or ""),
             lease_duration_s=duration if isinstance(duration, int) else 0,
-            acquire_time=_epoch(spec.get("acquireTime")),
-            renew_time=_epoch(spec.get("renewTime")),
+            acquire_time=kubetime.epoch(spec.get("acquireTime")),
+            renew_time=kubetime.epoch(spec.get("renewTime")),
             transitions=transitions if isinstance(transitions, int) else 0,
             resource_version=str(meta.get("resourceVersion") or ""),
         )
@@ -363,8 +345,8 @@ class KubeLeaseStore:
         spec = {
             "holderIdentity": record.holder or None,
             "leaseDurationSeconds": record.lease_duration_s,
-            "acquireTime": _micro(record.acquire_time),
-            "renewTime": _micro(record.renew_time),
+            "acquireTime": None if record.acquire_time is None else kubetime.rfc3339(record.acquire_time, micro=True),
+            "renewTime": None if record.renew_time is None else kubetime.rfc3339(record.renew_time, micro=True),
             "leaseTransitions": record.transitions,
         }
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta}

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from e2e.plane import components, nodes, simnodes
-from gpuplane.controller.rebalance import signal
+from gpuplane.api import kubetime
 from gpuplane.driver.hw.sim import gpu_uuid
 from gpuplane.driver.sharing.mps import MpsControl
 from tests.e2e.conftest import GpuCluster, eventually
@@ -301,7 +301,7 @@ def test_noisy_bronze_pod_is_moved_to_another_gpu_and_gold_is_untouched(
             (c["lastTransitionTime"] for c in status.get("conditions") or [] if c["type"] == "Ready"),
             status.get("startTime"),
         )
-        ready_at = signal.parse_time(recorded)
+        ready_at = kubetime.epoch(recorded)
         assert ready_at is not None, status
         assert move["start"] < move["end"] and ready_at <= move["end"] <= ready_at + 1.0, (move, recorded)
         assert abs(move["gpu_seconds"] - 0.2 * (move["end"] - move["start"])) < 1e-5, move

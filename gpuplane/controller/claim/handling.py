@@ -16,10 +16,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Self
 
+from gpuplane.api import kubetime
 from gpuplane.controller import config, events, indexed, names, runtime
 from gpuplane.controller.claim import checks, failfast, review
 from gpuplane.controller.deviceclass import ClassView
-from gpuplane.controller.gang import run, status, world
+from gpuplane.controller.gang import run, world
 
 EXPLAIN_VIEW_AGE_S = 5.0  # an unallocated claim's explanation may use a view this old (one per claim timer otherwise)
 EXPLAINED_MAX = 250  # characters of the reason kept in the claim's annotation
@@ -50,7 +51,7 @@ async def check_claim(
         return
     consumers = list(consumers)
     claim = review.with_notes(claim, rt.state(ClaimState).notes)  # what this replica wrote counts, if not seen yet
-    found = review.decide(claim, classes, consumers, status.now_rfc3339())
+    found = review.decide(claim, classes, consumers, kubetime.rfc3339())
     if found is None:
         return
     for finding in found.findings:
@@ -90,7 +91,7 @@ async def explain_claim(
     """For a claim that stays unallocated, say why in an Event (once per distinct reason)."""
     if not rt.leading() or claim.allocated or not checks.ours_in(claim.requests, classes):
         return
-    age = now - (status.parse_time(claim.created) or now)
+    age = now - (kubetime.epoch(claim.created) or now)
     if age < rt.cfg.claim_explain_after_s or _gang_member_claim(claim, w):
         return
     _, view = run.plan_for(rt, w, now, max_age_s=EXPLAIN_VIEW_AGE_S)

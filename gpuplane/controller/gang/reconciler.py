@@ -35,6 +35,7 @@ from typing import Any
 
 import structlog
 
+from gpuplane.api import kubetime
 from gpuplane.controller import events, kube, names
 from gpuplane.controller.gang import (
     desired,
@@ -141,7 +142,7 @@ def _read(key: str, gang: GangView, w: world.World, now: float) -> GangRead | Ou
         members=members,
         claims=w.gang_claims(key),
         prev=prev,
-        stamp=status.now_rfc3339(now),
+        stamp=kubetime.rfc3339(now),
         created=gang.created,
         base=base,
         events=new_problems,
@@ -206,7 +207,7 @@ def _holding(
             etype=ends.severity,
             tell_owners=ends.reason if ends.severity == "Warning" else "",
         )
-    since = status.parse_time(g.prev.get("placedAt")) or g.created
+    since = kubetime.epoch(g.prev.get("placedAt")) or g.created
     g, applied, reason = hold.apply_steps(
         g, decision, claims=w.claims, gpu_domains=gpus, written=imex, since=since, now=now
     )
@@ -301,7 +302,7 @@ def _queued(
             g, decision, claims=w.claims, gpu_domains=gpus, written=imex, since=now, now=now
         )
         domain = ",".join(decision.domains)
-        waited = now - (status.parse_time(ready_since) or now)
+        waited = now - (kubetime.epoch(ready_since) or now)
         msg = f"placed {spec.members} members in NVLink domain {domain} (decision {placement['id']})"
         msg += f"; {applied.blocked}" if reason == hold.WAITING else ""  # the Placed Event says the gates wait
         return finish(

@@ -14,7 +14,6 @@ field's worst incident: ~8 minutes of 409 conflicts on one status object). So:
 
 from __future__ import annotations
 
-import datetime
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,24 +21,6 @@ from typing import Any
 
 # Fields whose change is a decision and is written immediately.
 URGENT_FIELDS = ("phase", "placement", "reason", "nominatedVictims", "domain")
-
-
-def now_rfc3339(moment: float | None = None) -> str:
-    """RFC 3339 UTC timestamp for ``moment`` (epoch seconds) or now."""
-    when = (
-        datetime.datetime.now(datetime.UTC) if moment is None else datetime.datetime.fromtimestamp(moment, datetime.UTC)
-    )
-    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(text: str | None) -> float | None:
-    """Epoch seconds of an RFC 3339 timestamp (None when absent or bad)."""
-    if not text:
-        return None
-    try:
-        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def condition(

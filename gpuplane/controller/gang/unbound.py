@@ -14,14 +14,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpuplane.controller.gang import status
+from gpuplane.api import kubetime
 
 REASON = "BindTimeout"
 
 
 def overdue(prev: Mapping[str, Any], bound: int, members: int, now: float, timeout_s: float) -> str | None:
     """Why the placement is released now, or None while it may still be followed (or the check is off)."""
-    placed_at = status.parse_time(prev.get("placedAt"))
+    placed_at = kubetime.epoch(prev.get("placedAt"))
     if timeout_s <= 0 or placed_at is None or bound >= members:
         return None
     waited = now - placed_at

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from gpuplane.api import kubetime
 from gpuplane.api.boundedjson import empty, mapping
 from gpuplane.controller import events, names
-from gpuplane.controller.gang import status
 from gpuplane.controller.gang.spec import GangSpec, SpecError, parse_gang_spec
 
 
@@ -78,7 +78,7 @@ def view(body: Mapping[str, Any]) -> GangView:
         namespace=str(meta.get("namespace") or ""),
         uid=str(meta.get("uid") or ""),
         generation=generation if isinstance(generation, int) and not isinstance(generation, bool) else None,
-        created=(status.parse_time(created) or 0.0) if isinstance(created, str) else 0.0,
+        created=(kubetime.epoch(created) or 0.0) if isinstance(created, str) else 0.0,
         deleting=bool(meta.get("deletionTimestamp")),
         spec=spec,
         invalid=invalid,

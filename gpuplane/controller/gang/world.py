@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuplane.api import kubetime
 from gpuplane.controller import indexed, names
 from gpuplane.controller.deviceclass import ClassView
 from gpuplane.controller.gang import (
@@ -25,7 +26,6 @@ from gpuplane.controller.gang import (
     owners,
     placement_record,
     queue_runner,
-    status,
     writes,
 )
 from gpuplane.controller.gang.podview import MemberPodView
@@ -269,7 +269,7 @@ def entries(world: World, view: snapshot_builder.ClusterView) -> list[queue_runn
                 namespace=ns,
                 spec=spec,
                 created=created,
-                waiting_since=status.parse_time(st.get("readySince")) or created,
+                waiting_since=kubetime.epoch(st.get("readySince")) or created,
                 ready=ready,
                 holding=phase in HOLDING_PHASES,
                 nominated=tuple(dict.fromkeys([*(st.get("nominatedVictims") or ()), *released_for.get(key, ())])),

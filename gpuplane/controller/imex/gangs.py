@@ -26,9 +26,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuplane.api import imex
+from gpuplane.api import imex, kubetime
 from gpuplane.controller import names
-from gpuplane.controller.gang import placement_record, status, world
+from gpuplane.controller.gang import placement_record, world
 from gpuplane.controller.gang.view import GangView
 from gpuplane.controller.imex import groups
 from gpuplane.controller.imex.decide import PlacedGang
@@ -101,7 +101,7 @@ def placed(w: world.World, gpu_domains: Mapping[str, str], channels: Mapping[str
                 claims.append(imex.Claim(namespace=ns, name=cname, uid=claim.uid, node=node))
         if not claims:
             continue
-        since = status.parse_time(st.get("placedAt")) or gang.created
+        since = kubetime.epoch(st.get("placedAt")) or gang.created
         here = tuple(sorted(set(nodes)))
         gangs.append(
             PlacedGang(

@@ -27,9 +27,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from gpuplane.api import imex, imex_group
+from gpuplane.api import imex, imex_group, kubetime
 from gpuplane.controller import indexed
-from gpuplane.controller.gang import status, world
+from gpuplane.controller.gang import world
 from gpuplane.controller.imex.decide import PlacedGang
 from gpuplane.controller.imex.objects import GangMembers
 
@@ -80,7 +80,7 @@ def in_gang(claim: indexed.ClaimView) -> bool:
 
 def created_at(claim: indexed.ClaimView) -> float:
     """The claim's creation in epoch seconds (0 when the index kept none)."""
-    return status.parse_time(claim.created) or 0.0
+    return kubetime.epoch(claim.created) or 0.0
 
 
 @dataclass

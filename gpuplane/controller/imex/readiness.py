@@ -29,8 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpuplane.api import imex
-from gpuplane.controller.gang import status
+from gpuplane.api import imex, kubetime
 
 NOT_READY = "ImexNodeNotReady"
 READY_AGAIN = "ImexNodeReady"
@@ -152,7 +151,7 @@ def overdue(
     """Why the gang is released now for its domain's readiness, or None (see the module docstring).
 
     ``unready``: its domain's nodes not ready and why (None: ready, or nothing reported)."""
-    placed_at = status.parse_time(prev.get("placedAt"))
+    placed_at = kubetime.epoch(prev.get("placedAt"))
     if timeout_s <= 0 or not unready or placed_at is None or running >= members:
         return None
     waited = now - placed_at

@@ -21,6 +21,7 @@ import re
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
+from gpuplane.api import kubetime
 from gpuplane.api import names as dn
 from gpuplane.controller import indexed, names
 from gpuplane.controller.migoffer.decide import Gpu, Node, Waiting
@@ -62,11 +63,8 @@ def mig_profiles(requests: Iterable[Any], mig_class: str = names.DEFAULT_MIG_DEV
 
 
 def _age_s(stamp: Any, now: datetime.datetime) -> float:
-    try:
-        created = datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
-    except ValueError:
-        return 0.0
-    return max(0.0, (now - created).total_seconds()) if created.tzinfo is not None else 0.0
+    created = kubetime.epoch(stamp)
+    return 0.0 if created is None else max(0.0, now.timestamp() - created)
 
 
 def tried(pod: indexed.PodView, steering: Collection[str] | None) -> bool:

@@ -41,6 +41,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from gpuplane.api import kubetime
 from gpuplane.controller import events, indexed, kube
 from gpuplane.controller.metrics import ControllerMetrics
 from gpuplane.controller.rebalance import moves, signal
@@ -321,16 +322,16 @@ class Rebalancer:
             owner = _controller_of(p)
             if owner is None or owner.get("uid") != m.owner_uid or meta.get("name") == m.pod:
                 continue
-            created = signal.parse_time(meta.get("creationTimestamp")) or 0.0
+            created = kubetime.epoch(meta.get("creationTimestamp")) or 0.0
             status = p.get("status") or {}
             if created + 1.0 < m.evicted_at or status.get("phase") != "Running":
                 continue
             ready = [
-                signal.parse_time(c.get("lastTransitionTime"))
+                kubetime.epoch(c.get("lastTransitionTime"))
                 for c in status.get("conditions") or []
                 if c.get("type") == "Ready" and c.get("status") == "True"
             ]
-            since = next((t for t in ready if t), None) or signal.parse_time(status.get("startTime"))
+            since = next((t for t in ready if t), None) or kubetime.epoch(status.get("startTime"))
             return str(meta.get("name")), since, str(meta.get("uid", ""))
         return None
 

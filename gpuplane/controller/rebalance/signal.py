@@ -11,12 +11,11 @@ namespace is entitled to (:mod:`gpuplane.controller.rebalance.entitlement`).
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuplane.api import names, noisy_taint
+from gpuplane.api import kubetime, names, noisy_taint
 from gpuplane.controller import indexed
 from gpuplane.controller.rebalance import entitlement
 from gpuplane.controller.rightsize import fleet
@@ -68,16 +67,6 @@ class Tenant:
         return f"{self.namespace}/{self.name} ({self.tier})"
 
 
-def parse_time(text: object) -> float | None:
-    """RFC 3339 -> unix seconds (None when absent or malformed)."""
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
 def alerts(slices: Iterable[Mapping[str, Any]]) -> list[Alert]:
     """Every noisy-neighbour taint on gpuplane's published devices (malformed ones are ignored)."""
     out: list[Alert] = []
@@ -96,7 +85,7 @@ def alerts(slices: Iterable[Mapping[str, Any]]) -> list[Alert]:
                 if not isinstance(taint, Mapping) or taint.get("key") != noisy_taint.KEY:
                     continue
                 figures = noisy_taint.decode(taint.get("value"))
-                since = parse_time(taint.get("timeAdded"))
+                since = kubetime.epoch(taint.get("timeAdded"))
                 if figures is not None and since is not None:
                     out.append(Alert(pool, node, str(device["name"]), figures, since))
     return sorted(out, key=lambda a: (a.pool, a.device))

@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from gpuplane.api import kubetime
 from gpuplane.api.ledger import Segment
 from gpuplane.driver.prepare.checkpoint import Checkpoint, ClaimRecord, DeviceRecord
 
@@ -287,12 +288,8 @@ def render(rows: Sequence[Row], by: Sequence[str], start: float, end: float) -> 
     body.append(["TOTAL"] + [""] * (len(by) - 1) + [str(sum(r.claims for r in rows)), f"{total:.3f}"])
     widths = [max(len(h), *(len(line[i]) for line in body)) for i, h in enumerate(headers)]
     fmt = "   ".join(f"{{:<{w}}}" for w in widths[:-1]) + f"   {{:>{widths[-1]}}}"
-    window = f"# window {_iso(start)} .. {_iso(end)} ({(end - start) / 3600:.1f}h)"
+    window = f"# window {kubetime.rfc3339(start)} .. {kubetime.rfc3339(end)} ({(end - start) / 3600:.1f}h)"
     return "\n".join([window, fmt.format(*headers), *(fmt.format(*line) for line in body)])
-
-
-def _iso(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
@@ -311,9 +308,11 @@ def _parse_time(text: str) -> float:
     try:
         return float(text)
     except ValueError:
-        import datetime
-
-        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+        pass
+    moment = kubetime.epoch(text)
+    if moment is None:
+        raise ValueError(f"not a time: {text!r} (give unix seconds, an RFC 3339 time or 'now')")
+    return moment
 
 
 def main(argv: Sequence[str] | None = None) -> int:

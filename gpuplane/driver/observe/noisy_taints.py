@@ -12,17 +12,12 @@ Pure apart from the clock.
 
 from __future__ import annotations
 
-import datetime
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
-from gpuplane.api import noisy_taint
+from gpuplane.api import kubetime, noisy_taint
 from gpuplane.driver.observe import noisy
 from gpuplane.driver.publish.slices import DeviceTaint
-
-
-def _rfc3339(t: float) -> str:
-    return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class NoisyTaints:
@@ -50,7 +45,9 @@ class NoisyTaints:
             figures = noisy_taint.NoisyFigures(
                 a.hog.claim_uid, share, round(100 * s.threshold), min(999_999, round(s.sustain_s))
             )
-            want[a.gpu] = DeviceTaint(noisy_taint.KEY, noisy_taint.encode(figures), noisy_taint.EFFECT, _rfc3339(at))
+            want[a.gpu] = DeviceTaint(
+                noisy_taint.KEY, noisy_taint.encode(figures), noisy_taint.EFFECT, kubetime.rfc3339(at)
+            )
         with self._lock:
             changed = want != self._taints
             self._taints = want

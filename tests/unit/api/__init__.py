@@ -7,6 +7,8 @@
   HTTP (issue 18, defect 1).
 - ``test_fuzz``: Fuzz: generated opaque configs, ResourceClaims and GpuGangs through the controller's and the
   driver's own paths.
+- ``test_kubetime``: gpuplane.api.kubetime: the API's times read from any field (None, never an error) and written
+  as it writes them.
 - ``test_tier_priority``: MPS client priority per tier: the tier classes set it, a claim may lower it, never raise
   it.
 """

@@ -14,9 +14,10 @@ from typing import Any, cast
 
 import pytest
 
+from gpuplane.api import kubetime
 from gpuplane.controller import config, fleet_gauges, indexed, metrics, runtime
 from gpuplane.controller.gang import run as gang_run
-from gpuplane.controller.gang import status, world
+from gpuplane.controller.gang import world
 from gpuplane.driver.inventory import mig_device_name
 from tests import controllerkit as kit
 
@@ -39,9 +40,9 @@ def claim(
 ) -> indexed.ClaimView:
     """A claim as the index keeps it; ``held``: (node, device) of its allocation (none: pending)."""
     body = kit.claim_body([kit.req("gpus", cls=cls)])
-    body["metadata"].update(name=name, uid=f"uid-{name}", creationTimestamp=status.now_rfc3339(created))
+    body["metadata"].update(name=name, uid=f"uid-{name}", creationTimestamp=kubetime.rfc3339(created))
     if deleting:
-        body["metadata"]["deletionTimestamp"] = status.now_rfc3339(created + 1)
+        body["metadata"]["deletionTimestamp"] = kubetime.rfc3339(created + 1)
     if held:
         results = [{"driver": "gpu.gpuplane.dev", "pool": n, "device": d, "request": "gpus"} for n, d in held]
         body["status"] = {"allocation": {"devices": {"results": results}}}

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
+from gpuplane.api import kubetime
 from gpuplane.controller import names
-from gpuplane.controller.gang import placement_record, reconciler, status, world
+from gpuplane.controller.gang import placement_record, reconciler, world
 from tests import controllerkit as kit
 
 
@@ -30,7 +31,7 @@ def _placed(slices: list[dict[str, Any]], placed_at: float) -> tuple[Any, str]:
     placement = first.status["placement"]
     decided = placement_record.decision_from_status("team-a/g", placement, {})
     assert decided is not None
-    st = {"phase": "Placed", "reason": "GatesLifted", "placement": placement, "placedAt": status.now_rfc3339(placed_at)}
+    st = {"phase": "Placed", "reason": "GatesLifted", "placement": placement, "placedAt": kubetime.rfc3339(placed_at)}
     body = kit.gang_body("g", members=2, gpusPerMember=1, status_=st)
     pods = [kit.member_pod("g", i, gated=False) for i in range(2)]
     claims = [

@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
+from gpuplane.api import kubetime
 from gpuplane.controller import caches, names
-from gpuplane.controller.gang import reconciler, status
+from gpuplane.controller.gang import reconciler
 from gpuplane.controller.gang import view as gang_view
 from gpuplane.controller.gang.spec import parse_gang_spec
 from tests.controllerkit import make_world
@@ -31,7 +32,7 @@ BODY: dict[str, Any] = {
 def test_a_gang_is_read_once_into_its_view() -> None:
     got = gang_view.view(BODY)
     assert (got.key, got.uid, got.generation, got.deleting, got.phase) == ("team-a/g", "uid-g", 3, False, "Placed")
-    assert got.created == status.parse_time("2026-12-07T00:00:00Z") > 0
+    assert got.created == kubetime.epoch("2026-12-07T00:00:00Z") > 0
     assert got.spec == parse_gang_spec(BODY["spec"]) and got.invalid == ""
     assert got.status == BODY["status"]
     assert (got.ref.kind, got.ref.api_version, got.ref.name, got.ref.uid) == (

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from gpuplane.api import imex, imex_group
+from gpuplane.api import imex, imex_group, kubetime
 from gpuplane.api import names as dn
 from gpuplane.controller import events, indexed, names
-from gpuplane.controller.gang import status, world
+from gpuplane.controller.gang import world
 from gpuplane.controller.imex import decide, groups, reconcile
 from gpuplane.driver import config
 from gpuplane.driver.prepare import imex_claims
@@ -325,7 +325,7 @@ def test_the_controllers_index_keeps_what_grouping_reads() -> None:
     body = claim("a", "tray-0", created="2026-01-01T00:05:00Z")
     kept = indexed.claim(body)
     assert groups.group_of(kept) == imex_group.group_of(body) == ("train", "") and groups.pool_node(kept) == "tray-0"
-    assert groups.created_at(kept) == status.parse_time("2026-01-01T00:05:00Z") > 0
+    assert groups.created_at(kept) == kubetime.epoch("2026-01-01T00:05:00Z") > 0
     plain = indexed.claim(claim("b", "tray-0", None))
     assert not plain.labels and plain.created is None  # as before
     out = groups.gather(make_world([body, claim("c", "tray-1")]), CLIQUES, {})

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
+from gpuplane.api import kubetime
 from gpuplane.controller import kube
-from gpuplane.controller.gang import reconciler, status, world
+from gpuplane.controller.gang import reconciler, world
 from gpuplane.controller.gang import run as gang_run
 from gpuplane.controller.imex import hold
 from gpuplane.controller.imex import reconcile as imex_reconcile
@@ -203,7 +204,7 @@ def test_past_the_bound_the_gates_lift_with_a_warning(cluster_slices: list[dict[
     assert lifts(out) == ["train-pod-0", "train-pod-1"]
     (event,) = [e for e in out.events if e[0] == "Warning"]
     assert event[1] == hold.LATE and "0 of 2 member claims listed" in event[2]
-    assert status.parse_time(first.status["placedAt"]) == pytest.approx(NOW, abs=1)
+    assert kubetime.epoch(first.status["placedAt"]) == pytest.approx(NOW, abs=1)
 
 
 def test_a_failed_imex_write_holds_the_gates_until_a_pass_writes_the_plan(cluster_slices: list[dict[str, Any]]) -> None:

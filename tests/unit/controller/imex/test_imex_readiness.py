@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from gpuplane.api import imex
+from gpuplane.api import imex, kubetime
 from gpuplane.controller import events
-from gpuplane.controller.gang import reconciler, status, world
+from gpuplane.controller.gang import reconciler, world
 from gpuplane.controller.gang import run as gang_run
 from gpuplane.controller.imex import hold, readiness
 from gpuplane.controller.imex import reconcile as imex_reconcile
@@ -109,7 +109,7 @@ def test_a_new_generation_not_served_yet_is_not_ready_but_no_warning() -> None:
 
 
 def test_the_bound_releases_only_a_reported_unready_domain_past_it_before_every_member_runs() -> None:
-    placed = {"placedAt": status.now_rfc3339(1000.0)}
+    placed = {"placedAt": kubetime.rfc3339(1000.0)}
     late = readiness.overdue({"tray-1": "slow"}, placed, 0, 2, now=1301.0, timeout_s=300.0)
     assert late is not None and "not ready: tray-1: slow" in late and "readiness bound 300s" in late
     assert readiness.overdue({"tray-1": "slow"}, placed, 0, 2, now=1299.0, timeout_s=300.0) is None  # within
