@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 import signal
 import threading
 import time
@@ -13,6 +12,7 @@ from types import FrameType
 import structlog
 
 from gpuplane import logs
+from gpuplane.api import kubetime
 from gpuplane.driver import config as config_mod
 from gpuplane.driver import probes
 from gpuplane.driver.hw import interface as hw
@@ -222,7 +222,7 @@ def run(cfg: config_mod.DriverConfig, stop: threading.Event) -> int:
         )
         layout: Layout | None = None
         if steer.active:
-            started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            started = kubetime.rfc3339()
             steered = steering.SteeredLayout(steer, taint_time=started)
 
             def layout(inv: Inventory, taints: Mapping[str, Sequence[DeviceTaint]]) -> PoolContent:

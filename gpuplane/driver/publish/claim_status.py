@@ -26,6 +26,7 @@ from typing import Any
 
 import structlog
 
+from gpuplane.api import kubetime
 from gpuplane.driver.prepare import contract
 from gpuplane.driver.prepare.cdi_assembly import runtime_uuid
 from gpuplane.driver.prepare.checkpoint import Checkpoint, ClaimRecord, DeviceRecord
@@ -70,7 +71,7 @@ def device_data(rec: ClaimRecord, d: DeviceRecord) -> dict[str, Any]:
 
 def device_statuses(rec: ClaimRecord, driver: str, now: datetime.datetime) -> list[dict[str, Any]]:
     """``status.devices`` entries for a prepared claim, one per allocated device (and shareID)."""
-    when = now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    when = kubetime.rfc3339(now.timestamp())
     out: list[dict[str, Any]] = []
     for d in rec.devices:
         entry: dict[str, Any] = {
