@@ -41,7 +41,6 @@ from typing import Any, Protocol
 
 import structlog
 
-from gpuplane.api import kubetime
 from gpuplane.controller import events, indexed, kube
 from gpuplane.controller.metrics import ControllerMetrics
 from gpuplane.controller.rebalance import moves, signal
@@ -78,13 +77,6 @@ def _pod_ref(namespace: str, name: str, uid: str) -> events.ObjectRef:
 
 def _claim_ref(t: signal.Tenant) -> events.ObjectRef:
     return events.ObjectRef(CLAIM_API, "ResourceClaim", t.name, t.namespace, t.uid)
-
-
-def _controller_of(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
-        if isinstance(ref, Mapping) and ref.get("controller"):
-            return dict(ref)
-    return None
 
 
 class Rebalancer:
@@ -151,12 +143,11 @@ class Rebalancer:
         claim = next((c for c in claims if c.uid == hog.uid), None)
         if self._reported(hog.uid, "refused", d.alert.since, now):
             return "refused"  # refused for this alert less than a cool-down ago: not asked again yet
-        pod = await asyncio.to_thread(self.w.read_pod, hog.namespace, hog.pods[0].name)
-        uid = str((pod or {}).get("metadata", {}).get("uid", ""))
-        if pod is None or not uid or (hog.pods[0].uid and uid != hog.pods[0].uid):
+        body = await asyncio.to_thread(self.w.read_pod, hog.namespace, hog.pods[0].name)
+        pod = moves.pod_facts(body) if body is not None else None
+        if pod is None or not pod.uid or (hog.pods[0].uid and pod.uid != hog.pods[0].uid):
             return "gone"  # gone, or another pod of that name: not the claim's consumer
-        owner = _controller_of(pod)
-        if owner is None:
+        if pod.owner is None:
             why = (
                 f"pod {hog.namespace}/{hog.pods[0].name} has no controller (a bare pod would not come back "
                 "elsewhere); not evicted: move it, or run it under a Deployment or a Job"
@@ -177,8 +168,8 @@ class Rebalancer:
             claim=hog.name,
             pod=hog.pods[0].name,
             tier=hog.tier,
-            owner=f"{owner.get('kind')}/{owner.get('name')}",
-            owner_uid=str(owner.get("uid", "")),
+            owner=f"{pod.owner[0]}/{pod.owner[1]}",
+            owner_uid=pod.owner[2],
             fraction=moves.fraction_of(claim, d.alert.pool, d.alert.device) if claim is not None else 1.0,
             evicted_at=now,
             figures=d.figures(),
@@ -192,7 +183,7 @@ class Rebalancer:
         except kube.ApiError as exc:
             why = f"cannot create DeviceTaintRule {name} to keep the replacement off the GPU: {exc.said}"
             return await self._report(d, claims, "no-taint-rules", why, now)
-        refused = await asyncio.to_thread(self.w.evict_pod, hog.namespace, move.pod, uid)
+        refused = await asyncio.to_thread(self.w.evict_pod, hog.namespace, move.pod, pod.uid)
         if refused is not None:
             await asyncio.to_thread(self.w.delete_device_taint_rule, name)
             return await self._report(d, claims, "refused", f"the Eviction API refused: {refused}", now)
@@ -217,10 +208,9 @@ class Rebalancer:
             fraction=move.fraction,
             rule=name,
         )
-        pod_meta = pod.get("metadata") or {}
         await self._events(
             [
-                (_pod_ref(hog.namespace, move.pod, str(pod_meta.get("uid", ""))), "Warning"),
+                (_pod_ref(hog.namespace, move.pod, pod.uid), "Warning"),
                 (_claim_ref(hog), "Warning"),
             ],
             EVICTED,
@@ -316,23 +306,12 @@ class Rebalancer:
 
         The time is Kubernetes' (whole seconds; the start time without a Ready condition; None without either).
         """
-        pods = await asyncio.to_thread(self.w.list_pods, m.namespace)
-        for p in pods:
-            meta = p.get("metadata") or {}
-            owner = _controller_of(p)
-            if owner is None or owner.get("uid") != m.owner_uid or meta.get("name") == m.pod:
+        for p in map(moves.pod_facts, await asyncio.to_thread(self.w.list_pods, m.namespace)):
+            if p.owner is None or p.owner[2] != m.owner_uid or p.name == m.pod:
                 continue
-            created = kubetime.epoch(meta.get("creationTimestamp")) or 0.0
-            status = p.get("status") or {}
-            if created + 1.0 < m.evicted_at or status.get("phase") != "Running":
+            if p.created + 1.0 < m.evicted_at or not p.running:
                 continue
-            ready = [
-                kubetime.epoch(c.get("lastTransitionTime"))
-                for c in status.get("conditions") or []
-                if c.get("type") == "Ready" and c.get("status") == "True"
-            ]
-            since = next((t for t in ready if t), None) or kubetime.epoch(status.get("startTime"))
-            return str(meta.get("name")), since, str(meta.get("uid", ""))
+            return p.name, p.ready_since, p.uid
         return None
 
     def _charge(self, m: moves.Move, end: float, replacement: str) -> None:

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from gpuplane.api import boundedjson, kubetime
 from gpuplane.api import names as dn
 from gpuplane.api.ledger import Segment
 from gpuplane.controller import indexed, names
@@ -156,3 +157,35 @@ def charge_end(move: Move, recorded: float | None, seen: float) -> float:
     if recorded is None or recorded + RECORDED_RESOLUTION_S <= move.evicted_at:
         return seen
     return min(seen, recorded + RECORDED_RESOLUTION_S)
+
+
+@dataclass(frozen=True, slots=True)
+class PodFacts:
+    """What a move reads of a pod it evicts or of its replacement, parsed once from the API's body."""
+
+    name: str
+    uid: str
+    owner: tuple[str, str, str] | None  # (kind, name, uid) of its controller, None for a bare pod
+    created: float  # unix seconds (0 when unknown)
+    running: bool
+    ready_since: float | None  # Ready's last transition, else the start time (Kubernetes': whole seconds)
+
+
+def pod_facts(body: Mapping[str, Any]) -> PodFacts:
+    """A pod's :class:`PodFacts`; total on any body (a field of the wrong type reads as absent)."""
+    meta, status = boundedjson.mapping(body.get("metadata")), boundedjson.mapping(body.get("status"))
+    owner = next((r for r in boundedjson.mappings(meta.get("ownerReferences")) if r.get("controller") is True), None)
+    ready = [
+        kubetime.epoch(c.get("lastTransitionTime"))
+        for c in boundedjson.mappings(status.get("conditions"))
+        if c.get("type") == "Ready" and c.get("status") == "True"
+    ]
+    text = boundedjson.text
+    return PodFacts(
+        name=text(meta.get("name")),
+        uid=text(meta.get("uid")),
+        owner=None if owner is None else (text(owner.get("kind")), text(owner.get("name")), text(owner.get("uid"))),
+        created=kubetime.epoch(meta.get("creationTimestamp")) or 0.0,
+        running=status.get("phase") == "Running",
+        ready_since=next((t for t in ready if t), None) or kubetime.epoch(status.get("startTime")),
+    )

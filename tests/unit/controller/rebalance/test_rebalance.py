@@ -352,3 +352,30 @@ def test_move_record_round_trips_and_rule_names_fit() -> None:
     assert moves.Move.from_json("{broken") is None
     long = moves.rule_name("n" * 250, "gpu-1")
     assert len(long) <= 253 and long.startswith("gpuplane-moved.")
+
+
+def test_what_a_move_reads_of_a_pod_is_parsed_once_and_total_on_any_body() -> None:
+    body = {
+        "metadata": {
+            "name": "p-2",
+            "uid": "u-2",
+            "creationTimestamp": "2026-12-07T08:00:00Z",
+            "ownerReferences": [
+                {"kind": "Node", "name": "n", "uid": "x"},
+                {"kind": "ReplicaSet", "name": "rs", "uid": "rs-1", "controller": True},
+            ],
+        },
+        "status": {
+            "phase": "Running",
+            "startTime": "2026-12-07T08:00:01Z",
+            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-07T08:00:05Z"}],
+        },
+    }
+    got = moves.pod_facts(body)
+    assert (got.name, got.uid, got.owner, got.running) == ("p-2", "u-2", ("ReplicaSet", "rs", "rs-1"), True)
+    assert got.ready_since is not None and got.ready_since - got.created == 5.0
+    not_ready = {**body, "status": {"phase": "Pending", "startTime": "2026-12-07T08:00:01Z"}}
+    assert moves.pod_facts(not_ready).ready_since == got.created + 1 and not moves.pod_facts(not_ready).running
+    for odd in ({}, {"metadata": [], "status": "x"}, {"metadata": {"ownerReferences": {"controller": True}}}):
+        facts = moves.pod_facts(odd)
+        assert (facts.name, facts.uid, facts.owner, facts.created, facts.ready_since) == ("", "", None, 0.0, None)
