@@ -37,6 +37,7 @@ from gpuplane.controller.imex import reconcile as imex
 from gpuplane.controller.node import label_sync, slice_index
 from gpuplane.controller.rebalance import act, decide, loop
 from gpuplane.controller.rightsize import apply as rightsize
+from gpuplane.controller.rightsize import need as rs_need
 from gpuplane.controller.rightsize import template as rs_template
 from gpuplane.controller.steer import decide as steer_decide
 from gpuplane.controller.steer import gate as steer_gate
@@ -241,15 +242,14 @@ def make_registry(cfg: config.ControllerConfig) -> kopf.OperatorRegistry:
         if not memo.leading() or not memo.caches.synced():
             return  # the timer comes again
         idx = memo.caches.indexes
-        plain = indexed.plain(body, "spec", "status")
-        meta = plain.get("metadata") or {}
-        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        request = rs_need.request_view(body)
+        key = request.key
         written = memo.state(rightsize.Templates)
         async with memo.lock():
             existing = indexed.single(idx["template_idx"]).get(key)
             await rightsize.reconcile(
                 memo.writer,
-                plain,
+                request,
                 written.recent(key, existing, time.time()),
                 slice_index.every(idx["slice_idx"]),  # keyed by node: every node's slices, not one each
                 indexed.single(idx["class_idx"]),

@@ -19,6 +19,7 @@ from gpuplane.controller import claimtemplate, config, events, kube
 from gpuplane.controller.claimtemplate import TemplateView
 from gpuplane.controller.deviceclass import ClassView
 from gpuplane.controller.rightsize import decide, template
+from gpuplane.controller.rightsize.need import RequestView
 
 log = structlog.get_logger(__name__)
 
@@ -73,7 +74,7 @@ class Writer(Protocol):
 
 async def reconcile(
     writer: Writer,
-    request: Mapping[str, Any],
+    request: RequestView,
     existing: TemplateView | None,
     slices: Iterable[Any],  # API slices or the controller's digests
     classes: Mapping[str, ClassView],
@@ -81,10 +82,9 @@ async def reconcile(
     created: Callable[[Mapping[str, Any]], None] = lambda _: None,
 ) -> decide.Outcome:
     """Decide and write for one GpuRequest; returns the outcome (for tests and metrics)."""
-    meta = request.get("metadata") or {}
-    ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+    ns, name = request.namespace, request.name
     out = decide.decide(request, existing, list(slices), classes)
-    ref = events.ObjectRef.of(request, template.API_VERSION, template.KIND)
+    ref = events.ObjectRef(template.API_VERSION, template.KIND, name, ns, request.uid)
     try:
         if out.delete:
             await asyncio.to_thread(writer.delete_claim_template, ns, out.delete)
@@ -96,10 +96,10 @@ async def reconcile(
     except kube.ApiError as exc:
         message = f"the API refused the generated ResourceClaimTemplate: {exc.status} {exc.message or exc.reason}"
         log.error("gpu request template refused", gpu_request=f"{ns}/{name}", status=exc.status, error=message)
-        failed = template.invalid_status(message, meta.get("generation"))
+        failed = template.invalid_status(message, request.generation)
         if out.create is not None:  # not tried again until the plan changes (decide reads this back)
             failed["refusedPlan"] = out.create["metadata"]["annotations"][template.ANNOTATION_HASH]
-        if (request.get("status") or {}).get("message") != message:
+        if request.status.get("message") != message:
             await asyncio.to_thread(writer.patch_gpu_request_status, ns, name, failed)
             await asyncio.to_thread(writer.event, ref, "Warning", decide.REASON_INVALID, message)
         return decide.Outcome(failed)

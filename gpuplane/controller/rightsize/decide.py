@@ -24,7 +24,7 @@ from gpuplane.controller import events
 from gpuplane.controller.claimtemplate import TemplateView
 from gpuplane.controller.deviceclass import ClassView
 from gpuplane.controller.rightsize import alternatives, fleet, template
-from gpuplane.controller.rightsize.need import NeedError, parse_need
+from gpuplane.controller.rightsize.need import NeedError, RequestView, parse_need
 
 REASON_READY = "ClaimTemplateReady"
 REASON_INVALID = "InvalidGpuRequest"
@@ -46,19 +46,16 @@ def _changed(current: Mapping[str, Any] | None, want: Mapping[str, Any]) -> bool
 
 
 def decide(
-    request: Mapping[str, Any],
+    request: RequestView,
     existing: TemplateView | None,
     slices: Iterable[Any],  # API slices or the controller's digests
     classes: Mapping[str, ClassView],
 ) -> Outcome:
     """The writes that bring ``request``'s template and status in line with its need and the fleet."""
-    meta = request.get("metadata") or {}
-    name = str(meta.get("name", ""))
-    generation = meta.get("generation")
-    current = request.get("status") or {}
+    name, generation, current = request.name, request.generation, request.status
     ours = existing is not None and template.owned_by(existing, request)
     try:
-        need = parse_need(request.get("spec"))
+        need = parse_need(request.spec)
         plan = alternatives.plan(need, fleet.models(slices), fleet.tiers(classes))
     except NeedError as exc:
         pending = "no gpuplane GPU is published" in str(exc)

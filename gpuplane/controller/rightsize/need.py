@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpuplane.api import quantity
+from gpuplane.api import boundedjson, quantity
 
 Isolation = Literal["hard", "soft"]
 ISOLATIONS: tuple[Isolation, ...] = ("hard", "soft")
@@ -100,3 +100,37 @@ def parse_need(spec: Mapping[str, Any] | None) -> Need:
     if tier is not None and (not isinstance(tier, str) or not _TIER.match(tier)):
         raise NeedError(f"spec.tier: must be a tier name such as gold, silver or bronze (got {tier!r})")
     return Need(memory_bytes=memory, compute_percent=compute, isolation=isolation, tier=tier)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestView:
+    """A GpuRequest as right-sizing reads it, parsed once from the handler's body; read-only.
+
+    The spec stays as written (:func:`parse_need` checks it field by field and says what is wrong); the
+    status is the controller's own record, read back as written and compared field by field."""
+
+    namespace: str
+    name: str
+    uid: str
+    generation: int | None
+    spec: Any
+    status: Mapping[str, Any]
+
+    @property
+    def key(self) -> str:
+        """``namespace/name``."""
+        return f"{self.namespace}/{self.name}"
+
+
+def request_view(body: Mapping[str, Any]) -> RequestView:
+    """The :class:`RequestView` of a GpuRequest body; total on any body (a field of the wrong type reads as absent)."""
+    meta = boundedjson.mapping(body.get("metadata"))
+    generation = meta.get("generation")
+    return RequestView(
+        namespace=boundedjson.text(meta.get("namespace")),
+        name=boundedjson.text(meta.get("name")),
+        uid=boundedjson.text(meta.get("uid")),
+        generation=generation if isinstance(generation, int) and not isinstance(generation, bool) else None,
+        spec=body.get("spec"),
+        status=boundedjson.mapping(body.get("status")) or boundedjson.EMPTY,
+    )

@@ -24,7 +24,7 @@ from gpuplane.api import names as dn
 from gpuplane.controller import names
 from gpuplane.controller.claimtemplate import TemplateView
 from gpuplane.controller.rightsize.alternatives import Alternative, Plan
-from gpuplane.controller.rightsize.need import Need
+from gpuplane.controller.rightsize.need import Need, RequestView
 
 KIND = "GpuRequest"
 PLURAL = "gpurequests"
@@ -70,10 +70,9 @@ def plan_hash(spec: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
-def desired(request: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
+def desired(request: RequestView, plan: Plan) -> dict[str, Any]:
     """The ResourceClaimTemplate for a GpuRequest object and its plan."""
-    meta = request.get("metadata") or {}
-    name, namespace, uid = str(meta.get("name", "")), str(meta.get("namespace", "")), str(meta.get("uid", ""))
+    name, namespace, uid = request.name, request.namespace, request.uid
     spec = {"metadata": {"labels": {LABEL_REQUEST: name}}, "spec": claim_spec(plan)}
     return {
         "apiVersion": "resource.k8s.io/v1",
@@ -91,10 +90,9 @@ def desired(request: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
     }
 
 
-def owned_by(template: TemplateView, request: Mapping[str, Any]) -> bool:
+def owned_by(template: TemplateView, request: RequestView) -> bool:
     """Whether ``template`` is the one this controller made for ``request`` (its controller owner)."""
-    uid = (request.get("metadata") or {}).get("uid")
-    return isinstance(uid, str) and (KIND, uid) in template.controllers
+    return bool(request.uid) and (KIND, request.uid) in template.controllers
 
 
 def ready_status(need: Need, plan: Plan, generation: int | None, template: str) -> dict[str, Any]:

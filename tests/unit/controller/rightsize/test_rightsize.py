@@ -17,7 +17,7 @@ import pytest
 from gpuplane.api import configs
 from gpuplane.controller import deviceclass
 from gpuplane.controller.claimtemplate import view
-from gpuplane.controller.rightsize import alternatives, decide, fleet, template
+from gpuplane.controller.rightsize import alternatives, decide, fleet, need, template
 from gpuplane.controller.rightsize.need import Need, NeedError, parse_need
 from gpuplane.driver.hw.sim import SimConfig, Simulator
 from gpuplane.driver.inventory import discover
@@ -220,14 +220,17 @@ def test_hostile_product_names_are_escaped_in_cel() -> None:
 # --- template and decide ----------------------------------------------------------------------
 
 
-def request(spec: dict[str, Any], status: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {
-        "apiVersion": "gpuplane.dev/v1alpha1",
-        "kind": "GpuRequest",
-        "metadata": {"name": "infer", "namespace": "team", "uid": "u-1", "generation": 1},
-        "spec": spec,
-        "status": status or {},
-    }
+def request(spec: dict[str, Any], status: dict[str, Any] | None = None) -> need.RequestView:
+    """A GpuRequest as the handler reads it."""
+    return need.request_view(
+        {
+            "apiVersion": "gpuplane.dev/v1alpha1",
+            "kind": "GpuRequest",
+            "metadata": {"name": "infer", "namespace": "team", "uid": "u-1", "generation": 1},
+            "spec": spec,
+            "status": status or {},
+        }
+    )
 
 
 def test_template_has_first_available_and_config_for_the_mps_subrequest(
@@ -310,3 +313,19 @@ def test_template_owned_by_checks_the_uid() -> None:
     mine = {"kind": "GpuRequest", "uid": "u-1", "controller": True}
     assert template.owned_by(view({"metadata": {"ownerReferences": [mine]}}), request({}))
     assert not template.owned_by(view({"metadata": {"ownerReferences": [{**mine, "controller": "yes"}]}}), request({}))
+
+
+def test_a_gpu_request_is_read_once_and_total_on_any_body() -> None:
+    got = request({"memory": "12Gi"}, {"phase": "Ready"})
+    assert (got.key, got.uid, got.generation, got.spec, dict(got.status)) == (
+        "team/infer",
+        "u-1",
+        1,
+        {"memory": "12Gi"},
+        {"phase": "Ready"},
+    )
+    for odd in ({}, {"metadata": "x", "status": []}, {"metadata": {"name": 3, "generation": True}, "status": None}):
+        v = need.request_view(odd)
+        assert (v.key, v.uid, v.generation, dict(v.status)) == ("/", "", None, {})
+        with pytest.raises(NeedError):
+            parse_need(v.spec)  # an absent spec is a clear error, not a crash
