@@ -47,7 +47,6 @@ SUSPENDABLE = {  # step kind -> the owner whose spec.suspend stops its pods
     "suspend-job": Resource("batch", "v1", "jobs"),
     "suspend-jobset": Resource("jobset.x-k8s.io", "v1alpha2", "jobsets"),
 }
-__all__ = ["JSON_PATCH", "MERGE", "STRATEGIC", "ApiError", "Resource"]  # re-exported for the features
 
 
 def load_configuration(kubeconfig: str | None) -> Configuration:

@@ -17,8 +17,9 @@ from typing import Any
 from gpuplane.api import imex
 from gpuplane.controller import kube
 from gpuplane.controller.imex.objects import MANAGED_BY, Diff
+from gpuplane.informer.client import ApiError, Resource
 
-DOMAINS = kube.Resource(imex.GROUP, imex.VERSION, imex.PLURAL)
+DOMAINS = Resource(imex.GROUP, imex.VERSION, imex.PLURAL)
 
 
 class ImexApi:
@@ -35,7 +36,7 @@ class ImexApi:
     def create(self, body: Mapping[str, Any]) -> None:
         try:
             self.writer.create(DOMAINS, self.namespace, body)
-        except kube.ApiError as exc:
+        except ApiError as exc:
             if exc.status != 409:
                 raise
             self.replace_spec(body)  # made by an earlier pass whose answer was lost: make its spec ours
@@ -49,7 +50,7 @@ class ImexApi:
     def delete(self, name: str) -> None:
         try:
             self.writer.delete(DOMAINS, self.namespace, name)
-        except kube.ApiError as exc:
+        except ApiError as exc:
             if exc.status != 404:
                 raise
 
@@ -65,7 +66,7 @@ class ImexApi:
         for verb, name, write in steps:
             try:
                 write()
-            except kube.ApiError as exc:
+            except ApiError as exc:
                 failed.append(f"{verb} {name}: {exc.status} {exc.said}")
         return failed
 

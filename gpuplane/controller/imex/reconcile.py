@@ -43,6 +43,7 @@ from gpuplane.controller.gang import run as gang_run
 from gpuplane.controller.gang import world
 from gpuplane.controller.imex import decide, gangs, groups, hold, objects, readiness
 from gpuplane.controller.imex.api import ImexApi
+from gpuplane.informer.client import ApiError
 
 log = structlog.get_logger(__name__)
 
@@ -158,7 +159,7 @@ class Pass:
         try:
             existing = await asyncio.to_thread(self.api.existing)
             unready = await self.read_status(existing, now)
-        except kube.ApiError as exc:
+        except ApiError as exc:
             log.warning("IMEX status look failed; retrying", status=exc.status, reason=exc.reason)
             self.looked_at = now
             return
@@ -171,7 +172,7 @@ class Pass:
         version = self.rt.shared.version
         try:
             existing = await asyncio.to_thread(self.api.existing)
-        except kube.ApiError as exc:
+        except ApiError as exc:
             if exc.status not in (403, 404):
                 raise
             if not self.unserved:

@@ -27,6 +27,7 @@ from gpuplane.api import mig_offer
 from gpuplane.controller import events, indexed, kube, periodic, runtime
 from gpuplane.controller.migoffer import decide, snapshot
 from gpuplane.controller.node import slice_index
+from gpuplane.informer.client import ApiError
 
 log = structlog.get_logger(__name__)
 INTERVAL_S = 2.0
@@ -68,7 +69,7 @@ class OfferApi:
             try:
                 self.writer.create(kube.CONFIGMAPS, mig_offer.NAMESPACE, body)
                 return
-            except kube.ApiError as exc:
+            except ApiError as exc:
                 if exc.status != 409:
                     raise
         self.writer.replace(kube.CONFIGMAPS, mig_offer.NAMESPACE, mig_offer.CONFIGMAP, body)
@@ -103,7 +104,7 @@ class Pass:
                 await asyncio.to_thread(
                     self.rt.writer.patch_node, node, {"metadata": {"labels": {mig_offer.NODE_LABEL: value}}}
                 )
-            except kube.ApiError as exc:
+            except ApiError as exc:
                 if exc.status != 404:  # a node deleted meanwhile needs no label
                     raise
             self.label_writes += 1

@@ -41,10 +41,11 @@ from typing import Any, Protocol
 
 import structlog
 
-from gpuplane.controller import events, indexed, kube
+from gpuplane.controller import events, indexed
 from gpuplane.controller.metrics import ControllerMetrics
 from gpuplane.controller.rebalance import moves, signal
 from gpuplane.controller.rebalance.decide import Decision, LastMove, Settings, decide
+from gpuplane.informer.client import ApiError
 
 log = structlog.get_logger(__name__)
 
@@ -180,7 +181,7 @@ class Rebalancer:
         try:
             await asyncio.to_thread(self.w.delete_device_taint_rule, name)  # an expired rule not yet removed
             await asyncio.to_thread(self.w.create_device_taint_rule, body)
-        except kube.ApiError as exc:
+        except ApiError as exc:
             why = f"cannot create DeviceTaintRule {name} to keep the replacement off the GPU: {exc.said}"
             return await self._report(d, claims, "no-taint-rules", why, now)
         refused = await asyncio.to_thread(self.w.evict_pod, hog.namespace, move.pod, pod.uid)
@@ -251,7 +252,7 @@ class Rebalancer:
             await asyncio.to_thread(
                 self.w.annotate_claim, hog.namespace, hog.name, {ANNOTATION: f"{outcome}@{d.alert.since:.0f}@{now:.0f}"}
             )
-        except kube.ApiError as exc:
+        except ApiError as exc:
             log.info("could not annotate claim", claim=hog.label(), status=exc.status)
         return outcome
 

@@ -20,6 +20,7 @@ from gpuplane.controller.claimtemplate import TemplateView
 from gpuplane.controller.deviceclass import ClassView
 from gpuplane.controller.rightsize import decide, template
 from gpuplane.controller.rightsize.need import RequestView
+from gpuplane.informer.client import ApiError
 
 log = structlog.get_logger(__name__)
 
@@ -93,7 +94,7 @@ async def reconcile(
             created(out.create)
     except kube.NotLeader:
         return out
-    except kube.ApiError as exc:
+    except ApiError as exc:
         message = f"the API refused the generated ResourceClaimTemplate: {exc.status} {exc.message or exc.reason}"
         log.error("gpu request template refused", gpu_request=f"{ns}/{name}", status=exc.status, error=message)
         failed = template.invalid_status(message, request.generation)

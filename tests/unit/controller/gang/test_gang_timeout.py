@@ -14,6 +14,7 @@ import pytest
 
 from gpuplane.controller import events, kube, steps
 from gpuplane.controller.gang import desired, membership, owners, release
+from gpuplane.informer.client import MERGE
 from testing.kubeapi import FakeApi
 from tests.controllerkit import GB200, gang_body, pod_index
 from tests.templatekit import (
@@ -129,8 +130,8 @@ def test_the_writer_suspends_a_job_or_jobset_by_merge_patch_and_a_gone_one_is_do
     writer.run(NS, steps.Step("suspend-job", "j"))
     writer.run(NS, steps.Step("suspend-jobset", "js"))
     assert [(c.method, c.path, c.body, c.content_type) for c in api.calls] == [
-        ("PATCH", job_path, {"spec": {"suspend": True}}, kube.MERGE),
-        ("PATCH", jobset_path, {"spec": {"suspend": True}}, kube.MERGE),
+        ("PATCH", job_path, {"spec": {"suspend": True}}, MERGE),
+        ("PATCH", jobset_path, {"spec": {"suspend": True}}, MERGE),
     ]
     assert api.objects[job_path] == {"spec": {"parallelism": 2, "suspend": True}}
     writer.run(NS, steps.Step("suspend-job", "gone"))  # 404: nothing left to stop

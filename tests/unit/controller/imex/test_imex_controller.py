@@ -15,6 +15,7 @@ from gpuplane.controller.gang import run as gang_run
 from gpuplane.controller.gang import world
 from gpuplane.controller.imex import gangs, objects, reconcile
 from gpuplane.controller.imex.api import ImexApi
+from gpuplane.informer.client import ApiError, Resource
 from testing.kubeapi import Call, FakeApi
 from tests.controllerkit import gang_index, pod_index
 
@@ -198,7 +199,7 @@ class FakeCustom(FakeApi):
     """The ImexDomains in the API, in memory: the writes as (verb, name); ``failing``: verb -> status."""
 
     VERBS = {"GET": "list", "POST": "create", "PATCH": "patch", "DELETE": "delete", "PUT": "replace"}
-    WHERE = kube.Resource(imex.GROUP, imex.VERSION, imex.PLURAL).path(imex.NAMESPACE)
+    WHERE = Resource(imex.GROUP, imex.VERSION, imex.PLURAL).path(imex.NAMESPACE)
 
     def __init__(self) -> None:
         super().__init__()
@@ -208,7 +209,7 @@ class FakeCustom(FakeApi):
         assert path.startswith(self.WHERE), path  # only the controller's namespace
         if self.VERBS[method] in self.failing:
             self.calls.append(Call(method, path, {}, kw.get("body"), ""))
-            raise kube.ApiError(self.failing[self.VERBS[method]], "nope", "refused")
+            raise ApiError(self.failing[self.VERBS[method]], "nope", "refused")
         return super().request(method, path, **kw)
 
     def put(self, name: str, obj: dict[str, Any]) -> None:
