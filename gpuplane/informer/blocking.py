@@ -53,7 +53,8 @@ class BlockingClient:
         answer: Answer = "object",
         timeout_s: float = REQUEST_TIMEOUT_S,
     ) -> Any:
-        """:meth:`Client.request`, waited for (raises its :class:`ApiError`, or ``TimeoutError``)."""
+        """:meth:`Client.request`, waited for; raises its :class:`ApiError` (status 0 also when the loop did not
+        answer within the request's timeout and :data:`GRACE_S`)."""
         loop = self._running()
         if threading.current_thread() is self._thread:
             raise RuntimeError("BlockingClient.request was called on its own loop's thread: it would wait forever")

@@ -93,13 +93,8 @@ def _error(status: int, body: bytes) -> ApiError:
     except boundedjson.DecodeError:
         st = None
     if isinstance(st, Mapping):
-        details = st.get("details")
-        found = details.get("causes") if isinstance(details, Mapping) else None
-        causes = tuple(
-            str(c.get("message") or "")[:200]
-            for c in (found if isinstance(found, list) else [])[:10]
-            if isinstance(c, Mapping)
-        )
+        found = boundedjson.mappings(boundedjson.mapping(st.get("details")).get("causes"))
+        causes = tuple(str(c.get("message") or "")[:200] for c in found[:10])
         code = st.get("code")
         return ApiError(
             code if isinstance(code, int) and code >= 400 else status,
@@ -210,14 +205,9 @@ class Client:
 
     async def list(self, path: str, params: Mapping[str, str]) -> Mapping[str, Any]:
         """One page of a list (``params``: limit, continue, selectors); each item quarantined if too deep."""
-        timeout = aiohttp.ClientTimeout(total=LIST_TIMEOUT_S, sock_connect=CONNECT_TIMEOUT_S)
-        async with self._get(path, params, timeout) as response:
-            raw = await response.read()
-            if response.status >= 400:
-                raise _error(response.status, raw)
-        value = boundedjson.decode_list(raw, self.max_depth)
+        value = await self.request("GET", path, params=params, answer="list", timeout_s=LIST_TIMEOUT_S)
         if not isinstance(value, Mapping) or not isinstance(value.get("items"), list):
-            raise ApiError(response.status, "NotAList", f"{path} did not answer with a list")
+            raise ApiError(200, "NotAList", f"{path} did not answer with a list")
         return value
 
     async def watch(self, path: str, params: Mapping[str, str], server_timeout_s: int) -> AsyncIterator[Any]:
