@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from gpuplane.api.boundedjson import EMPTY, empty, mapping, mappings, text
@@ -45,7 +46,7 @@ def view(body: Mapping[str, Any]) -> TemplateView:
         namespace=text(meta.get("namespace")),
         name=text(meta.get("name")),
         claim_spec=mapping(spec.get("spec")) or EMPTY,
-        annotations=annotations or EMPTY,
+        annotations=MappingProxyType(annotations) if annotations else EMPTY,
         controllers=frozenset(
             (text(r.get("kind")), text(r.get("uid")))
             for r in mappings(meta.get("ownerReferences"))

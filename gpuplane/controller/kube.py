@@ -27,6 +27,7 @@ from kubernetes import config
 from kubernetes.client import Configuration
 
 from gpuplane.api import kubetime
+from gpuplane.api.boundedjson import mapping, text
 from gpuplane.controller import events, names, steps
 from gpuplane.informer.client import JSON, JSON_PATCH, MERGE, REQUEST_TIMEOUT_S, STRATEGIC, Answer, ApiError, Resource
 
@@ -236,7 +237,7 @@ class KubeWriter:
     # --- steering: the namespaces an administrator opted in ---------------------------------------
     def namespaces_labelled(self, selector: str) -> frozenset[str]:
         """Names of the namespaces matching a label selector (a read: not fenced)."""
-        return frozenset(_name(n) for n in self.list_objects(NAMESPACES, selector=selector) if _name(n))
+        return frozenset(filter(None, map(_name, self.list_objects(NAMESPACES, selector=selector))))
 
     # --- rebalancing: pods, evictions, DeviceTaintRules -------------------------------------------
     def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -269,9 +270,8 @@ class KubeWriter:
         """Every namespace's labels (a read: not fenced), for the tier entitlements."""
         out: dict[str, dict[str, str]] = {}
         for n in self.list_objects(NAMESPACES):
-            labels = (n.get("metadata") or {}).get("labels")
-            if _name(n):
-                out[_name(n)] = {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
+            if name := _name(n):
+                out[name] = {str(k): str(v) for k, v in mapping(mapping(n.get("metadata")).get("labels")).items()}
         return out
 
     def _rules(self, version: str | None = None) -> Resource:
@@ -387,5 +387,4 @@ class KubeWriter:
 
 
 def _name(obj: Mapping[str, Any]) -> str:
-    name = (obj.get("metadata") or {}).get("name")
-    return name if isinstance(name, str) else ""
+    return text(mapping(obj.get("metadata")).get("name"))
